@@ -1,0 +1,109 @@
+// One map input or one transform: an elementwise kernel over whole arrays, which the executor
+// splits into pieces that lanes pipeline (upload -> kernel -> download). Internal.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "gpupool/future.hpp"
+#include "gpupool/types.hpp"
+
+namespace gpupool::detail {
+
+/// Shared by every piece of one job. The first piece to start moves the future to running; the
+/// last piece to finish hands the output over; the first failure fails the future and makes the
+/// remaining pieces skip their work.
+class elementwise_job {
+ public:
+  elementwise_job(kernel k, dtype t, const void* x, const void* y, std::size_t count)
+      : kernel_(k), type_(t), x_(x), y_(y), count_(count) {}
+  elementwise_job(const elementwise_job&) = delete;
+  elementwise_job& operator=(const elementwise_job&) = delete;
+  virtual ~elementwise_job() = default;
+
+  [[nodiscard]] const kernel& kern() const noexcept { return kernel_; }
+  [[nodiscard]] dtype type() const noexcept { return type_; }
+  [[nodiscard]] const void* x() const noexcept { return x_; }
+  [[nodiscard]] const void* y() const noexcept { return y_; }
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+
+  /// Where results go (`count()` elements). Thread-safe; may allocate on first call.
+  virtual void* output() = 0;
+  virtual state_base& state() noexcept = 0;
+
+  void set_piece_count(std::size_t n) noexcept { remaining_.store(n, std::memory_order_relaxed); }
+
+  /// True if this piece should run: the job is not cancelled and has not failed.
+  bool claim_piece() { return state().try_start() || state().status() == task_status::running; }
+
+  /// Called once per piece that ran to the end or was skipped; the last one delivers.
+  void piece_done() {
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
+        state().status() == task_status::running)
+      deliver();
+  }
+
+  void piece_failed(std::exception_ptr e) {
+    state().set_exception(std::move(e));
+    piece_done();
+  }
+
+ protected:
+  /// All pieces succeeded: hand the output to the future.
+  virtual void deliver() = 0;
+
+ private:
+  kernel kernel_;
+  dtype type_;
+  const void* x_;
+  const void* y_;
+  std::size_t count_;
+  std::atomic<std::size_t> remaining_{0};
+};
+
+/// A map input: results go to a new std::vector<T>, allocated by the first lane that needs it.
+template <class T>
+class map_job final : public elementwise_job {
+ public:
+  map_job(kernel k, const T* x, const T* y, std::size_t count,
+          std::shared_ptr<shared_state<std::vector<T>>> state)
+      : elementwise_job(k, dtype_of<T>(), x, y, count), state_(std::move(state)) {}
+
+  void* output() override {
+    std::call_once(allocated_, [this] { output_.resize(count()); });
+    return output_.data();
+  }
+  state_base& state() noexcept override { return *state_; }
+
+ protected:
+  void deliver() override { state_->set_value(std::move(output_)); }
+
+ private:
+  std::shared_ptr<shared_state<std::vector<T>>> state_;
+  std::once_flag allocated_;
+  std::vector<T> output_;
+};
+
+/// A transform: results go to memory the caller owns.
+class transform_job final : public elementwise_job {
+ public:
+  transform_job(kernel k, dtype t, const void* x, const void* y, void* out, std::size_t count,
+                std::shared_ptr<shared_state<void>> state)
+      : elementwise_job(k, t, x, y, count), out_(out), state_(std::move(state)) {}
+
+  void* output() override { return out_; }
+  state_base& state() noexcept override { return *state_; }
+
+ protected:
+  void deliver() override { state_->set_value(); }
+
+ private:
+  void* out_;
+  std::shared_ptr<shared_state<void>> state_;
+};
+
+}  // namespace gpupool::detail

@@ -1,0 +1,67 @@
+// The unit a lane takes from the queue. Internal: users see futures, not work items.
+#pragma once
+
+#include <exception>
+#include <memory>
+#include <optional>
+#include <type_traits>
+#include <utility>
+
+#include "gpupool/future.hpp"
+#include "gpupool/lane.hpp"
+
+namespace gpupool::detail {
+
+/// One queued piece of work. A lane calls, in order: `claim()` (false: drop it, it was cancelled),
+/// `start()` (enqueue work on the lane's stream), then, once the stream has passed that point,
+/// `finish()`. If either throws, the lane calls `fail()`. `cancel()` is called for items still
+/// queued at `shutdown(cancel_pending=true)`.
+class work_item {
+ public:
+  virtual ~work_item() = default;
+  virtual bool claim() = 0;
+  virtual void start(lane& l, int slot) = 0;
+  virtual void finish(lane& l, int slot) = 0;
+  virtual void fail(std::exception_ptr e) noexcept = 0;
+  virtual void cancel() noexcept = 0;
+};
+
+using work_item_ptr = std::unique_ptr<work_item>;
+
+/// A user callable `f(lane&) -> R`. Its value is handed over after the lane's stream has
+/// finished the work `f` enqueued, so asynchronous downloads are complete when `get()` returns.
+template <class F, class R>
+class callable_item final : public work_item {
+ public:
+  callable_item(F f, std::shared_ptr<shared_state<R>> state)
+      : f_(std::move(f)), state_(std::move(state)) {}
+
+  bool claim() override { return state_->try_start(); }
+
+  void start(lane& l, int /*slot*/) override {
+    if constexpr (std::is_void_v<R>) {
+      f_(l);
+    } else {
+      result_.emplace(f_(l));
+    }
+  }
+
+  void finish(lane& /*l*/, int /*slot*/) override {
+    if constexpr (std::is_void_v<R>) {
+      state_->set_value();
+    } else {
+      state_->set_value(std::move(*result_));
+    }
+  }
+
+  void fail(std::exception_ptr e) noexcept override { state_->set_exception(std::move(e)); }
+  void cancel() noexcept override { state_->try_cancel(); }
+
+ private:
+  struct no_value {};
+  F f_;
+  std::shared_ptr<shared_state<R>> state_;
+  std::conditional_t<std::is_void_v<R>, std::optional<no_value>, std::optional<R>> result_;
+};
+
+}  // namespace gpupool::detail

@@ -1,0 +1,57 @@
+// Exception types thrown by gpupool.
+#pragma once
+
+#include <stdexcept>
+#include <string>
+
+namespace gpupool {
+
+/// Base of every gpupool-specific exception.
+class error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/// A CUDA runtime call failed. Carries the CUDA error name, the failing call's text and where it
+/// was made; it fails the task that made the call, not the process.
+class cuda_error : public error {
+ public:
+  cuda_error(int code, std::string name, std::string description, std::string call,
+             std::string file, int line);
+
+  /// The numeric `cudaError_t` value.
+  [[nodiscard]] int code() const noexcept { return code_; }
+  /// The error's name, e.g. `cudaErrorMemoryAllocation`.
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  /// The source text of the failing call.
+  [[nodiscard]] const std::string& call() const noexcept { return call_; }
+  [[nodiscard]] const std::string& file() const noexcept { return file_; }
+  [[nodiscard]] int line() const noexcept { return line_; }
+
+ private:
+  int code_;
+  std::string name_;
+  std::string call_;
+  std::string file_;
+  int line_;
+};
+
+/// A device memory request exceeded the device's configured budget or its free memory.
+class out_of_memory : public error {
+ public:
+  using error::error;
+};
+
+/// Thrown by `future::get()` for a task that was cancelled before it started.
+class cancelled_error : public error {
+ public:
+  using error::error;
+};
+
+/// The requested backend is not available (e.g. `GPUPOOL_BACKEND=cuda` without a usable GPU).
+class backend_unavailable : public error {
+ public:
+  using error::error;
+};
+
+}  // namespace gpupool

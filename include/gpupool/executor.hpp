@@ -1,0 +1,182 @@
+// The executor: owns devices and lanes, queues tasks, hands them to lanes, returns futures.
+#pragma once
+
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <ranges>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "gpupool/detail/elementwise_job.hpp"
+#include "gpupool/detail/work_item.hpp"
+#include "gpupool/future.hpp"
+#include "gpupool/lane.hpp"
+#include "gpupool/options.hpp"
+#include "gpupool/types.hpp"
+
+namespace gpupool {
+
+/// Device memory held by gpupool on one device.
+struct device_memory_stats {
+  std::size_t in_use = 0;  ///< Bytes allocated now (staging slots and lane allocations).
+  std::size_t peak = 0;    ///< Most bytes allocated at once since the executor started.
+  std::size_t budget = 0;  ///< The configured budget; 0 for none.
+};
+
+/// Runs tasks on every lane of every device. Thread-safe: any thread may submit, and tasks may
+/// submit further tasks (but a task that waits on another can deadlock a full executor).
+class executor {
+ public:
+  /// Finds the devices, starts the lanes.
+  /// @throw backend_unavailable if the requested backend cannot run here;
+  ///        std::invalid_argument for bad options (unknown device, zero lanes, budget too small).
+  explicit executor(executor_options options = {});
+  /// Drains: waits for every queued task, then stops the lanes.
+  ~executor();
+  executor(const executor&) = delete;
+  executor& operator=(const executor&) = delete;
+
+  [[nodiscard]] backend_kind backend() const noexcept;
+  [[nodiscard]] const std::vector<device_info>& devices() const noexcept;
+  [[nodiscard]] int lanes_per_device() const noexcept;
+  [[nodiscard]] int lane_count() const noexcept;
+  [[nodiscard]] int slots_per_lane() const noexcept;
+  /// The piece size actually used (`chunk_bytes`, reduced to fit the memory budget if set).
+  [[nodiscard]] std::size_t chunk_bytes() const noexcept;
+  /// Tasks queued and not yet taken by a lane.
+  [[nodiscard]] std::size_t queued() const;
+  [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
+
+  /// Runs `f(lane&)` on any lane. @throw std::runtime_error after shutdown.
+  template <class F>
+  auto submit(F&& f) {
+    return submit_impl(std::forward<F>(f), std::nullopt);
+  }
+
+  /// Runs `f(lane&)` on a lane of device `device` (0..devices()-1).
+  /// @throw std::out_of_range for an unknown device; std::runtime_error after shutdown.
+  template <class F>
+  auto submit_to(int device, F&& f) {
+    check_device(device);
+    return submit_impl(std::forward<F>(f), device);
+  }
+
+  /// Applies a one-input kernel to each input array; results come back in input order, one
+  /// future per input. Inputs are read in place and must stay alive until their futures are
+  /// ready. Large inputs are split into pieces of `chunk_bytes()`.
+  /// @throw std::invalid_argument if the kernel takes two inputs.
+  template <class Inputs>
+  auto map(const kernel& k, const Inputs& xs) {
+    using T = element_of<Inputs>;
+    require_arity(k, 1, "map");
+    multi_future<std::vector<T>> futures;
+    futures.reserve(std::ranges::size(xs));
+    for (const auto& x : xs) {
+      auto sx = as_span<T>(x);
+      futures.push_back(map_one<T>(k, sx.data(), nullptr, sx.size()));
+    }
+    return futures;
+  }
+
+  /// Applies a two-input kernel to pairs (xs[i], ys[i]).
+  /// @throw std::invalid_argument (before anything runs) if the kernel takes one input, the
+  ///        lists differ in length, or any pair differs in size.
+  template <class Inputs>
+  auto map(const kernel& k, const Inputs& xs, const Inputs& ys) {
+    using T = element_of<Inputs>;
+    require_arity(k, 2, "map");
+    if (std::ranges::size(xs) != std::ranges::size(ys))
+      throw std::invalid_argument("gpupool::executor::map: input lists differ in length");
+    std::vector<std::span<const T>> sx, sy;
+    for (const auto& x : xs) sx.push_back(as_span<T>(x));
+    for (const auto& y : ys) sy.push_back(as_span<T>(y));
+    for (std::size_t i = 0; i < sx.size(); ++i)
+      if (sx[i].size() != sy[i].size())
+        throw std::invalid_argument("gpupool::executor::map: inputs " + std::to_string(i) +
+                                    " differ in size (" + std::to_string(sx[i].size()) + " vs " +
+                                    std::to_string(sy[i].size()) + ")");
+    multi_future<std::vector<T>> futures;
+    futures.reserve(sx.size());
+    for (std::size_t i = 0; i < sx.size(); ++i)
+      futures.push_back(map_one<T>(k, sx[i].data(), sy[i].data(), sx[i].size()));
+    return futures;
+  }
+
+  /// Streams `in` through the devices in pieces, writing k(in) to `out`; `out` may equal `in`.
+  /// Works for arrays larger than the devices' memory. Both must stay alive until the future is
+  /// ready. @throw std::invalid_argument if sizes differ or the kernel takes two inputs.
+  template <class T>
+  future<void> transform(const kernel& k, std::span<const T> in, std::span<T> out) {
+    require_arity(k, 1, "transform");
+    require_same_size(in.size(), out.size());
+    return transform_impl(k, dtype_of<T>(), in.data(), nullptr, out.data(), in.size());
+  }
+
+  /// Two-input transform: out = k(x, y).
+  template <class T>
+  future<void> transform(const kernel& k, std::span<const T> x, std::span<const T> y,
+                         std::span<T> out) {
+    require_arity(k, 2, "transform");
+    require_same_size(x.size(), out.size());
+    require_same_size(y.size(), out.size());
+    return transform_impl(k, dtype_of<T>(), x.data(), y.data(), out.data(), out.size());
+  }
+
+  /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
+  /// futures throw cancelled_error); otherwise they run. Returns once every lane has stopped;
+  /// every future is then resolved. Idempotent.
+  void shutdown(bool cancel_pending = false);
+  [[nodiscard]] bool is_shutdown() const noexcept;
+
+ private:
+  template <class Inputs>
+  using element_of = std::remove_cv_t<
+      std::ranges::range_value_t<std::ranges::range_reference_t<const Inputs>>>;
+
+  template <class T, class Range>
+  static std::span<const T> as_span(const Range& r) {
+    return std::span<const T>(std::ranges::data(r), std::ranges::size(r));
+  }
+
+  template <class F>
+  auto submit_impl(F&& f, std::optional<int> device) {
+    using R = std::invoke_result_t<std::decay_t<F>&, lane&>;
+    auto state = std::make_shared<detail::shared_state<R>>();
+    enqueue(std::make_unique<detail::callable_item<std::decay_t<F>, R>>(std::forward<F>(f), state),
+            device);
+    return future<R>(std::move(state));
+  }
+
+  template <class T>
+  future<std::vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n) {
+    auto state = std::make_shared<detail::shared_state<std::vector<T>>>();
+    if (n == 0) {
+      require_open();
+      state->try_start();
+      state->set_value({});
+    } else {
+      enqueue_elementwise(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
+    }
+    return future<std::vector<T>>(std::move(state));
+  }
+
+  future<void> transform_impl(const kernel& k, dtype t, const void* x, const void* y, void* out,
+                              std::size_t n);
+  void enqueue(detail::work_item_ptr item, std::optional<int> device);
+  void enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job);
+  void require_open() const;
+  void check_device(int device) const;
+  static void require_arity(const kernel& k, int arity, const char* what);
+  static void require_same_size(std::size_t a, std::size_t b);
+
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace gpupool

@@ -1,0 +1,82 @@
+// The small interface every backend implements: devices, streams, copies, memory, kernels,
+// events. The core (executor, lanes, queues, futures) is written against this alone and never
+// includes CUDA headers.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "gpupool/types.hpp"
+
+namespace gpupool::detail {
+
+/// A point in a stream's work. Reusable: record again to move it.
+class backend_event {
+ public:
+  virtual ~backend_event() = default;
+  /// Marks "everything enqueued on the stream so far".
+  virtual void record() = 0;
+  /// True once the stream has passed the recorded point. @throw cuda_error on a device fault.
+  [[nodiscard]] virtual bool ready() = 0;
+  /// Blocks until the stream has passed the recorded point. @throw cuda_error on a device fault.
+  virtual void wait() = 0;
+};
+
+/// One lane's ordered queue of device work. Used only from its lane's thread.
+class backend_stream {
+ public:
+  virtual ~backend_stream() = default;
+  [[nodiscard]] virtual void* native_handle() const noexcept = 0;
+  [[nodiscard]] virtual std::unique_ptr<backend_event> make_event() = 0;
+
+  /// Stream-ordered device allocation (no hidden device-wide synchronisation).
+  [[nodiscard]] virtual void* allocate(std::size_t bytes) = 0;
+  virtual void deallocate(void* p) noexcept = 0;
+
+  /// Asynchronous copies; `host` must stay valid until the stream passes them.
+  virtual void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) = 0;
+  virtual void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) = 0;
+  /// Enqueues `out = k(x[, y])` over `count` elements of type `t`.
+  virtual void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+                      std::size_t count) = 0;
+  virtual void synchronize() = 0;
+};
+
+/// A backend: finds devices and opens streams on them. Thread-safe.
+class backend {
+ public:
+  virtual ~backend() = default;
+  [[nodiscard]] virtual backend_kind kind() const noexcept = 0;
+  [[nodiscard]] virtual int device_count() const = 0;
+  /// Describes backend device `ordinal` (its `id` field is left for the executor to set).
+  [[nodiscard]] virtual device_info describe(int ordinal) const = 0;
+  /// Makes `ordinal` the calling thread's current device.
+  virtual void bind_thread(int ordinal) = 0;
+  /// Opens a new stream on `ordinal`; call from a thread bound to it.
+  [[nodiscard]] virtual std::unique_ptr<backend_stream> open_stream(int ordinal) = 0;
+  /// Prepares the device for many streams and stream-ordered allocation (memory pool policy).
+  virtual void prepare_device(int ordinal) = 0;
+};
+
+/// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else CUDA when a usable
+/// GPU exists, else the CPU backend (printing one notice per process unless `quiet`).
+/// @throw backend_unavailable when CUDA is requested and cannot run.
+std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
+                                        int cpu_devices, bool quiet);
+
+/// Whether the CUDA backend can run in this process, and if not, why (for messages).
+struct cuda_probe {
+  bool usable = false;
+  int devices = 0;
+  std::string reason;
+};
+cuda_probe probe_cuda();
+
+/// The CPU backend standing in for `devices` devices.
+std::shared_ptr<backend> make_cpu_backend(int devices);
+/// The CUDA backend (only in builds with CUDA). @throw backend_unavailable without a usable GPU.
+std::shared_ptr<backend> make_cuda_backend();
+
+}  // namespace gpupool::detail

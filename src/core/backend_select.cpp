@@ -1,0 +1,80 @@
+// Choosing a backend: the caller's wish, then GPUPOOL_BACKEND, then whatever can run here.
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "core/backend.hpp"
+#include "gpupool/availability.hpp"
+#include "gpupool/error.hpp"
+#include "gpupool/version.hpp"
+
+namespace gpupool::detail {
+namespace {
+
+std::optional<backend_kind> backend_from_environment() {
+  const char* value = std::getenv("GPUPOOL_BACKEND");
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  const std::string s(value);
+  if (s == "cpu") return backend_kind::cpu;
+  if (s == "cuda") return backend_kind::cuda;
+  throw std::invalid_argument("GPUPOOL_BACKEND must be 'cpu' or 'cuda', not '" + s + "'");
+}
+
+int cpu_devices_from_environment() {
+  const char* value = std::getenv("GPUPOOL_CPU_DEVICES");
+  if (value == nullptr || *value == '\0') return 1;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  if (*end != '\0' || n < 1 || n > 1024)
+    throw std::invalid_argument(std::string("GPUPOOL_CPU_DEVICES must be a count from 1 to 1024, not '") +
+                                value + "'");
+  return static_cast<int>(n);
+}
+
+}  // namespace
+
+#if !GPUPOOL_HAS_CUDA
+cuda_probe probe_cuda() {
+  return {false, 0, "this gpupool was built without the CUDA backend"};
+}
+std::shared_ptr<backend> make_cuda_backend() {
+  throw backend_unavailable("gpupool: the CUDA backend was requested, but " + probe_cuda().reason);
+}
+#endif
+
+std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
+                                        int cpu_devices, bool quiet) {
+  if (cpu_devices < 0) throw std::invalid_argument("gpupool: cpu_devices must not be negative");
+  const int stand_ins = cpu_devices > 0 ? cpu_devices : cpu_devices_from_environment();
+  const std::optional<backend_kind> wanted = requested ? requested : backend_from_environment();
+  if (wanted == backend_kind::cpu) return make_cpu_backend(stand_ins);
+  if (wanted == backend_kind::cuda) return make_cuda_backend();
+
+  const cuda_probe probe = probe_cuda();
+  if (probe.usable) return make_cuda_backend();
+  static std::once_flag notice;
+  if (!quiet) {
+    std::call_once(notice, [&] {
+      std::fprintf(stderr, "gpupool: no usable GPU (%s); running on the CPU backend\n",
+                   probe.reason.c_str());
+    });
+  }
+  return make_cpu_backend(stand_ins);
+}
+
+}  // namespace gpupool::detail
+
+namespace gpupool {
+
+backend_availability cuda_availability() noexcept {
+  try {
+    const detail::cuda_probe p = detail::probe_cuda();
+    return {p.usable, p.devices, p.reason};
+  } catch (const std::exception& e) {
+    return {false, 0, e.what()};
+  }
+}
+
+}  // namespace gpupool

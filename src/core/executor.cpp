@@ -1,0 +1,242 @@
+#include "gpupool/executor.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <future>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <thread>
+
+#include "core/backend.hpp"
+#include "core/elementwise_piece.hpp"
+#include "core/lane_worker.hpp"
+#include "core/task_queue.hpp"
+
+namespace gpupool {
+namespace {
+
+constexpr const char* shut_down_message =
+    "gpupool: the executor is shut down and takes no more work";
+constexpr std::size_t chunk_alignment = 256;
+constexpr std::size_t smallest_chunk = 4096;
+constexpr int most_lanes_per_device = 256;
+constexpr int most_slots_per_lane = 64;
+constexpr int cuda_default_lanes = 4;
+constexpr int cpu_most_default_lanes = 8;
+// Two device buffers per slot: two-input kernels stage both inputs.
+constexpr std::size_t device_buffers_per_slot = 2;
+
+std::vector<int> choose_ordinals(const executor_options& options, int available) {
+  std::vector<int> ordinals = options.devices;
+  if (ordinals.empty()) {
+    for (int i = 0; i < available; ++i) ordinals.push_back(i);
+  }
+  if (ordinals.empty()) throw backend_unavailable("gpupool: the backend has no devices");
+  std::set<int> seen;
+  for (int d : ordinals) {
+    if (d < 0 || d >= available)
+      throw std::invalid_argument("gpupool: device " + std::to_string(d) + " does not exist (" +
+                                  std::to_string(available) + " visible)");
+    if (!seen.insert(d).second)
+      throw std::invalid_argument("gpupool: device " + std::to_string(d) + " is listed twice");
+  }
+  return ordinals;
+}
+
+int choose_lanes(const executor_options& options, backend_kind kind, std::size_t devices) {
+  int lanes = options.lanes_per_device;
+  if (lanes == 0) {
+    if (kind == backend_kind::cuda) {
+      lanes = cuda_default_lanes;
+    } else {
+      const auto cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+      lanes = std::clamp(cores / static_cast<int>(devices), 1, cpu_most_default_lanes);
+    }
+  }
+  if (lanes < 1 || lanes > most_lanes_per_device)
+    throw std::invalid_argument("gpupool: lanes_per_device must be from 1 to " +
+                                std::to_string(most_lanes_per_device) + ", not " +
+                                std::to_string(lanes));
+  return lanes;
+}
+
+std::size_t choose_chunk_bytes(const executor_options& options, int lanes) {
+  if (options.slots_per_lane < 1 || options.slots_per_lane > most_slots_per_lane)
+    throw std::invalid_argument("gpupool: slots_per_lane must be from 1 to " +
+                                std::to_string(most_slots_per_lane));
+  std::size_t chunk = options.chunk_bytes;
+  if (options.device_memory_budget != 0) {
+    const std::size_t buffers = static_cast<std::size_t>(lanes) *
+                                static_cast<std::size_t>(options.slots_per_lane) *
+                                device_buffers_per_slot;
+    chunk = std::min(chunk, options.device_memory_budget / buffers);
+  }
+  chunk = chunk / chunk_alignment * chunk_alignment;
+  if (chunk < smallest_chunk) {
+    if (options.device_memory_budget != 0)
+      throw std::invalid_argument(
+          "gpupool: device_memory_budget of " + std::to_string(options.device_memory_budget) +
+          " bytes is too small for " + std::to_string(lanes) + " lanes x " +
+          std::to_string(options.slots_per_lane) + " slots (each needs " +
+          std::to_string(device_buffers_per_slot * smallest_chunk) + " bytes at least)");
+    throw std::invalid_argument("gpupool: chunk_bytes must be at least " +
+                                std::to_string(smallest_chunk));
+  }
+  return chunk;
+}
+
+}  // namespace
+
+struct executor::impl {
+  explicit impl(const executor_options& options)
+      : owner(detail::select_backend(options.backend, options.cpu_devices, options.quiet)),
+        ordinals(choose_ordinals(options, owner->device_count())),
+        lanes_per_device(choose_lanes(options, owner->kind(), ordinals.size())),
+        slots(options.slots_per_lane),
+        chunk_bytes(choose_chunk_bytes(options, lanes_per_device)),
+        queue(static_cast<int>(ordinals.size())) {
+    for (std::size_t d = 0; d < ordinals.size(); ++d) {
+      owner->prepare_device(ordinals[d]);
+      device_info info = owner->describe(ordinals[d]);
+      info.id = static_cast<int>(d);
+      devices.push_back(std::move(info));
+      memory.push_back(std::make_unique<detail::device_memory>(options.device_memory_budget));
+    }
+    start_lanes();
+  }
+
+  void start_lanes() {
+    std::vector<std::future<void>> ready;
+    for (std::size_t d = 0; d < ordinals.size(); ++d) {
+      for (int i = 0; i < lanes_per_device; ++i) {
+        detail::lane_setup setup;
+        setup.owner = owner.get();
+        setup.queue = &queue;
+        setup.memory = memory[d].get();
+        setup.device = static_cast<int>(d);
+        setup.ordinal = ordinals[d];
+        setup.index = static_cast<int>(lanes.size());
+        setup.index_on_device = i;
+        setup.slots = slots;
+        setup.chunk_bytes = chunk_bytes;
+        lanes.push_back(std::make_unique<detail::lane_worker>(setup));
+        ready.push_back(lanes.back()->start());
+      }
+    }
+    std::exception_ptr first_failure;
+    for (auto& r : ready) {
+      try {
+        r.get();
+      } catch (...) {
+        if (!first_failure) first_failure = std::current_exception();
+      }
+    }
+    if (first_failure) {
+      stop(/*cancel_pending=*/true);
+      std::rethrow_exception(first_failure);
+    }
+  }
+
+  void stop(bool cancel_pending) {
+    std::lock_guard lock(shutdown_mutex);
+    accepting.store(false);
+    if (cancel_pending)
+      for (auto& item : queue.drain()) item->cancel();
+    queue.close();
+    for (auto& l : lanes) l->join();
+  }
+
+  std::shared_ptr<detail::backend> owner;
+  std::vector<int> ordinals;
+  int lanes_per_device;
+  int slots;
+  std::size_t chunk_bytes;
+  detail::task_queue queue;
+  std::vector<device_info> devices;
+  std::vector<std::unique_ptr<detail::device_memory>> memory;
+  std::vector<std::unique_ptr<detail::lane_worker>> lanes;
+  std::atomic<bool> accepting{true};
+  std::mutex shutdown_mutex;
+};
+
+executor::executor(executor_options options) : impl_(std::make_unique<impl>(options)) {}
+
+executor::~executor() { shutdown(/*cancel_pending=*/false); }
+
+backend_kind executor::backend() const noexcept { return impl_->owner->kind(); }
+const std::vector<device_info>& executor::devices() const noexcept { return impl_->devices; }
+int executor::lanes_per_device() const noexcept { return impl_->lanes_per_device; }
+int executor::lane_count() const noexcept { return static_cast<int>(impl_->lanes.size()); }
+int executor::slots_per_lane() const noexcept { return impl_->slots; }
+std::size_t executor::chunk_bytes() const noexcept { return impl_->chunk_bytes; }
+std::size_t executor::queued() const { return impl_->queue.size(); }
+bool executor::is_shutdown() const noexcept { return !impl_->accepting.load(); }
+
+std::vector<device_memory_stats> executor::memory_stats() const {
+  std::vector<device_memory_stats> stats;
+  for (const auto& m : impl_->memory) stats.push_back({m->in_use(), m->peak(), m->budget()});
+  return stats;
+}
+
+void executor::shutdown(bool cancel_pending) { impl_->stop(cancel_pending); }
+
+void executor::require_open() const {
+  if (!impl_->accepting.load()) throw std::runtime_error(shut_down_message);
+}
+
+void executor::check_device(int device) const {
+  if (device < 0 || device >= static_cast<int>(impl_->devices.size()))
+    throw std::out_of_range("gpupool: device " + std::to_string(device) +
+                            " is not one of this executor's " +
+                            std::to_string(impl_->devices.size()) + " devices");
+}
+
+void executor::require_arity(const kernel& k, int arity, const char* what) {
+  if (k.arity() != arity)
+    throw std::invalid_argument(std::string("gpupool::executor::") + what + ": kernel '" +
+                                k.name() + "' takes " + std::to_string(k.arity()) +
+                                " input(s), but " + std::to_string(arity) + " were given");
+}
+
+void executor::require_same_size(std::size_t a, std::size_t b) {
+  if (a != b)
+    throw std::invalid_argument("gpupool::executor::transform: input and output sizes differ (" +
+                                std::to_string(a) + " vs " + std::to_string(b) + ")");
+}
+
+void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
+  require_open();
+  if (!impl_->queue.push(std::move(item), device)) throw std::runtime_error(shut_down_message);
+}
+
+void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job) {
+  require_open();
+  const std::size_t per_piece = impl_->chunk_bytes / size_of(job->type());
+  const std::size_t pieces = (job->count() + per_piece - 1) / per_piece;
+  job->set_piece_count(pieces);
+  std::vector<detail::work_item_ptr> items;
+  items.reserve(pieces);
+  for (std::size_t p = 0; p < pieces; ++p) {
+    const std::size_t offset = p * per_piece;
+    items.push_back(std::make_unique<detail::elementwise_piece>(
+        job, offset, std::min(per_piece, job->count() - offset)));
+  }
+  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
+}
+
+future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, const void* y,
+                                      void* out, std::size_t n) {
+  auto state = std::make_shared<detail::shared_state<void>>();
+  if (n == 0) {
+    require_open();
+    state->try_start();
+    state->set_value();
+  } else {
+    enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
+  }
+  return future<void>(std::move(state));
+}
+
+}  // namespace gpupool

@@ -1,0 +1,113 @@
+// A lane's thread: takes work items from the queue, keeps up to `slots` of them in flight on its
+// stream, and completes them in order as the stream passes each one.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <deque>
+#include <exception>
+#include <future>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "core/task_queue.hpp"
+#include "gpupool/lane.hpp"
+
+namespace gpupool::detail {
+
+/// Device memory accounting for one device: what gpupool holds now, its peak, and the budget.
+class device_memory {
+ public:
+  explicit device_memory(std::size_t budget) : budget_(budget) {}
+  /// Counts `bytes` as held. @throw out_of_memory if that would pass the budget.
+  void reserve(std::size_t bytes);
+  void release(std::size_t bytes) noexcept { in_use_.fetch_sub(bytes, std::memory_order_relaxed); }
+  [[nodiscard]] std::size_t in_use() const noexcept { return in_use_.load(); }
+  [[nodiscard]] std::size_t peak() const noexcept { return peak_.load(); }
+  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
+
+ private:
+  std::size_t budget_;
+  std::atomic<std::size_t> in_use_{0};
+  std::atomic<std::size_t> peak_{0};
+};
+
+struct lane_setup {
+  backend* owner = nullptr;
+  task_queue* queue = nullptr;
+  device_memory* memory = nullptr;
+  int device = 0;   // executor device index
+  int ordinal = 0;  // backend ordinal
+  int index = 0;
+  int index_on_device = 0;
+  int slots = 2;
+  std::size_t chunk_bytes = 0;
+};
+
+class lane_worker final : public lane {
+ public:
+  explicit lane_worker(const lane_setup& setup);
+  lane_worker(const lane_worker&) = delete;
+  lane_worker& operator=(const lane_worker&) = delete;
+  ~lane_worker();
+
+  /// Starts the thread; the returned future is ready once the lane holds its stream and slots
+  /// (or carries the reason it could not get them).
+  std::future<void> start();
+  void join();
+
+  // gpupool::lane
+  int device() const noexcept override { return setup_.device; }
+  int index() const noexcept override { return setup_.index; }
+  int index_on_device() const noexcept override { return setup_.index_on_device; }
+  backend_kind backend() const noexcept override { return setup_.owner->kind(); }
+  void* native_stream() const noexcept override;
+  void synchronize() override;
+  void* allocate_bytes(std::size_t bytes) override;
+  void deallocate_bytes(void* p, std::size_t bytes) noexcept override;
+  void upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) override;
+  void download_bytes(void* host_dst, const void* device_src, std::size_t bytes) override;
+  void apply_bytes(const kernel& k, dtype t, const void* x, const void* y, void* out,
+                   std::size_t count) override;
+
+  // For the built-in pipelined kernels (elementwise pieces).
+  [[nodiscard]] backend_stream& stream() noexcept { return *stream_; }
+  [[nodiscard]] std::size_t chunk_bytes() const noexcept { return setup_.chunk_bytes; }
+  /// Slot `slot`'s pinned host buffer `i` (0 or 1) of `chunk_bytes()`, made on first use.
+  void* slot_host(int slot, int i);
+  /// Slot `slot`'s device buffer `i` (0 or 1) of `chunk_bytes()`, made on first use.
+  void* slot_device(int slot, int i);
+
+ private:
+  struct slot_buffers {
+    void* host[2] = {nullptr, nullptr};
+    void* device[2] = {nullptr, nullptr};
+    std::unique_ptr<backend_event> done;
+  };
+  struct in_flight {
+    work_item_ptr item;
+    int slot;
+  };
+
+  void run(std::promise<void> ready);
+  void open();
+  void close() noexcept;
+  /// Completes the oldest in-flight item if its work is done (or, with `block`, once it is).
+  bool complete_oldest(std::deque<in_flight>& window, bool block);
+  /// After a failure: wait out whatever the stream still holds so slots can be reused.
+  void recover() noexcept;
+  /// The staging buffer used by upload/download inside a user task; waits out its last use.
+  void* acquire_staging();
+
+  lane_setup setup_;
+  std::thread thread_;
+  std::unique_ptr<backend_stream> stream_;
+  std::vector<slot_buffers> slots_;
+  std::unique_ptr<backend_event> staging_done_;
+  bool staging_busy_ = false;
+  int current_slot_ = 0;
+};
+
+}  // namespace gpupool::detail

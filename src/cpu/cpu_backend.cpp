@@ -1,0 +1,100 @@
+// The CPU backend: host threads and host memory stand in for devices. Every "asynchronous"
+// operation completes before it returns, so events are always ready; the lanes, queues, slots and
+// futures above it run exactly as on a GPU.
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <new>
+#include <string>
+#include <thread>
+
+#include "core/backend.hpp"
+#include "core/elementwise_math.hpp"
+
+namespace gpupool::detail {
+namespace {
+
+constexpr std::size_t device_alignment = 256;  // what cudaMalloc guarantees
+
+class cpu_event final : public backend_event {
+ public:
+  void record() override {}
+  bool ready() override { return true; }
+  void wait() override {}
+};
+
+template <op O, class T>
+void run_elementwise(const void* x, const void* y, void* out, std::size_t n, double alpha) {
+  const T* xs = static_cast<const T*>(x);
+  const T* ys = static_cast<const T*>(y);
+  T* os = static_cast<T*>(out);
+  const T a = static_cast<T>(alpha);
+  for (std::size_t i = 0; i < n; ++i) os[i] = elementwise<O, T>(xs[i], ys ? ys[i] : T{}, a);
+}
+
+class cpu_stream final : public backend_stream {
+ public:
+  void* native_handle() const noexcept override { return nullptr; }
+  std::unique_ptr<backend_event> make_event() override { return std::make_unique<cpu_event>(); }
+
+  void* allocate(std::size_t bytes) override {
+    const std::size_t rounded = (bytes + device_alignment - 1) / device_alignment * device_alignment;
+    void* p = std::aligned_alloc(device_alignment, rounded == 0 ? device_alignment : rounded);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  void deallocate(void* p) noexcept override { std::free(p); }
+
+  void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
+    if (bytes) std::memcpy(dst, src, bytes);
+  }
+  void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+              std::size_t count) override {
+    dispatch_elementwise(k.operation(), t, [&]<op O, class T>() {
+      run_elementwise<O, T>(x, y, out, count, k.alpha());
+    });
+  }
+  void synchronize() override {}
+};
+
+class cpu_backend final : public backend {
+ public:
+  explicit cpu_backend(int devices) : devices_(devices) {}
+  backend_kind kind() const noexcept override { return backend_kind::cpu; }
+  int device_count() const override { return devices_; }
+  device_info describe(int ordinal) const override {
+    device_info info;
+    info.ordinal = ordinal;
+    info.backend = backend_kind::cpu;
+    info.name = "CPU stand-in " + std::to_string(ordinal);
+    info.multiprocessors = static_cast<int>(std::thread::hardware_concurrency());
+    info.total_memory = host_memory_bytes();
+    return info;
+  }
+  void bind_thread(int /*ordinal*/) override {}
+  std::unique_ptr<backend_stream> open_stream(int /*ordinal*/) override {
+    return std::make_unique<cpu_stream>();
+  }
+  void prepare_device(int /*ordinal*/) override {}
+
+ private:
+  static std::size_t host_memory_bytes() {
+    const long pages = sysconf(_SC_PHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGE_SIZE);
+    return pages > 0 && page_size > 0
+               ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size)
+               : 0;
+  }
+  int devices_;
+};
+
+}  // namespace
+
+std::shared_ptr<backend> make_cpu_backend(int devices) {
+  return std::make_shared<cpu_backend>(devices);
+}
+
+}  // namespace gpupool::detail

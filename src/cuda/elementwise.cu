@@ -1,0 +1,40 @@
+#include <cuda_runtime.h>
+
+#include "core/elementwise_math.hpp"
+#include "cuda/cuda_check.hpp"
+#include "cuda/elementwise.hpp"
+
+namespace gpupool::detail::cuda {
+namespace {
+
+constexpr int threads_per_block = 256;
+// Enough blocks to fill any current GPU several times over; the grid-stride loop covers the rest.
+constexpr std::size_t most_blocks = 8192;
+
+template <op O, class T>
+__global__ void elementwise_kernel(const T* __restrict__ x, const T* __restrict__ y,
+                                   T* __restrict__ out, std::size_t count, T alpha) {
+  const std::size_t stride = static_cast<std::size_t>(gridDim.x) * blockDim.x;
+  for (std::size_t i = static_cast<std::size_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < count;
+       i += stride) {
+    out[i] = elementwise<O, T>(x[i], y != nullptr ? y[i] : T{}, alpha);
+  }
+}
+
+}  // namespace
+
+void launch_elementwise(const kernel& k, dtype t, const void* x, const void* y, void* out,
+                        std::size_t count, void* stream) {
+  if (count == 0) return;
+  const std::size_t blocks =
+      std::min(most_blocks, (count + threads_per_block - 1) / threads_per_block);
+  auto s = static_cast<cudaStream_t>(stream);
+  dispatch_elementwise(k.operation(), t, [&]<op O, class T>() {
+    elementwise_kernel<O, T><<<static_cast<unsigned>(blocks), threads_per_block, 0, s>>>(
+        static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(out), count,
+        static_cast<T>(k.alpha()));
+  });
+  GPUPOOL_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace gpupool::detail::cuda

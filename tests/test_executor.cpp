@@ -1,0 +1,517 @@
+// The executor on each backend: every test runs on the CPU backend, and again on CUDA where a GPU
+// is usable (skipping, with the reason, where it is not).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdint>
+#include <mutex>
+#include <set>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace gpupool {
+namespace {
+
+using namespace std::chrono_literals;
+using testing::matches_reference;
+using testing::random_vector;
+
+// A gate that holds tasks until the test opens it, so queues can be filled deterministically.
+class gate {
+ public:
+  void wait() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return open_; });
+  }
+  void open() {
+    {
+      std::lock_guard lock(mutex_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+class ExecutorTest : public ::testing::TestWithParam<backend_kind> {
+ protected:
+  void SetUp() override { GPUPOOL_SKIP_UNLESS_USABLE(GetParam()); }
+
+  executor_options options(int lanes = 2) const {
+    executor_options o;
+    o.backend = GetParam();
+    o.lanes_per_device = lanes;
+    o.quiet = true;
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, ExecutorTest,
+                         ::testing::Values(backend_kind::cpu, backend_kind::cuda),
+                         testing::backend_name);
+
+TEST_P(ExecutorTest, ReportsItsBackendDevicesAndLanes) {
+  executor ex(options(3));
+  EXPECT_EQ(ex.backend(), GetParam());
+  ASSERT_FALSE(ex.devices().empty());
+  EXPECT_EQ(ex.lanes_per_device(), 3);
+  EXPECT_EQ(ex.lane_count(), 3 * static_cast<int>(ex.devices().size()));
+  for (std::size_t i = 0; i < ex.devices().size(); ++i) {
+    EXPECT_EQ(ex.devices()[i].id, static_cast<int>(i));
+    EXPECT_FALSE(ex.devices()[i].name.empty());
+    EXPECT_GT(ex.devices()[i].total_memory, 0u);
+  }
+}
+
+TEST_P(ExecutorTest, SubmitRunsOnALaneAndReturnsTheValue) {
+  executor ex(options());
+  auto f = ex.submit([](lane& l) { return l.index() * 100 + 7; });
+  const int v = f.get();
+  EXPECT_EQ(v % 100, 7);
+  EXPECT_LT(v / 100, ex.lane_count());
+}
+
+TEST_P(ExecutorTest, LanesHaveDistinctStreamsOnCuda) {
+  executor ex(options(4));
+  std::mutex m;
+  std::set<void*> streams;
+  std::set<int> lanes;
+  gate g;
+  std::atomic<int> arrived{0};
+  multi_future<void> fs;
+  // Four tasks that all wait for each other must run on four different lanes.
+  for (int i = 0; i < 4; ++i)
+    fs.push_back(ex.submit([&](lane& l) {
+      {
+        std::lock_guard lock(m);
+        streams.insert(l.native_stream());
+        lanes.insert(l.index());
+      }
+      if (++arrived == 4) g.open();
+      g.wait();
+    }));
+  fs.get();
+  EXPECT_EQ(lanes.size(), 4u);
+  if (GetParam() == backend_kind::cuda) {
+    EXPECT_EQ(streams.size(), 4u);
+    EXPECT_EQ(streams.count(nullptr), 0u) << "a lane used the legacy default stream";
+  }
+}
+
+TEST_P(ExecutorTest, MapReturnsResultsInInputOrder) {
+  executor ex(options(4));
+  std::vector<std::vector<double>> inputs;
+  for (int i = 0; i < 200; ++i) inputs.push_back(std::vector<double>(1000 + i, i + 0.5));
+  auto results = ex.map(kernel::square(), inputs).get();
+  ASSERT_EQ(results.size(), inputs.size());
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const double v = static_cast<double>(i) + 0.5;
+    ASSERT_EQ(results[i].size(), inputs[i].size());
+    EXPECT_EQ(results[i].front(), v * v);
+    EXPECT_EQ(results[i].back(), v * v);
+  }
+}
+
+template <class T>
+void check_every_kernel(executor& ex, std::size_t n, std::uint64_t seed) {
+  const auto x = random_vector<T>(n, seed);
+  const auto y = random_vector<T>(n, seed + 1);
+  const double alpha = 3.0;
+  const T a = static_cast<T>(alpha);
+  std::vector<T> square(n), scale(n), add(n), axpy(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    square[i] = x[i] * x[i];
+    scale[i] = a * x[i];
+    add[i] = x[i] + y[i];
+    axpy[i] = a * x[i] + y[i];
+  }
+  const std::vector<std::vector<T>> xs{x}, ys{y};
+  EXPECT_TRUE(matches_reference(ex.map(kernel::square(), xs).get()[0], square)) << "square";
+  EXPECT_TRUE(matches_reference(ex.map(kernel::scale(alpha), xs).get()[0], scale)) << "scale";
+  EXPECT_TRUE(matches_reference(ex.map(kernel::add(), xs, ys).get()[0], add)) << "add";
+  EXPECT_TRUE(matches_reference(ex.map(kernel::axpy(alpha), xs, ys).get()[0], axpy)) << "axpy";
+
+  std::vector<T> out(n, T{-1});
+  ex.transform<T>(kernel::axpy(alpha), x, y, out).get();
+  EXPECT_TRUE(matches_reference(out, axpy)) << "transform axpy";
+}
+
+TEST_P(ExecutorTest, EveryKernelMatchesTheCpuReferenceOnRandomData) {
+  executor_options o = options(3);
+  o.chunk_bytes = 64 * 1024;  // several pieces per array, and a ragged last one
+  executor ex(o);
+  const std::size_t n = 100'003;
+  check_every_kernel<float>(ex, n, 1);
+  check_every_kernel<double>(ex, n, 2);
+  check_every_kernel<std::int32_t>(ex, n, 3);
+  check_every_kernel<std::int64_t>(ex, n, 4);
+}
+
+TEST_P(ExecutorTest, AnExceptionInATaskFailsOnlyThatTask) {
+  executor ex(options());
+  auto bad = ex.submit([](lane&) -> int { throw std::out_of_range("index 12 is past the end"); });
+  auto good = ex.submit([](lane&) { return 5; });
+  try {
+    (void)bad.get();
+    FAIL() << "the task's exception was lost";
+  } catch (const std::out_of_range& e) {
+    EXPECT_STREQ(e.what(), "index 12 is past the end");
+  }
+  EXPECT_EQ(bad.status(), task_status::failed);
+  EXPECT_EQ(good.get(), 5);
+  EXPECT_EQ(ex.submit([](lane&) { return 6; }).get(), 6);
+}
+
+TEST_P(ExecutorTest, CancelStopsAQueuedTaskButNotARunningOne) {
+  executor ex(options(1));
+  gate g;
+  std::atomic<bool> started{false};
+  auto blocker = ex.submit([&](lane&) {
+    started = true;
+    g.wait();
+  });
+  while (!started) std::this_thread::sleep_for(1ms);
+  std::atomic<bool> ran{false};
+  auto queued = ex.submit([&](lane&) { ran = true; });
+  EXPECT_FALSE(blocker.cancel());
+  EXPECT_TRUE(queued.cancel());
+  EXPECT_TRUE(queued.ready());
+  g.open();
+  blocker.get();
+  EXPECT_THROW(queued.get(), cancelled_error);
+  ex.shutdown();
+  EXPECT_FALSE(ran.load());
+}
+
+TEST_P(ExecutorTest, CancelledMapInputNeverRuns) {
+  executor ex(options(1));
+  gate g;
+  auto blocker = ex.submit([&](lane&) { g.wait(); });
+  const std::vector<std::vector<double>> inputs(3, std::vector<double>(100, 2.0));
+  auto fs = ex.map(kernel::square(), inputs);
+  EXPECT_TRUE(fs[1].cancel());
+  g.open();
+  blocker.get();
+  EXPECT_EQ(fs[0].get()[0], 4.0);
+  EXPECT_THROW(fs[1].get(), cancelled_error);
+  EXPECT_EQ(fs[2].get()[99], 4.0);
+}
+
+TEST_P(ExecutorTest, ShutdownWithCancelResolvesThousandsOfPendingTasks) {
+  executor ex(options(1));
+  gate g;
+  std::atomic<bool> started{false};
+  auto blocker = ex.submit([&](lane&) {
+    started = true;
+    g.wait();
+  });
+  while (!started) std::this_thread::sleep_for(1ms);
+  std::atomic<int> ran{0};
+  multi_future<void> pending;
+  for (int i = 0; i < 5000; ++i) pending.push_back(ex.submit([&](lane&) { ++ran; }));
+  const std::vector<std::vector<float>> big(50, std::vector<float>(1000, 1.0f));
+  auto maps = ex.map(kernel::square(), big);
+
+  std::thread stopper([&] { ex.shutdown(/*cancel_pending=*/true); });
+  while (ex.queued() != 0 || !ex.is_shutdown()) std::this_thread::sleep_for(1ms);
+  g.open();
+  stopper.join();
+
+  blocker.get();
+  EXPECT_EQ(ran.load(), 0);
+  for (auto& f : pending) {
+    ASSERT_TRUE(f.ready());
+    EXPECT_EQ(f.status(), task_status::cancelled);
+  }
+  for (auto& f : maps) EXPECT_THROW(f.get(), cancelled_error);
+  EXPECT_THROW(ex.submit([](lane&) {}), std::runtime_error);
+}
+
+TEST_P(ExecutorTest, DestructorDrainsThousandsOfPendingTasks) {
+  std::atomic<int> ran{0};
+  multi_future<int> results;
+  {
+    executor ex(options(2));
+    for (int i = 0; i < 5000; ++i) results.push_back(ex.submit([&, i](lane&) {
+      ++ran;
+      return i;
+    }));
+  }
+  EXPECT_EQ(ran.load(), 5000);
+  for (int i = 0; i < 5000; ++i) {
+    ASSERT_TRUE(results[i].ready());
+    EXPECT_EQ(results[i].get(), i);
+  }
+}
+
+TEST_P(ExecutorTest, ManyThreadsSubmittingAtOnce) {
+  executor ex(options(4));
+  constexpr int threads = 8;
+  constexpr int per_thread = 400;  // also spelled out in the task below
+  std::vector<std::thread> submitters;
+  std::vector<std::int64_t> sums(threads, 0);
+  for (int t = 0; t < threads; ++t) {
+    submitters.emplace_back([&, t] {
+      multi_future<int> fs;
+      std::vector<std::vector<std::int32_t>> arrays;
+      for (int i = 0; i < per_thread; ++i) {
+        fs.push_back(ex.submit([t, i](lane&) { return t * 400 + i; }));
+        arrays.push_back(std::vector<std::int32_t>(64, t + i));
+      }
+      auto squares = ex.map(kernel::square(), arrays);
+      std::int64_t sum = 0;
+      for (int v : fs.get()) sum += v;
+      auto sq = squares.get();
+      for (int i = 0; i < per_thread; ++i) EXPECT_EQ(sq[i][63], (t + i) * (t + i));
+      sums[t] = sum;
+    });
+  }
+  for (auto& s : submitters) s.join();
+  for (int t = 0; t < threads; ++t) {
+    const std::int64_t first = std::int64_t{t} * per_thread;
+    EXPECT_EQ(sums[t], per_thread * first + per_thread * (per_thread - 1) / 2);
+  }
+}
+
+TEST_P(ExecutorTest, ZeroLengthInputs) {
+  executor ex(options());
+  const std::vector<std::vector<double>> none;
+  EXPECT_TRUE(ex.map(kernel::square(), none).get().empty());
+  const std::vector<std::vector<double>> empties(3);
+  auto results = ex.map(kernel::square(), empties).get();
+  ASSERT_EQ(results.size(), 3u);
+  for (const auto& r : results) EXPECT_TRUE(r.empty());
+  std::vector<double> nothing;
+  auto f = ex.transform<double>(kernel::square(), nothing, nothing);
+  EXPECT_TRUE(f.ready());
+  f.get();
+}
+
+TEST_P(ExecutorTest, MismatchedSizesAreRejectedBeforeAnythingRuns) {
+  executor ex(options());
+  const std::vector<double> x(10, 2.0);
+  std::vector<double> out(9, -1.0);
+  EXPECT_THROW((void)ex.transform<double>(kernel::square(), x, out), std::invalid_argument);
+  EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](double v) { return v == -1.0; }));
+
+  const std::vector<std::vector<double>> xs{x, x}, ys{x, std::vector<double>(11, 1.0)};
+  EXPECT_THROW((void)ex.map(kernel::add(), xs, ys), std::invalid_argument);
+  const std::vector<std::vector<double>> one{x};
+  EXPECT_THROW((void)ex.map(kernel::add(), xs, one), std::invalid_argument);
+  EXPECT_THROW((void)ex.map(kernel::add(), xs), std::invalid_argument);
+  EXPECT_THROW((void)ex.map(kernel::square(), xs, xs), std::invalid_argument);
+  EXPECT_EQ(ex.queued(), 0u);
+}
+
+TEST_P(ExecutorTest, TenThousandTasksDoNotGrowPinnedOrDeviceMemory) {
+  executor ex(options(2));
+  const std::vector<std::vector<float>> inputs(100, random_vector<float>(4096, 9));
+  auto run_batch = [&] {
+    auto maps = ex.map(kernel::square(), inputs);
+    multi_future<float> tasks;
+    for (int i = 0; i < 100; ++i)
+      tasks.push_back(ex.submit([&inputs, i](lane& l) {
+        auto d = l.upload<float>(inputs[static_cast<std::size_t>(i)]);
+        l.apply(kernel::scale(2.0), d);
+        std::vector<float> back(d.size());
+        l.download<float>(d, back);
+        return back[0];
+      }));
+    auto squares = maps.get();
+    auto scaled = tasks.get();
+    EXPECT_EQ(squares[99][0], inputs[99][0] * inputs[99][0]);
+    EXPECT_EQ(scaled[0], 2.0f * inputs[0][0]);
+  };
+  run_batch();  // warm-up: slots for two-input staging etc. are made on first use
+  const std::size_t pinned_before = pinned_bytes_in_use();
+  const auto device_before = ex.memory_stats();
+  for (int batch = 0; batch < 50; ++batch) run_batch();  // 50 x 200 = 10,000 tasks
+  EXPECT_EQ(pinned_bytes_in_use(), pinned_before);
+  const auto device_after = ex.memory_stats();
+  ASSERT_EQ(device_after.size(), device_before.size());
+  for (std::size_t d = 0; d < device_after.size(); ++d) {
+    EXPECT_EQ(device_after[d].in_use, device_before[d].in_use);
+    EXPECT_EQ(device_after[d].peak, device_before[d].peak);
+  }
+}
+
+TEST_P(ExecutorTest, TransformLargerThanTheDeviceMemoryBudget) {
+  executor_options o = options(2);
+  o.device_memory_budget = std::size_t{1} << 20;  // 1 MiB of "device memory"
+  executor ex(o);
+  EXPECT_LE(ex.chunk_bytes() * 2 * 2 * 2, o.device_memory_budget);
+  const std::size_t n = std::size_t{4} << 20;  // 32 MiB of float64: 32x the budget
+  const auto x = random_vector<double>(n, 11);
+  std::vector<double> out(n, 0.0);
+  ex.transform<double>(kernel::scale(-0.5), x, out).get();
+  for (std::size_t i = 0; i < n; i += 997) ASSERT_EQ(out[i], -0.5 * x[i]) << i;
+  EXPECT_EQ(out[n - 1], -0.5 * x[n - 1]);
+  for (const auto& m : ex.memory_stats()) EXPECT_LE(m.peak, o.device_memory_budget);
+}
+
+TEST_P(ExecutorTest, InPlaceTransform) {
+  executor ex(options());
+  auto v = random_vector<std::int64_t>(50'000, 5);
+  const auto original = v;
+  ex.transform<std::int64_t>(kernel::square(), v, v).get();
+  for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], original[i] * original[i]);
+}
+
+TEST_P(ExecutorTest, AllocationsPastTheBudgetFailTheTask) {
+  executor_options o = options(1);
+  o.device_memory_budget = std::size_t{1} << 20;
+  executor ex(o);
+  auto f = ex.submit([](lane& l) { return l.allocate<double>(std::size_t{1} << 20).size(); });
+  EXPECT_THROW((void)f.get(), out_of_memory);
+  EXPECT_EQ(ex.submit([](lane& l) { return l.allocate<double>(16).size(); }).get(), 16u);
+}
+
+TEST_P(ExecutorTest, PinnedBuffersSkipStagingAndGiveTheSameResults) {
+  executor ex(options());
+  const std::size_t n = 300'000;
+  pinned_vector<float> x(n), out(n);
+  const auto values = random_vector<float>(n, 21);
+  std::copy(values.begin(), values.end(), x.begin());
+  EXPECT_TRUE(is_pinned(x.data()));
+  EXPECT_TRUE(is_pinned(x.data() + n - 1));
+  EXPECT_FALSE(is_pinned(values.data()));
+  ex.transform<float>(kernel::square(), std::span<const float>(x.data(), n), out).get();
+  for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], x[i] * x[i]);
+}
+
+TEST_P(ExecutorTest, LaneHelpersUploadComputeAndDownload) {
+  executor ex(options());
+  const auto x = random_vector<double>(70'000, 31);
+  const auto y = random_vector<double>(70'000, 32);
+  const auto before = ex.memory_stats();
+  auto result = ex.submit([&](lane& l) {
+    auto dx = l.upload<double>(x);
+    auto dy = l.upload<double>(y);
+    l.apply(kernel::axpy(2.0), dx, dy);
+    std::vector<double> out(dy.size());
+    l.download<double>(dy, out);
+    return out;
+  });
+  std::vector<double> want(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) want[i] = 2.0 * x[i] + y[i];
+  EXPECT_TRUE(matches_reference(result.get(), want));
+  EXPECT_EQ(ex.memory_stats()[0].in_use, before[0].in_use) << "device arrays were not freed";
+}
+
+TEST_P(ExecutorTest, BadOptionsAreClearErrors) {
+  executor_options o = options();
+  o.lanes_per_device = -1;
+  EXPECT_THROW(executor{o}, std::invalid_argument);
+  o = options();
+  o.devices = {999};
+  EXPECT_THROW(executor{o}, std::invalid_argument);
+  o = options();
+  o.slots_per_lane = 0;
+  EXPECT_THROW(executor{o}, std::invalid_argument);
+  o = options();
+  o.device_memory_budget = 1000;
+  EXPECT_THROW(executor{o}, std::invalid_argument);
+}
+
+TEST_P(ExecutorTest, CompletionCallbacksSeeTheResult) {
+  executor ex(options());
+  std::atomic<int> seen{0};
+  gate done;
+  auto f = ex.submit([](lane&) { return 11; });
+  f.on_complete([&](future<int>& self) {
+    seen = self.get();
+    done.open();
+  });
+  done.wait();
+  EXPECT_EQ(seen.load(), 11);
+}
+
+// The CPU backend standing in for several devices, so that multi-device scheduling is tested
+// without GPUs.
+class MultiDeviceTest : public ::testing::Test {
+ protected:
+  static executor_options options() {
+    executor_options o;
+    o.backend = backend_kind::cpu;
+    o.cpu_devices = 3;
+    o.lanes_per_device = 2;
+    o.quiet = true;
+    return o;
+  }
+};
+
+TEST_F(MultiDeviceTest, WorkSpreadsOverEveryDevice) {
+  executor ex(options());
+  ASSERT_EQ(ex.devices().size(), 3u);
+  multi_future<int> fs;
+  for (int i = 0; i < 120; ++i)
+    fs.push_back(ex.submit([](lane& l) {
+      std::this_thread::sleep_for(2ms);
+      return l.device();
+    }));
+  const auto devices = fs.get();
+  const std::set<int> used(devices.begin(), devices.end());
+  EXPECT_EQ(used, (std::set<int>{0, 1, 2}));
+}
+
+TEST_F(MultiDeviceTest, SubmitToPinsATaskToItsDevice) {
+  executor ex(options());
+  multi_future<int> fs;
+  for (int i = 0; i < 60; ++i) fs.push_back(ex.submit_to(2, [](lane& l) { return l.device(); }));
+  for (int d : fs.get()) EXPECT_EQ(d, 2);
+  EXPECT_THROW((void)ex.submit_to(3, [](lane&) {}), std::out_of_range);
+  EXPECT_THROW((void)ex.submit_to(-1, [](lane&) {}), std::out_of_range);
+}
+
+TEST_F(MultiDeviceTest, ChosenDevicesAreRenumbered) {
+  executor_options o = options();
+  o.devices = {2, 0};
+  executor ex(o);
+  ASSERT_EQ(ex.devices().size(), 2u);
+  EXPECT_EQ(ex.devices()[0].ordinal, 2);
+  EXPECT_EQ(ex.devices()[1].ordinal, 0);
+  EXPECT_EQ(ex.devices()[1].id, 1);
+  o.devices = {1, 1};
+  EXPECT_THROW(executor{o}, std::invalid_argument);
+}
+
+TEST(BackendSelection, CudaRequestedWithoutAGpuIsAClearError) {
+  const auto cuda = cuda_availability();
+  if (cuda.usable) GTEST_SKIP() << "a GPU is usable here, so CUDA cannot be refused";
+  EXPECT_FALSE(cuda.reason.empty());
+  executor_options o;
+  o.backend = backend_kind::cuda;
+  try {
+    executor ex(o);
+    FAIL() << "CUDA was requested without a GPU and no error was raised";
+  } catch (const backend_unavailable& e) {
+    EXPECT_NE(std::string(e.what()).find("CUDA"), std::string::npos) << e.what();
+  }
+}
+
+TEST(BackendSelection, EnvironmentVariableChoosesTheBackend) {
+  ::setenv("GPUPOOL_BACKEND", "cpu", 1);
+  {
+    executor_options o;
+    o.quiet = true;
+    executor ex(o);
+    EXPECT_EQ(ex.backend(), backend_kind::cpu);
+  }
+  ::setenv("GPUPOOL_BACKEND", "tpu", 1);
+  EXPECT_THROW(executor{}, std::invalid_argument);
+  ::unsetenv("GPUPOOL_BACKEND");
+}
+
+}  // namespace
+}  // namespace gpupool

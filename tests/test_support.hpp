@@ -1,0 +1,69 @@
+// Helpers shared by the test files: backend parameters that skip cleanly, random data.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "gpupool/gpupool.hpp"
+
+namespace gpupool {
+// Names parameters in test output ("cpu", not "4-byte object").
+inline void PrintTo(backend_kind kind, std::ostream* os) { *os << to_string(kind); }
+}  // namespace gpupool
+
+namespace gpupool::testing {
+
+inline std::string backend_name(const ::testing::TestParamInfo<backend_kind>& info) {
+  return to_string(info.param);
+}
+
+/// Skips the current test (with the reason) when `kind` cannot run here.
+#define GPUPOOL_SKIP_UNLESS_USABLE(kind)                                                   \
+  do {                                                                                     \
+    if ((kind) == ::gpupool::backend_kind::cuda) {                                         \
+      const auto availability_ = ::gpupool::cuda_availability();                           \
+      if (!availability_.usable) GTEST_SKIP() << "no usable GPU: " << availability_.reason; \
+    }                                                                                      \
+  } while (0)
+
+/// Random values that are never all zero and whose results stay in range for every kernel.
+template <class T>
+std::vector<T> random_vector(std::size_t n, std::uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::vector<T> v(n);
+  if constexpr (std::is_floating_point_v<T>) {
+    std::uniform_real_distribution<double> dist(-100.0, 100.0);
+    for (auto& x : v) x = static_cast<T>(dist(rng));
+  } else {
+    std::uniform_int_distribution<std::int64_t> dist(-20000, 20000);
+    for (auto& x : v) x = static_cast<T>(dist(rng));
+  }
+  return v;
+}
+
+/// Compares with a reference: exactly for integers, within a few ulps of the magnitude for
+/// floating point (the GPU may fuse a*x+y into one rounding).
+template <class T>
+::testing::AssertionResult matches_reference(const std::vector<T>& got, const std::vector<T>& want) {
+  if (got.size() != want.size())
+    return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    bool same = got[i] == want[i];
+    if constexpr (std::is_floating_point_v<T>) {
+      const double tolerance = 4.0 * std::numeric_limits<T>::epsilon() *
+                               std::max(1.0, std::abs(static_cast<double>(want[i])));
+      same = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])) <= tolerance;
+    }
+    if (!same)
+      return ::testing::AssertionFailure()
+             << "element " << i << ": got " << got[i] << ", want " << want[i];
+  }
+  return ::testing::AssertionSuccess();
+}
+
+}  // namespace gpupool::testing
