@@ -14,7 +14,8 @@ int main() {
     for (auto& x : c) x = dist(rng);
 
   gpupool::executor pool;  // every visible GPU, default lanes per GPU
-  std::vector<std::vector<double>> squares = pool.map(gpupool::kernel::square(), chunks).get();
+  auto squares =
+      pool.map(gpupool::kernel::square(), chunks).get();  // gpupool::host_vector<double>s
 
   for (std::size_t i = 0; i < squares.size(); ++i)
     std::printf("chunk %zu: %.6f^2 = %.6f\n", i, chunks[i][0], squares[i][0]);

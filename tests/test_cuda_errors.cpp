@@ -16,10 +16,10 @@ class CudaErrorTest : public ::testing::Test {
 
 TEST_F(CudaErrorTest, ABadCopyFailsItsTaskWithTheCudaErrorName) {
   executor ex({.backend = backend_kind::cuda, .lanes_per_device = 1});
-  std::vector<double> host(1024, 1.0);
+  pinned_vector<double> host(1024, 1.0);
   auto bad = ex.submit([&](lane& l) {
-    // A host pointer passed as the device destination: the runtime refuses the copy.
-    l.upload_bytes(host.data() + 1, reinterpret_cast<const void*>(0x10), 4096);
+    // A copy from an address that is no device memory: the runtime refuses it.
+    l.download_bytes(host.data(), reinterpret_cast<const void*>(0x10), 4096);
     l.synchronize();
   });
   try {

@@ -130,21 +130,24 @@ void check_every_kernel(executor& ex, std::size_t n, std::uint64_t seed) {
   const double alpha = 3.0;
   const T a = static_cast<T>(alpha);
   std::vector<T> square(n), scale(n), add(n), axpy(n);
+  std::vector<double> terms(n);  // |a x| + |y|: the magnitude that rounding errors scale with
   for (std::size_t i = 0; i < n; ++i) {
     square[i] = x[i] * x[i];
     scale[i] = a * x[i];
     add[i] = x[i] + y[i];
     axpy[i] = a * x[i] + y[i];
+    terms[i] = std::abs(alpha * static_cast<double>(x[i])) + std::abs(static_cast<double>(y[i]));
   }
   const std::vector<std::vector<T>> xs{x}, ys{y};
   EXPECT_TRUE(matches_reference(ex.map(kernel::square(), xs).get()[0], square)) << "square";
   EXPECT_TRUE(matches_reference(ex.map(kernel::scale(alpha), xs).get()[0], scale)) << "scale";
-  EXPECT_TRUE(matches_reference(ex.map(kernel::add(), xs, ys).get()[0], add)) << "add";
-  EXPECT_TRUE(matches_reference(ex.map(kernel::axpy(alpha), xs, ys).get()[0], axpy)) << "axpy";
+  EXPECT_TRUE(matches_reference(ex.map(kernel::add(), xs, ys).get()[0], add, terms)) << "add";
+  EXPECT_TRUE(matches_reference(ex.map(kernel::axpy(alpha), xs, ys).get()[0], axpy, terms))
+      << "axpy";
 
   std::vector<T> out(n, T{-1});
   ex.transform<T>(kernel::axpy(alpha), x, y, out).get();
-  EXPECT_TRUE(matches_reference(out, axpy)) << "transform axpy";
+  EXPECT_TRUE(matches_reference(out, axpy, terms)) << "transform axpy";
 }
 
 TEST_P(ExecutorTest, EveryKernelMatchesTheCpuReferenceOnRandomData) {
@@ -243,10 +246,11 @@ TEST_P(ExecutorTest, DestructorDrainsThousandsOfPendingTasks) {
   multi_future<int> results;
   {
     executor ex(options(2));
-    for (int i = 0; i < 5000; ++i) results.push_back(ex.submit([&, i](lane&) {
-      ++ran;
-      return i;
-    }));
+    for (int i = 0; i < 5000; ++i)
+      results.push_back(ex.submit([&, i](lane&) {
+        ++ran;
+        return i;
+      }));
   }
   EXPECT_EQ(ran.load(), 5000);
   for (int i = 0; i < 5000; ++i) {
@@ -340,9 +344,14 @@ TEST_P(ExecutorTest, TenThousandTasksDoNotGrowPinnedOrDeviceMemory) {
   EXPECT_EQ(pinned_bytes_in_use(), pinned_before);
   const auto device_after = ex.memory_stats();
   ASSERT_EQ(device_after.size(), device_before.size());
+  // The peak may rise once if two lanes' task arrays happen to overlap later than in warm-up,
+  // but never past the slots plus one task array per lane.
+  const std::size_t task_array = 4096 * sizeof(float);
   for (std::size_t d = 0; d < device_after.size(); ++d) {
     EXPECT_EQ(device_after[d].in_use, device_before[d].in_use);
-    EXPECT_EQ(device_after[d].peak, device_before[d].peak);
+    EXPECT_LE(
+        device_after[d].peak,
+        device_before[d].in_use + static_cast<std::size_t>(ex.lanes_per_device()) * task_array);
   }
 }
 

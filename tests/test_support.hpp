@@ -3,7 +3,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <random>
 #include <string>
 #include <type_traits>
@@ -13,7 +16,9 @@
 
 namespace gpupool {
 // Names parameters in test output ("cpu", not "4-byte object").
-inline void PrintTo(backend_kind kind, std::ostream* os) { *os << to_string(kind); }
+inline void PrintTo(backend_kind kind, std::ostream* os) {
+  *os << to_string(kind);
+}
 }  // namespace gpupool
 
 namespace gpupool::testing {
@@ -23,12 +28,12 @@ inline std::string backend_name(const ::testing::TestParamInfo<backend_kind>& in
 }
 
 /// Skips the current test (with the reason) when `kind` cannot run here.
-#define GPUPOOL_SKIP_UNLESS_USABLE(kind)                                                   \
-  do {                                                                                     \
-    if ((kind) == ::gpupool::backend_kind::cuda) {                                         \
-      const auto availability_ = ::gpupool::cuda_availability();                           \
+#define GPUPOOL_SKIP_UNLESS_USABLE(kind)                                                    \
+  do {                                                                                      \
+    if ((kind) == ::gpupool::backend_kind::cuda) {                                          \
+      const auto availability_ = ::gpupool::cuda_availability();                            \
       if (!availability_.usable) GTEST_SKIP() << "no usable GPU: " << availability_.reason; \
-    }                                                                                      \
+    }                                                                                       \
   } while (0)
 
 /// Random values that are never all zero and whose results stay in range for every kernel.
@@ -46,17 +51,20 @@ std::vector<T> random_vector(std::size_t n, std::uint64_t seed) {
   return v;
 }
 
-/// Compares with a reference: exactly for integers, within a few ulps of the magnitude for
-/// floating point (the GPU may fuse a*x+y into one rounding).
+/// Compares with a reference: exactly for integers; for floating point within a few ulps of
+/// `magnitude[i]`, the size of the terms that made the result (the GPU may fuse a*x+y into one
+/// rounding, and a sum of large terms that cancel keeps their absolute error).
 template <class T>
-::testing::AssertionResult matches_reference(const std::vector<T>& got, const std::vector<T>& want) {
+::testing::AssertionResult matches_reference(const std::vector<T>& got, const std::vector<T>& want,
+                                             const std::vector<double>& magnitude = {}) {
   if (got.size() != want.size())
     return ::testing::AssertionFailure() << "size " << got.size() << " != " << want.size();
   for (std::size_t i = 0; i < got.size(); ++i) {
     bool same = got[i] == want[i];
     if constexpr (std::is_floating_point_v<T>) {
-      const double tolerance = 4.0 * std::numeric_limits<T>::epsilon() *
-                               std::max(1.0, std::abs(static_cast<double>(want[i])));
+      const double scale =
+          magnitude.empty() ? std::abs(static_cast<double>(want[i])) : magnitude[i];
+      const double tolerance = 4.0 * std::numeric_limits<T>::epsilon() * std::max(1.0, scale);
       same = std::abs(static_cast<double>(got[i]) - static_cast<double>(want[i])) <= tolerance;
     }
     if (!same)
@@ -64,6 +72,13 @@ template <class T>
              << "element " << i << ": got " << got[i] << ", want " << want[i];
   }
   return ::testing::AssertionSuccess();
+}
+
+/// Same, for any contiguous result (e.g. host_vector) against a std::vector reference.
+template <class Range, class T>
+::testing::AssertionResult matches_reference(const Range& got, const std::vector<T>& want,
+                                             const std::vector<double>& magnitude = {}) {
+  return matches_reference(std::vector<T>(got.begin(), got.end()), want, magnitude);
 }
 
 }  // namespace gpupool::testing

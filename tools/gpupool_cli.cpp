@@ -49,7 +49,9 @@ struct pool_flags {
   }
 };
 
-double gib(std::size_t bytes) { return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0); }
+double gib(std::size_t bytes) {
+  return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
+}
 
 const char* env_or(const char* name, const char* fallback) {
   const char* v = std::getenv(name);
@@ -107,7 +109,7 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
 
   using clock = std::chrono::steady_clock;
   std::vector<double> times_ms;
-  std::vector<std::vector<double>> results;
+  std::vector<gpupool::host_vector<double>> results;
   // Run 0 warms the pools and the kernels; runs 1..repeat are the timed ones.
   for (int run = 0; run <= demo.repeat; ++run) {
     const auto t0 = clock::now();
@@ -137,8 +139,8 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
         "{\"backend\": \"%s\", \"devices\": %zu, \"lanes_per_device\": %d, \"chunks\": %d, "
         "\"size\": %zu, \"repeat\": %d, \"median_ms\": %.4f, \"best_ms\": %.4f, "
         "\"input_gb_per_s\": %.3f, \"wrong\": %zu}\n",
-        gpupool::to_string(ex.backend()), ex.devices().size(), ex.lanes_per_device(),
-        demo.chunks, demo.size, demo.repeat, med, best, gbps, wrong);
+        gpupool::to_string(ex.backend()), ex.devices().size(), ex.lanes_per_device(), demo.chunks,
+        demo.size, demo.repeat, med, best, gbps, wrong);
     return wrong == 0 ? 0 : 1;
   }
 
@@ -150,9 +152,10 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   }
   std::printf("backend: %s, %zu device(s) x %d lanes\n", gpupool::to_string(ex.backend()),
               ex.devices().size(), ex.lanes_per_device());
-  std::printf("squared %d chunks x %zu float64 in %.3f ms (median of %d; best %.3f ms): %.2f GB/s "
-              "of input\n",
-              demo.chunks, demo.size, med, demo.repeat, best, gbps);
+  std::printf(
+      "squared %d chunks x %zu float64 in %.3f ms (median of %d; best %.3f ms): %.2f GB/s "
+      "of input\n",
+      demo.chunks, demo.size, med, demo.repeat, best, gbps);
   if (wrong != 0) {
     std::fprintf(stderr, "gpupool demo: %zu results differ from the CPU reference\n", wrong);
     return 1;
@@ -168,7 +171,8 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   pool_flags flags;
 
-  CLI::App* info = app.add_subcommand("info", "Print the backend, each device and the configuration");
+  CLI::App* info =
+      app.add_subcommand("info", "Print the backend, each device and the configuration");
   flags.add_to(*info);
 
   demo_flags demo;
@@ -180,7 +184,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 34));
   demo_cmd->add_option("--repeat", demo.repeat, "timed runs after the warm-up run")
       ->check(CLI::Range(1, 100000));
-  demo_cmd->add_option("--show", demo.show, "results to print per task")->check(CLI::Range(0, 1000));
+  demo_cmd->add_option("--show", demo.show, "results to print per task")
+      ->check(CLI::Range(0, 1000));
   demo_cmd->add_option("--seed", demo.seed, "seed of the random inputs");
   demo_cmd->add_flag("--json", demo.json, "print one JSON object instead of the report");
 

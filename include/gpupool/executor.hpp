@@ -16,6 +16,7 @@
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 #include "gpupool/future.hpp"
+#include "gpupool/host_vector.hpp"
 #include "gpupool/lane.hpp"
 #include "gpupool/options.hpp"
 #include "gpupool/types.hpp"
@@ -68,14 +69,15 @@ class executor {
   }
 
   /// Applies a one-input kernel to each input array; results come back in input order, one
-  /// future per input. Inputs are read in place and must stay alive until their futures are
-  /// ready. Large inputs are split into pieces of `chunk_bytes()`.
+  /// future per input, each holding a host_vector<T> (a std::vector that skips zeroing). Inputs are
+  /// read in place and must stay alive until their futures are ready. Large inputs are split into
+  /// pieces of `chunk_bytes()`.
   /// @throw std::invalid_argument if the kernel takes two inputs.
   template <class Inputs>
   auto map(const kernel& k, const Inputs& xs) {
     using T = element_of<Inputs>;
     require_arity(k, 1, "map");
-    multi_future<std::vector<T>> futures;
+    multi_future<host_vector<T>> futures;
     futures.reserve(std::ranges::size(xs));
     for (const auto& x : xs) {
       auto sx = as_span<T>(x);
@@ -101,7 +103,7 @@ class executor {
         throw std::invalid_argument("gpupool::executor::map: inputs " + std::to_string(i) +
                                     " differ in size (" + std::to_string(sx[i].size()) + " vs " +
                                     std::to_string(sy[i].size()) + ")");
-    multi_future<std::vector<T>> futures;
+    multi_future<host_vector<T>> futures;
     futures.reserve(sx.size());
     for (std::size_t i = 0; i < sx.size(); ++i)
       futures.push_back(map_one<T>(k, sx[i].data(), sy[i].data(), sx[i].size()));
@@ -136,8 +138,8 @@ class executor {
 
  private:
   template <class Inputs>
-  using element_of = std::remove_cv_t<
-      std::ranges::range_value_t<std::ranges::range_reference_t<const Inputs>>>;
+  using element_of =
+      std::remove_cv_t<std::ranges::range_value_t<std::ranges::range_reference_t<const Inputs>>>;
 
   template <class T, class Range>
   static std::span<const T> as_span(const Range& r) {
@@ -154,8 +156,8 @@ class executor {
   }
 
   template <class T>
-  future<std::vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n) {
-    auto state = std::make_shared<detail::shared_state<std::vector<T>>>();
+  future<host_vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n) {
+    auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
     if (n == 0) {
       require_open();
       state->try_start();
@@ -163,7 +165,7 @@ class executor {
     } else {
       enqueue_elementwise(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
     }
-    return future<std::vector<T>>(std::move(state));
+    return future<host_vector<T>>(std::move(state));
   }
 
   future<void> transform_impl(const kernel& k, dtype t, const void* x, const void* y, void* out,

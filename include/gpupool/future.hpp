@@ -112,56 +112,44 @@ class [[nodiscard]] future {
   /// @throw the task's own exception if it failed; cancelled_error if it was cancelled;
   ///        std::logic_error if the value was already taken (e.g. by a callback).
   T get() {
-    require_valid();
-    state_->wait();
-    state_->rethrow_if_unsuccessful();
-    return state_->take();
+    auto& state = checked();
+    state.wait();
+    state.rethrow_if_unsuccessful();
+    return state.take();
   }
 
-  void wait() const {
-    require_valid();
-    state_->wait();
-  }
+  void wait() const { checked().wait(); }
 
   /// Waits at most `timeout`; true if the task has ended.
   template <class Rep, class Period>
   bool wait_for(const std::chrono::duration<Rep, Period>& timeout) const {
-    require_valid();
-    return state_->wait_until(std::chrono::steady_clock::now() +
-                              std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
+    return checked().wait_until(
+        std::chrono::steady_clock::now() +
+        std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout));
   }
 
   /// True once the task has ended (succeeded, failed or cancelled).
-  [[nodiscard]] bool ready() const {
-    require_valid();
-    return state_->done();
-  }
+  [[nodiscard]] bool ready() const { return checked().done(); }
 
-  [[nodiscard]] task_status status() const {
-    require_valid();
-    return state_->status();
-  }
+  [[nodiscard]] task_status status() const { return checked().status(); }
 
   /// Cancels the task if it has not started. Returns true if it was cancelled by this call.
-  bool cancel() {
-    require_valid();
-    return state_->try_cancel();
-  }
+  bool cancel() { return checked().try_cancel(); }
 
   /// Calls `cb(f)` once the task has ended, where `f` refers to the same task as this future.
   /// Runs on the lane thread that completes the task, or right away if it already ended.
   /// `cb` must not throw; it should be short, as it runs on a lane.
   void on_complete(std::function<void(future&)> cb) {
-    require_valid();
-    state_->add_callback([state = state_, cb = std::move(cb)]() mutable {
+    checked().add_callback([state = state_, cb = std::move(cb)]() mutable {
       future alias(state);
       cb(alias);
     });
   }
 
  private:
-  void require_valid() const {
+  detail::shared_state<T>& checked() const {
     if (!state_) throw std::logic_error("gpupool::future: no task (default-constructed or moved)");
+    return *state_;
   }
   std::shared_ptr<detail::shared_state<T>> state_;
 };

@@ -3,11 +3,12 @@
 #pragma once
 
 #include "gpupool/availability.hpp"  // IWYU pragma: export
-#include "gpupool/error.hpp"     // IWYU pragma: export
-#include "gpupool/executor.hpp"  // IWYU pragma: export
-#include "gpupool/future.hpp"    // IWYU pragma: export
-#include "gpupool/lane.hpp"      // IWYU pragma: export
-#include "gpupool/options.hpp"   // IWYU pragma: export
-#include "gpupool/pinned.hpp"    // IWYU pragma: export
-#include "gpupool/types.hpp"     // IWYU pragma: export
-#include "gpupool/version.hpp"   // IWYU pragma: export
+#include "gpupool/error.hpp"         // IWYU pragma: export
+#include "gpupool/executor.hpp"      // IWYU pragma: export
+#include "gpupool/future.hpp"        // IWYU pragma: export
+#include "gpupool/host_vector.hpp"   // IWYU pragma: export
+#include "gpupool/lane.hpp"          // IWYU pragma: export
+#include "gpupool/options.hpp"       // IWYU pragma: export
+#include "gpupool/pinned.hpp"        // IWYU pragma: export
+#include "gpupool/types.hpp"         // IWYU pragma: export
+#include "gpupool/version.hpp"       // IWYU pragma: export

@@ -19,7 +19,7 @@ struct executor_options {
   /// Empty: every visible device.
   std::vector<int> devices;
 
-  /// Lanes ("threads per GPU") per device. 0: the backend's default (4 on CUDA; on the CPU
+  /// Lanes ("threads per GPU") per device. 0: the backend's default (8 on CUDA; on the CPU
   /// backend, host cores divided among the devices, at least 1).
   int lanes_per_device = 0;
 

@@ -36,14 +36,14 @@ enum class backend_kind { cpu, cuda };
 
 /// What gpupool knows about one device it runs on.
 struct device_info {
-  int id = 0;                   ///< Index among the executor's devices (0..n-1).
-  int ordinal = 0;              ///< Backend ordinal (CUDA device number after CUDA_VISIBLE_DEVICES).
+  int id = 0;       ///< Index among the executor's devices (0..n-1).
+  int ordinal = 0;  ///< Backend ordinal (CUDA device number after CUDA_VISIBLE_DEVICES).
   backend_kind backend = backend_kind::cpu;
-  std::string name;             ///< e.g. "NVIDIA H200" or "CPU stand-in 0".
-  std::size_t total_memory = 0; ///< Bytes of device memory (host memory for the CPU backend).
-  int compute_major = 0;        ///< Compute capability (0 on the CPU backend).
+  std::string name;              ///< e.g. "NVIDIA H200" or "CPU stand-in 0".
+  std::size_t total_memory = 0;  ///< Bytes of device memory (host memory for the CPU backend).
+  int compute_major = 0;         ///< Compute capability (0 on the CPU backend).
   int compute_minor = 0;
-  int multiprocessors = 0;      ///< SMs, or host cores for the CPU backend.
+  int multiprocessors = 0;  ///< SMs, or host cores for the CPU backend.
 };
 
 /// The built-in elementwise operations.

@@ -28,8 +28,8 @@ int cpu_devices_from_environment() {
   char* end = nullptr;
   const long n = std::strtol(value, &end, 10);
   if (*end != '\0' || n < 1 || n > 1024)
-    throw std::invalid_argument(std::string("GPUPOOL_CPU_DEVICES must be a count from 1 to 1024, not '") +
-                                value + "'");
+    throw std::invalid_argument(
+        std::string("GPUPOOL_CPU_DEVICES must be a count from 1 to 1024, not '") + value + "'");
   return static_cast<int>(n);
 }
 

@@ -26,17 +26,33 @@ template <class F>
 inline void dispatch_elementwise(op o, dtype t, F&& f) {
   auto by_type = [&]<op O>() {
     switch (t) {
-      case dtype::float32: f.template operator()<O, float>(); break;
-      case dtype::float64: f.template operator()<O, double>(); break;
-      case dtype::int32: f.template operator()<O, std::int32_t>(); break;
-      case dtype::int64: f.template operator()<O, std::int64_t>(); break;
+      case dtype::float32:
+        f.template operator()<O, float>();
+        break;
+      case dtype::float64:
+        f.template operator()<O, double>();
+        break;
+      case dtype::int32:
+        f.template operator()<O, std::int32_t>();
+        break;
+      case dtype::int64:
+        f.template operator()<O, std::int64_t>();
+        break;
     }
   };
   switch (o) {
-    case op::square: by_type.template operator()<op::square>(); break;
-    case op::scale: by_type.template operator()<op::scale>(); break;
-    case op::add: by_type.template operator()<op::add>(); break;
-    case op::axpy: by_type.template operator()<op::axpy>(); break;
+    case op::square:
+      by_type.template operator()<op::square>();
+      break;
+    case op::scale:
+      by_type.template operator()<op::scale>();
+      break;
+    case op::add:
+      by_type.template operator()<op::add>();
+      break;
+    case op::axpy:
+      by_type.template operator()<op::axpy>();
+      break;
   }
 }
 

@@ -57,7 +57,9 @@ void elementwise_piece::finish(lane& l, int slot) {
   job_->piece_done();
 }
 
-void elementwise_piece::fail(std::exception_ptr e) noexcept { job_->piece_failed(std::move(e)); }
+void elementwise_piece::fail(std::exception_ptr e) noexcept {
+  job_->piece_failed(std::move(e));
+}
 
 void elementwise_piece::cancel() noexcept {
   if (!job_->state().try_cancel()) {

@@ -25,8 +25,8 @@ class elementwise_piece final : public work_item {
   std::shared_ptr<elementwise_job> job_;
   std::size_t offset_;
   std::size_t count_;
-  void* out_ = nullptr;          // where this piece's results go
-  bool staged_output_ = false;   // results wait in the slot's pinned buffer for finish()
+  void* out_ = nullptr;         // where this piece's results go
+  bool staged_output_ = false;  // results wait in the slot's pinned buffer for finish()
 };
 
 }  // namespace gpupool::detail

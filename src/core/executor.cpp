@@ -23,7 +23,9 @@ constexpr std::size_t chunk_alignment = 256;
 constexpr std::size_t smallest_chunk = 4096;
 constexpr int most_lanes_per_device = 256;
 constexpr int most_slots_per_lane = 64;
-constexpr int cuda_default_lanes = 4;
+// W1 on an H200 (5 x 8 MB): 8 lanes beat 4 (4.4 vs 5.3 ms) and 16 (9.6 ms); see
+// docs/performance.md.
+constexpr int cuda_default_lanes = 8;
 constexpr int cpu_most_default_lanes = 8;
 // Two device buffers per slot: two-input kernels stage both inputs.
 constexpr std::size_t device_buffers_per_slot = 2;
@@ -163,16 +165,34 @@ struct executor::impl {
 
 executor::executor(executor_options options) : impl_(std::make_unique<impl>(options)) {}
 
-executor::~executor() { shutdown(/*cancel_pending=*/false); }
+executor::~executor() {
+  shutdown(/*cancel_pending=*/false);
+}
 
-backend_kind executor::backend() const noexcept { return impl_->owner->kind(); }
-const std::vector<device_info>& executor::devices() const noexcept { return impl_->devices; }
-int executor::lanes_per_device() const noexcept { return impl_->lanes_per_device; }
-int executor::lane_count() const noexcept { return static_cast<int>(impl_->lanes.size()); }
-int executor::slots_per_lane() const noexcept { return impl_->slots; }
-std::size_t executor::chunk_bytes() const noexcept { return impl_->chunk_bytes; }
-std::size_t executor::queued() const { return impl_->queue.size(); }
-bool executor::is_shutdown() const noexcept { return !impl_->accepting.load(); }
+backend_kind executor::backend() const noexcept {
+  return impl_->owner->kind();
+}
+const std::vector<device_info>& executor::devices() const noexcept {
+  return impl_->devices;
+}
+int executor::lanes_per_device() const noexcept {
+  return impl_->lanes_per_device;
+}
+int executor::lane_count() const noexcept {
+  return static_cast<int>(impl_->lanes.size());
+}
+int executor::slots_per_lane() const noexcept {
+  return impl_->slots;
+}
+std::size_t executor::chunk_bytes() const noexcept {
+  return impl_->chunk_bytes;
+}
+std::size_t executor::queued() const {
+  return impl_->queue.size();
+}
+bool executor::is_shutdown() const noexcept {
+  return !impl_->accepting.load();
+}
 
 std::vector<device_memory_stats> executor::memory_stats() const {
   std::vector<device_memory_stats> stats;
@@ -180,7 +200,9 @@ std::vector<device_memory_stats> executor::memory_stats() const {
   return stats;
 }
 
-void executor::shutdown(bool cancel_pending) { impl_->stop(cancel_pending); }
+void executor::shutdown(bool cancel_pending) {
+  impl_->stop(cancel_pending);
+}
 
 void executor::require_open() const {
   if (!impl_->accepting.load()) throw std::runtime_error(shut_down_message);

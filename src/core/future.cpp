@@ -9,11 +9,16 @@ namespace gpupool {
 
 const char* to_string(task_status s) noexcept {
   switch (s) {
-    case task_status::pending: return "pending";
-    case task_status::running: return "running";
-    case task_status::succeeded: return "succeeded";
-    case task_status::failed: return "failed";
-    case task_status::cancelled: return "cancelled";
+    case task_status::pending:
+      return "pending";
+    case task_status::running:
+      return "running";
+    case task_status::succeeded:
+      return "succeeded";
+    case task_status::failed:
+      return "failed";
+    case task_status::cancelled:
+      return "cancelled";
   }
   return "unknown";
 }
@@ -77,7 +82,9 @@ task_status state_base::status() const {
   return status_;
 }
 
-bool state_base::done() const { return is_final(status()); }
+bool state_base::done() const {
+  return is_final(status());
+}
 
 void state_base::wait() const {
   std::unique_lock lock(mutex_);

@@ -15,8 +15,7 @@ void device_memory::reserve(std::size_t bytes) {
     if (budget_ != 0 && now + bytes > budget_)
       throw out_of_memory("gpupool: allocating " + std::to_string(bytes) +
                           " bytes would pass the device memory budget of " +
-                          std::to_string(budget_) + " bytes (" + std::to_string(now) +
-                          " in use)");
+                          std::to_string(budget_) + " bytes (" + std::to_string(now) + " in use)");
   } while (!in_use_.compare_exchange_weak(now, now + bytes, std::memory_order_relaxed));
   std::size_t peak = peak_.load(std::memory_order_relaxed);
   while (now + bytes > peak &&
@@ -26,7 +25,9 @@ void device_memory::reserve(std::size_t bytes) {
 
 lane_worker::lane_worker(const lane_setup& setup) : setup_(setup) {}
 
-lane_worker::~lane_worker() { join(); }
+lane_worker::~lane_worker() {
+  join();
+}
 
 std::future<void> lane_worker::start() {
   std::promise<void> ready;

@@ -112,6 +112,8 @@ bool is_pinned(const void* p) noexcept {
   return false;
 }
 
-std::size_t pinned_bytes_in_use() noexcept { return registry().bytes(); }
+std::size_t pinned_bytes_in_use() noexcept {
+  return registry().bytes();
+}
 
 }  // namespace gpupool

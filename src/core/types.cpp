@@ -9,20 +9,28 @@ namespace gpupool {
 
 std::size_t size_of(dtype t) noexcept {
   switch (t) {
-    case dtype::float32: return 4;
-    case dtype::float64: return 8;
-    case dtype::int32: return 4;
-    case dtype::int64: return 8;
+    case dtype::float32:
+      return 4;
+    case dtype::float64:
+      return 8;
+    case dtype::int32:
+      return 4;
+    case dtype::int64:
+      return 8;
   }
   return 0;
 }
 
 const char* to_string(dtype t) noexcept {
   switch (t) {
-    case dtype::float32: return "float32";
-    case dtype::float64: return "float64";
-    case dtype::int32: return "int32";
-    case dtype::int64: return "int64";
+    case dtype::float32:
+      return "float32";
+    case dtype::float64:
+      return "float64";
+    case dtype::int32:
+      return "int32";
+    case dtype::int64:
+      return "int64";
   }
   return "unknown";
 }
@@ -33,10 +41,14 @@ const char* to_string(backend_kind b) noexcept {
 
 const char* kernel::name() const noexcept {
   switch (op_) {
-    case op::square: return "square";
-    case op::scale: return "scale";
-    case op::add: return "add";
-    case op::axpy: return "axpy";
+    case op::square:
+      return "square";
+    case op::scale:
+      return "scale";
+    case op::add:
+      return "add";
+    case op::axpy:
+      return "axpy";
   }
   return "unknown";
 }

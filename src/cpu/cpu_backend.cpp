@@ -38,7 +38,8 @@ class cpu_stream final : public backend_stream {
   std::unique_ptr<backend_event> make_event() override { return std::make_unique<cpu_event>(); }
 
   void* allocate(std::size_t bytes) override {
-    const std::size_t rounded = (bytes + device_alignment - 1) / device_alignment * device_alignment;
+    const std::size_t rounded =
+        (bytes + device_alignment - 1) / device_alignment * device_alignment;
     void* p = std::aligned_alloc(device_alignment, rounded == 0 ? device_alignment : rounded);
     if (p == nullptr) throw std::bad_alloc();
     return p;

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 
 #include "core/backend.hpp"
@@ -18,8 +19,7 @@
 namespace gpupool::detail {
 namespace cuda {
 
-[[noreturn]] void throw_cuda_error(cudaError_t code, const char* call, const char* file,
-                                   int line) {
+[[noreturn]] void throw_cuda_error(cudaError_t code, const char* call, const char* file, int line) {
   throw cuda_error(static_cast<int>(code), cudaGetErrorName(code), cudaGetErrorString(code), call,
                    file, line);
 }
@@ -67,10 +67,25 @@ class device_scope {
   int previous_ = 0;
 };
 
+// How a lane waits for its oldest task: `block` (default) sleeps in the driver, leaving the core
+// to lanes busy with staging copies; `spin` polls, for the lowest latency on tiny tasks.
+// GPUPOOL_EVENT_WAIT=spin|block chooses.
+unsigned event_wait_flags() {
+  static const unsigned flags = [] {
+    const char* value = std::getenv("GPUPOOL_EVENT_WAIT");
+    if (value == nullptr || std::string(value) == "block") return unsigned{cudaEventBlockingSync};
+    if (std::string(value) == "spin") return 0u;
+    throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'spin' or 'block', not '" +
+                                std::string(value) + "'");
+  }();
+  return flags;
+}
+
 class cuda_event final : public backend_event {
  public:
   explicit cuda_event(cudaStream_t stream) : stream_(stream) {
-    GPUPOOL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming));
+    GPUPOOL_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | event_wait_flags()));
   }
   cuda_event(const cuda_event&) = delete;
   cuda_event& operator=(const cuda_event&) = delete;

@@ -10,11 +10,11 @@ namespace gpupool::detail::cuda {
 
 }  // namespace gpupool::detail::cuda
 
-#define GPUPOOL_CUDA_CHECK(call)                                                          \
-  do {                                                                                    \
-    const cudaError_t gpupool_status_ = (call);                                           \
-    if (gpupool_status_ != cudaSuccess) {                                                 \
-      (void)cudaGetLastError();                                                           \
+#define GPUPOOL_CUDA_CHECK(call)                                                             \
+  do {                                                                                       \
+    const cudaError_t gpupool_status_ = (call);                                              \
+    if (gpupool_status_ != cudaSuccess) {                                                    \
+      (void)cudaGetLastError();                                                              \
       ::gpupool::detail::cuda::throw_cuda_error(gpupool_status_, #call, __FILE__, __LINE__); \
-    }                                                                                     \
+    }                                                                                        \
   } while (0)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gpupool/future.hpp"
+#include "gpupool/host_vector.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool::detail {
@@ -65,12 +66,12 @@ class elementwise_job {
   std::atomic<std::size_t> remaining_{0};
 };
 
-/// A map input: results go to a new std::vector<T>, allocated by the first lane that needs it.
+/// A map input: results go to a new host_vector<T>, allocated by the first lane that needs it.
 template <class T>
 class map_job final : public elementwise_job {
  public:
   map_job(kernel k, const T* x, const T* y, std::size_t count,
-          std::shared_ptr<shared_state<std::vector<T>>> state)
+          std::shared_ptr<shared_state<host_vector<T>>> state)
       : elementwise_job(k, dtype_of<T>(), x, y, count), state_(std::move(state)) {}
 
   void* output() override {
@@ -83,9 +84,9 @@ class map_job final : public elementwise_job {
   void deliver() override { state_->set_value(std::move(output_)); }
 
  private:
-  std::shared_ptr<shared_state<std::vector<T>>> state_;
+  std::shared_ptr<shared_state<host_vector<T>>> state_;
   std::once_flag allocated_;
-  std::vector<T> output_;
+  host_vector<T> output_;
 };
 
 /// A transform: results go to memory the caller owns.
