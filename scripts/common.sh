@@ -16,3 +16,13 @@ configure() {
     -DCMAKE_CUDA_ARCHITECTURES="$GPUPOOL_CUDA_ARCHITECTURES" "$@" >"$dir.configure.log" 2>&1 ||
     { cat "$dir.configure.log"; return 1; }
 }
+
+# build BUILD_DIR [targets...]: builds quietly, showing the log only when the build fails.
+build() {
+  local dir=$1
+  shift
+  local targets=()
+  for t in "$@"; do targets+=(--target "$t"); done
+  cmake --build "$dir" -j "$jobs" "${targets[@]}" >"$dir.build.log" 2>&1 ||
+    { tail -60 "$dir.build.log"; return 1; }
+}

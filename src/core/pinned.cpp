@@ -61,18 +61,16 @@ pinned_registry& registry() {
   return r;
 }
 
-bool use_cuda_host_memory() {
 #if GPUPOOL_HAS_CUDA
+bool use_cuda_host_memory() {
   static const bool usable = [] {
     const char* forced = std::getenv("GPUPOOL_BACKEND");
     if (forced != nullptr && std::strcmp(forced, "cpu") == 0) return false;
     return detail::probe_cuda().usable;
   }();
   return usable;
-#else
-  return false;
-#endif
 }
+#endif
 
 }  // namespace
 
