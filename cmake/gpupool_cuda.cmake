@@ -2,6 +2,10 @@
 # GPUPOOL_WITH_CUDA=OFF); the library also builds with no toolkit at all, CPU backend only.
 set(GPUPOOL_HAS_CUDA OFF)
 if(NOT GPUPOOL_WITH_CUDA STREQUAL "OFF")
+  # The toolkit's usual home, for shells (and pip builds) that do not have nvcc on PATH.
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)

@@ -1,0 +1,292 @@
+"""gpupool.Executor: a concurrent.futures.Executor whose workers are gpupool lanes."""
+
+import concurrent.futures as _futures
+import contextlib
+import sys
+import threading
+import time
+
+from . import _ext
+from ._ext import Kernel
+
+__all__ = ["Executor", "current_lane"]
+
+
+def current_lane() -> _ext.Lane:
+    """The lane running the calling task: its device, its stream (``lane.stream``, and the
+    ``__cuda_stream__`` protocol), and helpers to move data on it.
+
+    Raises RuntimeError outside a task submitted to a gpupool Executor."""
+    lane = _ext.current_lane()
+    if lane is None:
+        raise RuntimeError("gpupool.current_lane() called outside a task running on a lane")
+    return lane
+
+
+class Executor(_futures.Executor):
+    """Runs tasks on many lanes (threads) per GPU, on every GPU.
+
+    Python callables run on a lane thread with the lane's device current and, when CuPy or
+    PyTorch is imported, the lane's own stream made their current stream, so CuPy code runs
+    unchanged on per-lane streams. Built-in kernels (``gpupool.kernels``) run entirely in C++
+    with the GIL released.
+
+    Args:
+        threads_per_gpu: lanes per device (default: 8 on CUDA; host cores on the CPU backend).
+        devices: device ordinals to use (default: every visible device).
+        backend: ``"cuda"`` or ``"cpu"`` (default: ``GPUPOOL_BACKEND``, else CUDA if usable).
+        slots_per_lane: tasks one lane keeps in flight.
+        chunk_bytes: largest piece of an array moved through a staging slot at once.
+        device_memory_budget: bytes gpupool may hold per device (0: no limit).
+        cpu_devices: devices the CPU backend stands in for.
+
+    Raises:
+        BackendUnavailableError: ``backend="cuda"`` without a usable GPU.
+        ValueError: bad options.
+    """
+
+    def __init__(self, threads_per_gpu=None, devices=None, *, backend=None, slots_per_lane=2,
+                 chunk_bytes=8 << 20, device_memory_budget=0, cpu_devices=0):
+        self._core = _ext.Executor(
+            threads_per_gpu or 0, None if devices is None else list(devices), backend,
+            slots_per_lane, chunk_bytes, device_memory_budget, cpu_devices)
+        self._ordinals = [d["ordinal"] for d in self._core.devices]
+        self._lock = threading.Lock()
+        self._pending = set()
+        self._closed = False
+        self._framework_streams = {}
+
+    # -- information ----------------------------------------------------------------------------
+    @property
+    def backend(self) -> str:
+        """``"cuda"`` or ``"cpu"``."""
+        return self._core.backend
+
+    @property
+    def devices(self) -> list:
+        """One dict per device: id, ordinal, name, backend, total_memory, lanes, ..."""
+        return self._core.devices
+
+    @property
+    def threads_per_gpu(self) -> int:
+        return self._core.threads_per_gpu
+
+    @property
+    def lane_count(self) -> int:
+        return self._core.lane_count
+
+    @property
+    def chunk_bytes(self) -> int:
+        return self._core.chunk_bytes
+
+    def memory_stats(self) -> list:
+        """Per device: bytes gpupool holds now (``in_use``), its ``peak`` and the ``budget``."""
+        return self._core.memory_stats()
+
+    # -- work -----------------------------------------------------------------------------------
+    def submit(self, fn, /, *args, **kwargs) -> _futures.Future:
+        """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
+
+        With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++."""
+        return self._submit(None, fn, args, kwargs)
+
+    def submit_to(self, device: int, fn, /, *args, **kwargs) -> _futures.Future:
+        """Like submit, on a lane of executor device ``device`` (0..len(devices)-1)."""
+        if not 0 <= device < len(self._ordinals):
+            raise IndexError(f"gpupool: device {device} is not one of this executor's "
+                             f"{len(self._ordinals)} devices")
+        return self._submit(device, fn, args, kwargs)
+
+    def map(self, fn, *iterables, timeout=None, chunksize=1):
+        """Returns an iterator of ``fn(*items)`` in input order, like Executor.map.
+
+        With a built-in kernel, every array is checked at the call (TypeError/ValueError before
+        any work starts) and the work runs in C++ with the GIL released; the results are NumPy
+        arrays. For two-input kernels the two iterables must have the same length."""
+        if not isinstance(fn, Kernel):
+            return super().map(fn, *iterables, timeout=timeout, chunksize=chunksize)
+        if len(iterables) not in (1, 2):
+            raise TypeError(f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._lock:
+            self._check_open()
+            pending = self._core.map_kernel(
+                fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
+        return _ordered_results(pending, deadline)
+
+    def shutdown(self, wait=True, *, cancel_futures=False):
+        """Stops taking work. With ``cancel_futures``, work not yet started is cancelled. With
+        ``wait``, returns once every lane has stopped (every future is then done)."""
+        with self._lock:
+            self._closed = True
+            to_cancel = list(self._pending) if cancel_futures else []
+        for future in to_cancel:
+            future.cancel()
+        if wait:
+            self._core.shutdown(cancel_futures)
+        else:
+            threading.Thread(target=self._core.shutdown, args=(cancel_futures,),
+                             name="gpupool-shutdown").start()
+
+    # -- internals ------------------------------------------------------------------------------
+    def _check_open(self):
+        if self._closed:
+            raise RuntimeError("cannot schedule new futures after shutdown")
+
+    def _track(self, future):
+        self._pending.add(future)
+        future.add_done_callback(self._untrack)
+
+    def _untrack(self, future):
+        with self._lock:
+            self._pending.discard(future)
+
+    def _submit(self, device, fn, args, kwargs):
+        if isinstance(fn, Kernel):
+            return self._submit_kernel(device, fn, args, kwargs)
+        future = _futures.Future()
+        bind = self._bind_frameworks
+
+        def run():
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                with bind():
+                    result = fn(*args, **kwargs)
+            except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+        with self._lock:
+            self._check_open()
+            self._track(future)
+            self._core.submit_call(run, device)
+        return future
+
+    def _submit_kernel(self, device, kernel, args, kwargs):
+        if kwargs or len(args) != kernel.arity:
+            raise TypeError(f"gpupool: kernel '{kernel.name}' takes {kernel.arity} array(s)")
+        if device is not None:
+            raise TypeError("gpupool: built-in kernels are spread over every device; "
+                            "use submit() rather than submit_to()")
+        with self._lock:
+            self._check_open()
+            pending = self._core.map_kernel(
+                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
+            future = _futures.Future()
+            self._track(future)
+
+        def cancel_core(f):
+            if f.cancelled():
+                pending.cancel()
+
+        def complete():
+            if pending.cancelled():
+                future.cancel()
+                return
+            try:
+                value = pending.result(0)
+            except BaseException as exc:  # noqa: B902
+                outcome = (future.set_exception, exc)
+            else:
+                outcome = (future.set_result, value)
+            with contextlib.suppress(_futures.InvalidStateError):
+                outcome[0](outcome[1])
+
+        future.add_done_callback(cancel_core)
+        pending.add_done_callback(complete)
+        return future
+
+    @contextlib.contextmanager
+    def _bind_frameworks(self):
+        """Makes the lane's device and stream current for CuPy and PyTorch, if imported."""
+        lane = _ext.current_lane()
+        if lane is None or lane.backend != "cuda":
+            yield
+            return
+        cupy = sys.modules.get("cupy")
+        torch = sys.modules.get("torch")
+        if cupy is None and torch is None:
+            yield
+            return
+        ordinal = self._ordinals[lane.device]
+        streams = self._framework_streams.get(lane.index)
+        if streams is None:
+            streams = self._framework_streams[lane.index] = _framework_streams(
+                cupy, torch, lane.stream, ordinal)
+        with contextlib.ExitStack() as stack:
+            cupy_stream, torch_stream = streams
+            if cupy_stream is not None:
+                stack.enter_context(cupy.cuda.Device(ordinal))
+                stack.enter_context(cupy_stream)
+            if torch_stream is not None:
+                stack.enter_context(torch.cuda.device(ordinal))
+                stack.enter_context(torch.cuda.stream(torch_stream))
+            yield
+
+
+def _framework_streams(cupy, torch, stream, ordinal):
+    cupy_stream = None
+    torch_stream = None
+    if cupy is not None:
+        cupy_stream = cupy.cuda.ExternalStream(stream, ordinal)
+    if torch is not None and torch.cuda.is_available():
+        torch_stream = torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal))
+    return cupy_stream, torch_stream
+
+
+def _ordered_results(pending, deadline):
+    """Yields results in order; cancels what is left if the consumer stops early."""
+    try:
+        pending.reverse()
+        while pending:
+            future = pending.pop()
+            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+            try:
+                yield future.result(remaining)
+            except TimeoutError as exc:
+                raise _futures.TimeoutError() from exc
+    finally:
+        for future in pending:
+            future.cancel()
+
+
+def _require_cupy(lane):
+    cupy = sys.modules.get("cupy")
+    if lane.backend != "cuda" or cupy is None:
+        raise RuntimeError("gpupool: Lane.upload/download need the CUDA backend and CuPy "
+                           "(import cupy first)")
+    return cupy
+
+
+def _lane_upload(self, array):
+    """Copies a host array to a new CuPy array on this lane's device, ordered on its stream
+    (through the lane's pinned staging slot, or directly when ``array`` is pinned)."""
+    import numpy as np
+
+    cupy = _require_cupy(self)
+    host = np.ascontiguousarray(array)
+    with cupy.cuda.ExternalStream(self.stream):
+        device = cupy.empty(host.shape, host.dtype)
+    self._upload(device.data.ptr, host)
+    return device
+
+
+def _lane_download(self, device_array, out=None):
+    """Copies a CuPy array on this lane's device into ``out`` (or a new NumPy array), ordered
+    on the lane's stream; returns once the data is on the host."""
+    import numpy as np
+
+    _require_cupy(self)
+    if out is None:
+        out = np.empty(device_array.shape, device_array.dtype)
+    if out.nbytes != device_array.nbytes or not out.flags.c_contiguous:
+        raise ValueError("gpupool: out must be C-contiguous and the size of the device array")
+    self._download(out, device_array.data.ptr)
+    self.synchronize()
+    return out
+
+
+_ext.Lane.upload = _lane_upload
+_ext.Lane.download = _lane_download

@@ -1,0 +1,513 @@
+// gpupool._ext: the thin binding between the C++ core and the Python package. It adapts only:
+// the GIL (released in every blocking call and for all array work), exceptions, and the array
+// protocols. The Executor semantics live in python/gpupool/_executor.py.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/unique_ptr.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "gpupool/gpupool.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace {
+
+// Exception types, created at import.
+PyObject* error_type = nullptr;
+PyObject* cuda_error_type = nullptr;
+PyObject* out_of_memory_type = nullptr;
+PyObject* backend_unavailable_type = nullptr;
+PyObject* cancelled_type = nullptr;  // concurrent.futures.CancelledError
+
+bool interpreter_alive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
+// A strong reference to a Python object that may be released on a lane thread, without the GIL.
+class py_ref {
+ public:
+  explicit py_ref(nb::handle h) : object_(h.inc_ref().ptr()) {}
+  py_ref(const py_ref&) = delete;
+  py_ref& operator=(const py_ref&) = delete;
+  ~py_ref() {
+    if (object_ == nullptr || !interpreter_alive()) return;  // at exit: leak rather than crash
+    nb::gil_scoped_acquire gil;
+    Py_DECREF(object_);
+  }
+  [[nodiscard]] nb::handle get() const { return object_; }
+
+ private:
+  PyObject* object_;
+};
+
+// The lane whose task this thread is running, for gpupool.current_lane().
+thread_local gpupool::lane* current_lane = nullptr;
+
+class lane_scope {
+ public:
+  explicit lane_scope(gpupool::lane* l) : previous_(current_lane) { current_lane = l; }
+  lane_scope(const lane_scope&) = delete;
+  lane_scope& operator=(const lane_scope&) = delete;
+  ~lane_scope() { current_lane = previous_; }
+
+ private:
+  gpupool::lane* previous_;
+};
+
+// Python's view of a lane: valid only inside its task, on its thread.
+class py_lane {
+ public:
+  explicit py_lane(gpupool::lane* l) : lane_(l) {}
+  gpupool::lane& get() const {
+    if (current_lane != lane_)
+      throw std::runtime_error("gpupool: a Lane is usable only inside the task it was given to");
+    return *lane_;
+  }
+
+ private:
+  gpupool::lane* lane_;
+};
+
+using any_future = std::variant<gpupool::future<gpupool::host_vector<float>>,
+                                gpupool::future<gpupool::host_vector<double>>,
+                                gpupool::future<gpupool::host_vector<std::int32_t>>,
+                                gpupool::future<gpupool::host_vector<std::int64_t>>>;
+
+using input_array = nb::ndarray<nb::ro>;
+
+// The result of a built-in kernel over one array: waits without the GIL, hands out a NumPy array
+// that owns the result memory. Keeps its inputs alive until the work is over.
+class array_future {
+ public:
+  array_future(any_future f, std::vector<std::size_t> shape, nb::object x, nb::object y)
+      : future_(std::move(f)), shape_(std::move(shape)), x_(std::move(x)), y_(std::move(y)) {}
+  array_future(const array_future&) = delete;
+  array_future& operator=(const array_future&) = delete;
+  ~array_future() {
+    // The lanes may still read the inputs: never let them go before the work is over.
+    std::visit(
+        [](auto& f) {
+          if (!f.valid() || f.ready()) return;
+          f.cancel();
+          nb::gil_scoped_release nogil;
+          f.wait();
+        },
+        future_);
+  }
+
+  bool done() const {
+    return std::visit([](auto& f) { return !f.valid() || f.ready(); }, future_);
+  }
+  bool cancel() {
+    return std::visit([](auto& f) { return f.valid() && f.cancel(); }, future_);
+  }
+  bool cancelled() const {
+    return std::visit(
+        [](auto& f) { return f.valid() && f.status() == gpupool::task_status::cancelled; },
+        future_);
+  }
+
+  // Waits at most `timeout` seconds (forever if None). Raises TimeoutError if not done.
+  nb::object result(std::optional<double> timeout) {
+    return std::visit(
+        [&](auto& f) -> nb::object {
+          if (!f.valid()) throw std::logic_error("gpupool: this result was already taken");
+          bool finished = true;
+          {
+            nb::gil_scoped_release nogil;
+            if (timeout)
+              finished = f.wait_for(std::chrono::duration<double>(*timeout));
+            else
+              f.wait();
+          }
+          if (!finished) {
+            PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
+            throw nb::python_error();
+          }
+          return to_numpy(f.get());
+        },
+        future_);
+  }
+
+  // Calls `callback()` (with the GIL) once the work has ended, possibly right away.
+  void add_done_callback(nb::callable callback) {
+    auto ref = std::make_shared<py_ref>(callback);
+    std::visit(
+        [&](auto& f) {
+          using F = std::decay_t<decltype(f)>;
+          f.on_complete([ref](F&) {
+            if (!interpreter_alive()) return;
+            nb::gil_scoped_acquire gil;
+            try {
+              ref->get()();
+            } catch (nb::python_error& e) {
+              e.discard_as_unraisable("gpupool: in a done callback");
+            }
+          });
+        },
+        future_);
+  }
+
+ private:
+  template <class T>
+  nb::object to_numpy(gpupool::host_vector<T> values) {
+    auto* owned = new gpupool::host_vector<T>(std::move(values));
+    nb::capsule owner(owned, [](void* p) noexcept {
+      delete static_cast<gpupool::host_vector<T>*>(p);
+    });
+    return nb::cast(nb::ndarray<nb::numpy, T>(owned->data(), shape_.size(), shape_.data(), owner));
+  }
+
+  any_future future_;
+  std::vector<std::size_t> shape_;
+  nb::object x_;
+  nb::object y_;
+};
+
+const char* dtype_name(nb::dlpack::dtype t) {
+  if (t == nb::dtype<float>()) return "float32";
+  if (t == nb::dtype<double>()) return "float64";
+  if (t == nb::dtype<std::int32_t>()) return "int32";
+  if (t == nb::dtype<std::int64_t>()) return "int64";
+  return nullptr;
+}
+
+bool is_c_contiguous(const input_array& a) {
+  if (a.size() == 0) return true;  // an empty array's strides mean nothing
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
+    expected *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+// Checks one input at the call, before any work starts.
+input_array as_input(nb::handle obj, std::size_t index, const char* which) {
+  const std::string where = std::string(which) + "[" + std::to_string(index) + "]";
+  input_array a;
+  if (!nb::try_cast(obj, a, /*convert=*/false)) {
+    std::string what = nb::type_name(obj.type()).c_str();
+    if (nb::hasattr(obj, "dtype"))
+      what += " of dtype " +
+              std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str());
+    throw nb::type_error(("gpupool: " + where + " is a " + what +
+                          "; expected an array of float32, float64, int32 or int64")
+                             .c_str());
+  }
+  if (a.device_type() != nb::device::cpu::value)
+    throw nb::type_error(("gpupool: " + where +
+                          " lives on a GPU; built-in kernels over device arrays are not supported "
+                          "yet: pass host (NumPy) arrays")
+                             .c_str());
+  if (dtype_name(a.dtype()) == nullptr)
+    throw nb::type_error(("gpupool: " + where + " has an unsupported dtype; expected float32, "
+                          "float64, int32 or int64")
+                             .c_str());
+  if (!is_c_contiguous(a))
+    throw nb::value_error(("gpupool: " + where +
+                           " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
+                              .c_str());
+  return a;
+}
+
+std::vector<std::size_t> shape_of(const input_array& a) {
+  std::vector<std::size_t> shape(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
+  return shape;
+}
+
+class py_executor {
+ public:
+  py_executor(int threads_per_gpu, std::optional<std::vector<int>> devices,
+              std::optional<std::string> backend, int slots_per_lane, std::size_t chunk_bytes,
+              std::size_t device_memory_budget, int cpu_devices) {
+    gpupool::executor_options o;
+    if (backend) {
+      if (*backend == "cpu")
+        o.backend = gpupool::backend_kind::cpu;
+      else if (*backend == "cuda")
+        o.backend = gpupool::backend_kind::cuda;
+      else
+        throw nb::value_error(("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
+    }
+    if (devices) o.devices = *devices;
+    o.lanes_per_device = threads_per_gpu;
+    o.slots_per_lane = slots_per_lane;
+    o.chunk_bytes = chunk_bytes;
+    o.device_memory_budget = device_memory_budget;
+    o.cpu_devices = cpu_devices;
+    nb::gil_scoped_release nogil;
+    executor_ = std::make_unique<gpupool::executor>(o);
+  }
+  py_executor(const py_executor&) = delete;
+  py_executor& operator=(const py_executor&) = delete;
+  ~py_executor() {
+    // Draining may need the GIL (queued Python tasks): let the lanes have it.
+    nb::gil_scoped_release nogil;
+    executor_.reset();
+  }
+
+  gpupool::executor& get() const {
+    if (!executor_) throw std::runtime_error("gpupool: the executor is closed");
+    return *executor_;
+  }
+
+  // Runs `call()` on a lane (of `device`, if given) with the GIL, the lane current.
+  void submit_call(nb::callable call, std::optional<int> device) {
+    auto ref = std::make_shared<py_ref>(call);
+    auto task = [ref](gpupool::lane& l) {
+      if (!interpreter_alive()) return;
+      nb::gil_scoped_acquire gil;
+      lane_scope scope(&l);
+      try {
+        ref->get()();
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("gpupool: in a lane task");
+      }
+    };
+    if (device)
+      (void)get().submit_to(*device, std::move(task));
+    else
+      (void)get().submit(std::move(task));
+  }
+
+  std::vector<std::unique_ptr<array_future>> map_kernel(const gpupool::kernel& k,
+                                                        nb::sequence xs,
+                                                        std::optional<nb::sequence> ys) {
+    const std::size_t n = nb::len(xs);
+    if (k.arity() == 2 && !ys)
+      throw nb::value_error(("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
+    if (k.arity() == 1 && ys)
+      throw nb::value_error(("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
+    if (ys && nb::len(*ys) != n)
+      throw nb::value_error("gpupool: the two input lists differ in length");
+
+    std::vector<input_array> x(n), y(ys ? n : 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = as_input(xs[i], i, "x");
+      if (ys) {
+        y[i] = as_input((*ys)[i], i, "y");
+        if (y[i].dtype() != x[i].dtype() || shape_of(y[i]) != shape_of(x[i]))
+          throw nb::value_error(("gpupool: x[" + std::to_string(i) + "] and y[" +
+                                 std::to_string(i) + "] differ in dtype or shape")
+                                    .c_str());
+      }
+    }
+
+    std::vector<std::unique_ptr<array_future>> out;
+    out.reserve(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      auto f = launch(k, x[i], ys ? &y[i] : nullptr);
+      out.push_back(std::make_unique<array_future>(std::move(f), shape_of(x[i]),
+                                                   nb::borrow(xs[i]),
+                                                   ys ? nb::borrow((*ys)[i]) : nb::none()));
+    }
+    return out;
+  }
+
+  void shutdown(bool cancel_pending) {
+    nb::gil_scoped_release nogil;
+    if (executor_) executor_->shutdown(cancel_pending);
+  }
+
+ private:
+  template <class T>
+  any_future launch_typed(const gpupool::kernel& k, const input_array& x, const input_array* y) {
+    const std::size_t n = x.size();
+    const std::span<const T> sx(static_cast<const T*>(x.data()), n);
+    std::vector<std::span<const T>> xs{sx};
+    if (y == nullptr) return std::move(get().map(k, xs)[0]);
+    std::vector<std::span<const T>> ys{std::span<const T>(static_cast<const T*>(y->data()), n)};
+    return std::move(get().map(k, xs, ys)[0]);
+  }
+
+  any_future launch(const gpupool::kernel& k, const input_array& x, const input_array* y) {
+    const auto t = x.dtype();
+    if (t == nb::dtype<float>()) return launch_typed<float>(k, x, y);
+    if (t == nb::dtype<double>()) return launch_typed<double>(k, x, y);
+    if (t == nb::dtype<std::int32_t>()) return launch_typed<std::int32_t>(k, x, y);
+    return launch_typed<std::int64_t>(k, x, y);
+  }
+
+  std::unique_ptr<gpupool::executor> executor_;
+};
+
+nb::dict device_dict(const gpupool::device_info& d, int lanes) {
+  nb::dict out;
+  out["id"] = d.id;
+  out["ordinal"] = d.ordinal;
+  out["name"] = d.name;
+  out["backend"] = gpupool::to_string(d.backend);
+  out["total_memory"] = d.total_memory;
+  out["compute_capability"] = nb::make_tuple(d.compute_major, d.compute_minor);
+  out["multiprocessors"] = d.multiprocessors;
+  out["lanes"] = lanes;
+  return out;
+}
+
+void translate_exceptions(const std::exception_ptr& p, void* /*payload*/) {
+  try {
+    std::rethrow_exception(p);
+  } catch (const gpupool::cuda_error& e) {
+    nb::object instance = nb::borrow(cuda_error_type)(e.what());
+    instance.attr("name") = e.name();
+    instance.attr("code") = e.code();
+    instance.attr("call") = e.call();
+    PyErr_SetObject(cuda_error_type, instance.ptr());
+  } catch (const gpupool::out_of_memory& e) {
+    PyErr_SetString(out_of_memory_type, e.what());
+  } catch (const gpupool::cancelled_error& e) {
+    PyErr_SetString(cancelled_type, e.what());
+  } catch (const gpupool::backend_unavailable& e) {
+    PyErr_SetString(backend_unavailable_type, e.what());
+  } catch (const gpupool::error& e) {
+    PyErr_SetString(error_type, e.what());
+  }
+}
+
+}  // namespace
+
+NB_MODULE(_ext, m) {
+  m.doc() = "gpupool's C++ core (internal; use the gpupool package)";
+
+  error_type = PyErr_NewExceptionWithDoc("gpupool.GpupoolError", "Base of gpupool's own errors.",
+                                         PyExc_RuntimeError, nullptr);
+  cuda_error_type = PyErr_NewExceptionWithDoc(
+      "gpupool.CudaError",
+      "A CUDA call failed. Attributes: name (e.g. 'cudaErrorInvalidValue'), code, call.",
+      error_type, nullptr);
+  nb::object oom_bases = nb::make_tuple(nb::handle(error_type), nb::handle(PyExc_MemoryError));
+  out_of_memory_type = PyErr_NewExceptionWithDoc(
+      "gpupool.OutOfMemoryError", "Device memory (or the configured budget) ran out.",
+      oom_bases.ptr(), nullptr);
+  backend_unavailable_type = PyErr_NewExceptionWithDoc(
+      "gpupool.BackendUnavailableError", "The requested backend cannot run here.", error_type,
+      nullptr);
+  cancelled_type =
+      nb::module_::import_("concurrent.futures").attr("CancelledError").inc_ref().ptr();
+  m.attr("GpupoolError") = nb::handle(error_type);
+  m.attr("CudaError") = nb::handle(cuda_error_type);
+  m.attr("OutOfMemoryError") = nb::handle(out_of_memory_type);
+  m.attr("BackendUnavailableError") = nb::handle(backend_unavailable_type);
+  nb::register_exception_translator(translate_exceptions);
+
+  nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.")
+      .def_static("square", &gpupool::kernel::square, "out = x * x")
+      .def_static("scale", &gpupool::kernel::scale, "alpha"_a, "out = alpha * x")
+      .def_static("add", &gpupool::kernel::add, "out = x + y")
+      .def_static("axpy", &gpupool::kernel::axpy, "alpha"_a, "out = alpha * x + y")
+      .def_prop_ro("name", [](const gpupool::kernel& k) { return std::string(k.name()); })
+      .def_prop_ro("arity", &gpupool::kernel::arity)
+      .def_prop_ro("alpha", &gpupool::kernel::alpha)
+      .def("__repr__", [](const gpupool::kernel& k) {
+        std::string s = std::string("gpupool.kernels.") + k.name();
+        if (k.operation() == gpupool::op::scale || k.operation() == gpupool::op::axpy)
+          s += "(" + std::to_string(k.alpha()) + ")";
+        return s;
+      });
+
+  nb::class_<array_future>(m, "ArrayFuture", "The result of a built-in kernel over one array.")
+      .def("result", &array_future::result, "timeout"_a = nb::none())
+      .def("done", &array_future::done)
+      .def("cancel", &array_future::cancel)
+      .def("cancelled", &array_future::cancelled)
+      .def("add_done_callback", &array_future::add_done_callback, "callback"_a);
+
+  nb::class_<py_lane>(m, "Lane", "The lane a task runs on; valid only inside that task.")
+      .def_prop_ro("device", [](const py_lane& l) { return l.get().device(); })
+      .def_prop_ro("index", [](const py_lane& l) { return l.get().index(); })
+      .def_prop_ro("index_on_device", [](const py_lane& l) { return l.get().index_on_device(); })
+      .def_prop_ro("backend", [](const py_lane& l) { return std::string(gpupool::to_string(l.get().backend())); })
+      .def_prop_ro("stream", [](const py_lane& l) {
+        return reinterpret_cast<std::uintptr_t>(l.get().native_stream());
+      })
+      .def("__cuda_stream__", [](const py_lane& l) {
+        // The CUDA stream protocol: (version, handle).
+        return nb::make_tuple(0, reinterpret_cast<std::uintptr_t>(l.get().native_stream()));
+      })
+      .def("synchronize", [](const py_lane& l) {
+        auto& lane = l.get();
+        nb::gil_scoped_release nogil;
+        lane.synchronize();
+      })
+      .def("_upload", [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
+        auto& lane = l.get();
+        nb::gil_scoped_release nogil;
+        lane.upload_bytes(reinterpret_cast<void*>(device_dst), src.data(), src.nbytes());
+      })
+      .def("_download", [](const py_lane& l, nb::ndarray<> dst, std::uintptr_t device_src) {
+        auto& lane = l.get();
+        nb::gil_scoped_release nogil;
+        lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
+      });
+
+  m.def("current_lane", []() -> std::optional<py_lane> {
+    if (current_lane == nullptr) return std::nullopt;
+    return py_lane(current_lane);
+  });
+
+  nb::class_<py_executor>(m, "Executor")
+      .def(nb::init<int, std::optional<std::vector<int>>, std::optional<std::string>, int,
+                    std::size_t, std::size_t, int>(),
+           "threads_per_gpu"_a = 0, "devices"_a = nb::none(), "backend"_a = nb::none(),
+           "slots_per_lane"_a = 2, "chunk_bytes"_a = std::size_t{8} << 20,
+           "device_memory_budget"_a = 0, "cpu_devices"_a = 0)
+      .def("submit_call", &py_executor::submit_call, "call"_a, "device"_a = nb::none())
+      .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a = nb::none())
+      .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
+      .def_prop_ro("backend", [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
+      .def_prop_ro("threads_per_gpu", [](const py_executor& e) { return e.get().lanes_per_device(); })
+      .def_prop_ro("lane_count", [](const py_executor& e) { return e.get().lane_count(); })
+      .def_prop_ro("slots_per_lane", [](const py_executor& e) { return e.get().slots_per_lane(); })
+      .def_prop_ro("chunk_bytes", [](const py_executor& e) { return e.get().chunk_bytes(); })
+      .def_prop_ro("queued", [](const py_executor& e) { return e.get().queued(); })
+      .def_prop_ro("devices", [](const py_executor& e) {
+        nb::list out;
+        for (const auto& d : e.get().devices()) out.append(device_dict(d, e.get().lanes_per_device()));
+        return out;
+      })
+      .def("memory_stats", [](const py_executor& e) {
+        nb::list out;
+        for (const auto& s : e.get().memory_stats()) {
+          nb::dict d;
+          d["in_use"] = s.in_use;
+          d["peak"] = s.peak;
+          d["budget"] = s.budget;
+          out.append(d);
+        }
+        return out;
+      });
+
+  m.def("allocate_pinned", [](std::size_t nbytes) {
+    void* p = gpupool::allocate_pinned(nbytes);
+    nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
+    std::size_t shape[1] = {nbytes};
+    return nb::ndarray<nb::numpy, std::uint8_t>(p, 1, shape, owner);
+  }, "nbytes"_a);
+  m.def("is_pinned", [](std::uintptr_t address) {
+    return gpupool::is_pinned(reinterpret_cast<const void*>(address));
+  }, "address"_a);
+  m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
+  m.def("cuda_availability", []() {
+    const auto a = gpupool::cuda_availability();
+    return nb::make_tuple(a.usable, a.devices, a.reason);
+  });
+  m.attr("__version__") = GPUPOOL_VERSION_STRING;
+  m.attr("HAS_CUDA") = bool(GPUPOOL_HAS_CUDA);
+}

@@ -1,0 +1,172 @@
+"""gpupool.Executor as a concurrent.futures.Executor: ordering, futures, cancellation,
+shutdown, exceptions, threads."""
+
+import concurrent.futures as cf
+import threading
+import time
+import traceback
+
+import gpupool
+import numpy as np
+import pytest
+
+
+def test_is_a_concurrent_futures_executor(executor, backend):
+    assert isinstance(executor, cf.Executor)
+    assert executor.backend == backend
+    assert executor.threads_per_gpu == 4
+    assert executor.lane_count == 4 * len(executor.devices)
+    future = executor.submit(pow, 3, 4)
+    assert isinstance(future, cf.Future)
+    assert future.result(timeout=10) == 81
+
+
+def test_map_keeps_input_order(executor):
+    def slow_square(i):
+        time.sleep(0.001 * (i % 3))
+        return i * i
+
+    assert list(executor.map(slow_square, range(200))) == [i * i for i in range(200)]
+
+
+def test_as_completed_wait_and_callbacks_work_unchanged(executor):
+    futures = [executor.submit(lambda i=i: i + 1) for i in range(50)]
+    assert sorted(f.result() for f in cf.as_completed(futures, timeout=30)) == list(range(1, 51))
+    done, not_done = cf.wait(futures, timeout=30)
+    assert len(done) == 50 and not not_done
+    seen = []
+    event = threading.Event()
+    f = executor.submit(lambda: "x")
+    f.add_done_callback(lambda fut: (seen.append(fut.result()), event.set()))
+    assert event.wait(10) and seen == ["x"]
+
+
+def test_exception_comes_back_with_its_traceback(executor):
+    def fails_deep_inside():
+        raise KeyError("missing key 17")
+
+    future = executor.submit(fails_deep_inside)
+    with pytest.raises(KeyError, match="missing key 17") as info:
+        future.result(timeout=10)
+    frames = "".join(traceback.format_tb(info.value.__traceback__))
+    assert "fails_deep_inside" in frames
+    # The executor carries on.
+    assert executor.submit(lambda: 5).result(timeout=10) == 5
+
+
+def blocked_executor(backend):
+    """An executor with one lane, held by a task until the returned event is set."""
+    ex = gpupool.Executor(threads_per_gpu=1, backend=backend)
+    release, started = threading.Event(), threading.Event()
+
+    def hold():
+        started.set()
+        release.wait(30)
+
+    blocker = ex.submit(hold)
+    assert started.wait(10)
+    return ex, blocker, release
+
+
+def test_cancel_a_queued_task(backend):
+    ex, blocker, release = blocked_executor(backend)
+    ran = []
+    queued = ex.submit(ran.append, 1)
+    assert not blocker.cancel()
+    assert queued.cancel()
+    release.set()
+    ex.shutdown()
+    assert queued.cancelled() and ran == []
+    with pytest.raises(cf.CancelledError):
+        queued.result()
+
+
+def test_shutdown_cancel_futures_resolves_everything_pending(backend):
+    ex, blocker, release = blocked_executor(backend)
+    pending = [ex.submit(time.sleep, 0) for _ in range(2000)]
+    kernels = [ex.submit(gpupool.kernels.square, np.ones(100)) for _ in range(20)]
+    threading.Timer(0.2, release.set).start()
+    ex.shutdown(wait=True, cancel_futures=True)
+    assert blocker.done()
+    assert all(f.cancelled() for f in pending)
+    assert all(f.done() for f in kernels)
+    with pytest.raises(RuntimeError):
+        ex.submit(time.sleep, 0)
+
+
+def test_shutdown_waits_for_pending_work(backend):
+    ex = gpupool.Executor(threads_per_gpu=2, backend=backend)
+    counter = []
+    lock = threading.Lock()
+
+    def add():
+        with lock:
+            counter.append(1)
+
+    futures = [ex.submit(add) for _ in range(3000)]
+    ex.shutdown(wait=True)
+    assert len(counter) == 3000 and all(f.done() for f in futures)
+
+
+def test_map_timeout(backend):
+    ex, blocker, release = blocked_executor(backend)
+    try:
+        results = ex.map(gpupool.kernels.square, [np.ones(10)], timeout=0.05)
+        with pytest.raises(cf.TimeoutError):
+            next(results)
+        with pytest.raises(cf.TimeoutError):
+            list(ex.map(abs, [-1, -2], timeout=0.05))
+    finally:
+        release.set()
+        ex.shutdown()
+
+
+def test_many_threads_submitting_at_once(executor):
+    def submitter(t):
+        fs = [executor.submit(lambda i=i: t * 1000 + i) for i in range(300)]
+        arrays = [np.full(64, t + i, dtype=np.int64) for i in range(50)]
+        squares = list(executor.map(gpupool.kernels.square, arrays))
+        assert all(s[0] == (t + i) ** 2 for i, s in enumerate(squares))
+        return sum(f.result() for f in fs)
+
+    with cf.ThreadPoolExecutor(8) as callers:
+        sums = list(callers.map(submitter, range(8)))
+    assert sums == [t * 1000 * 300 + 300 * 299 // 2 for t in range(8)]
+
+
+def test_current_lane_only_inside_a_task(executor):
+    with pytest.raises(RuntimeError, match="outside a task"):
+        gpupool.current_lane()
+
+    def describe():
+        lane = gpupool.current_lane()
+        return lane.device, lane.index, lane.__cuda_stream__()
+
+    device, index, (version, stream) = executor.submit(describe).result(timeout=10)
+    assert device == 0 and 0 <= index < executor.lane_count and version == 0
+    if executor.backend == "cuda":
+        assert stream != 0
+    kept = executor.submit(gpupool.current_lane).result(timeout=10)
+    with pytest.raises(RuntimeError, match="only inside the task"):
+        kept.device
+
+
+def test_submit_to_pins_a_device():
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=3) as ex:
+        devices = {ex.submit_to(2, lambda: gpupool.current_lane().device).result()
+                   for _ in range(30)}
+        assert devices == {2}
+        with pytest.raises(IndexError):
+            ex.submit_to(3, abs, 1)
+
+
+def test_bad_options_are_clear_errors():
+    with pytest.raises(ValueError):
+        gpupool.Executor(backend="tpu")
+    with pytest.raises(ValueError):
+        gpupool.Executor(threads_per_gpu=-2, backend="cpu")
+    with pytest.raises(ValueError):
+        gpupool.Executor(backend="cpu", devices=[5])
+    if not gpupool.cuda_available()[0]:
+        with pytest.raises(gpupool.BackendUnavailableError, match="CUDA"):
+            gpupool.Executor(backend="cuda")

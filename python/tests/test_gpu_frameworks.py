@@ -1,0 +1,72 @@
+"""On the GPU: CuPy and PyTorch code inside tasks runs on the lane's own stream."""
+
+import threading
+
+import gpupool
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.gpu
+
+
+def test_two_lanes_run_cupy_on_two_different_streams():
+    cp = pytest.importorskip("cupy")
+    barrier = threading.Barrier(2, timeout=30)
+
+    def work(x):
+        lane = gpupool.current_lane()
+        barrier.wait()  # both tasks are running at once, so on two lanes
+        stream = cp.cuda.get_current_stream()
+        result = cp.asnumpy(cp.array(x) ** 2)
+        return lane.index, lane.stream, stream.ptr, result
+
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+        x = np.random.default_rng(1).random(1 << 20)
+        a, b = ex.submit(work, x), ex.submit(work, x)
+        (lane_a, stream_a, cupy_a, ra), (lane_b, stream_b, cupy_b, rb) = a.result(), b.result()
+    assert lane_a != lane_b
+    assert stream_a != stream_b
+    assert (cupy_a, cupy_b) == (stream_a, stream_b)
+    assert cupy_a != cp.cuda.Stream.null.ptr
+    assert np.array_equal(ra, x * x) and np.array_equal(rb, x * x)
+
+
+def test_torch_current_stream_is_the_lanes():
+    torch = pytest.importorskip("torch")
+
+    def work():
+        lane = gpupool.current_lane()
+        t = torch.arange(1000, device="cuda", dtype=torch.float64)
+        return lane.stream, torch.cuda.current_stream().cuda_stream, float((t * t).sum().cpu())
+
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+        stream, torch_stream, total = ex.submit(work).result()
+    assert stream == torch_stream != 0
+    assert total == float(sum(i * i for i in range(1000)))
+
+
+def test_lane_upload_and_download_with_cupy():
+    pytest.importorskip("cupy")
+    x = np.random.default_rng(2).random(100_000)
+
+    def work():
+        lane = gpupool.current_lane()
+        d = lane.upload(x)
+        d *= 2
+        return lane.download(d)
+
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+        assert np.array_equal(ex.submit(work).result(), 2 * x)
+
+
+def test_cuda_error_carries_the_cuda_error_name():
+    out = gpupool.empty_pinned(512, np.float64)
+
+    def bad_copy():
+        gpupool.current_lane()._download(out, 0x10)
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cuda") as ex:
+        with pytest.raises(gpupool.CudaError) as info:
+            ex.submit(bad_copy).result()
+        assert info.value.name.startswith("cudaError")
+        assert ex.submit(lambda: 1).result() == 1

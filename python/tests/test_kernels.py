@@ -1,0 +1,132 @@
+"""Built-in kernels through Executor.map/submit: the C++ fast path over NumPy arrays."""
+
+import time
+
+import gpupool
+import numpy as np
+import pytest
+
+DTYPES = [np.float32, np.float64, np.int32, np.int64]
+
+
+def random_array(rng, shape, dtype):
+    if np.issubdtype(dtype, np.integer):
+        return rng.integers(-20000, 20000, size=shape, dtype=dtype)
+    return rng.uniform(-100, 100, size=shape).astype(dtype)
+
+
+def close(got, want, dtype):
+    if np.issubdtype(dtype, np.integer):
+        return np.array_equal(got, want)
+    return np.allclose(got, want, rtol=4 * np.finfo(dtype).eps, atol=1e-3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_results_equal_numpy_on_random_data(backend, dtype):
+    rng = np.random.default_rng(7)
+    with gpupool.Executor(threads_per_gpu=3, backend=backend, chunk_bytes=64 << 10) as ex:
+        xs = [random_array(rng, n, dtype) for n in (1, 1000, 100_003)]
+        ys = [random_array(rng, x.shape, dtype) for x in xs]
+        for got, x in zip(ex.map(gpupool.kernels.square, xs), xs):
+            assert got.dtype == x.dtype and got.shape == x.shape
+            assert close(got, x * x, dtype)
+        for got, x in zip(ex.map(gpupool.kernels.scale(3), xs), xs):
+            assert close(got, x * dtype(3), dtype)
+        for got, x, y in zip(ex.map(gpupool.kernels.add, xs, ys), xs, ys):
+            assert close(got, x + y, dtype)
+        for got, x, y in zip(ex.map(gpupool.kernels.axpy(2), xs, ys), xs, ys):
+            assert close(got, dtype(2) * x + y, dtype)
+        assert close(ex.submit(gpupool.kernels.square, xs[2]).result(30), xs[2] * xs[2], dtype)
+
+
+def test_shape_is_kept(executor):
+    m = np.arange(24, dtype=np.float64).reshape(2, 3, 4)
+    (out,) = executor.map(gpupool.kernels.square, [m])
+    assert out.shape == (2, 3, 4)
+    assert np.array_equal(out, m * m)
+
+
+def test_results_outlive_the_executor():
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu") as ex:
+        results = list(ex.map(gpupool.kernels.square, [np.arange(5.0)] * 3))
+    del ex
+    assert [r.tolist() for r in results] == [[0.0, 1.0, 4.0, 9.0, 16.0]] * 3
+
+
+def test_empty_inputs(executor):
+    assert list(executor.map(gpupool.kernels.square, [])) == []
+    (out,) = executor.map(gpupool.kernels.square, [np.zeros(0, dtype=np.float32)])
+    assert out.shape == (0,) and out.dtype == np.float32
+
+
+@pytest.mark.parametrize(
+    "bad, error, message",
+    [
+        (np.array(["a", "b"], dtype=object), TypeError, "dtype object"),
+        (np.zeros(3, dtype=np.complex128), TypeError, "unsupported dtype"),
+        (np.zeros(3, dtype=np.float16), TypeError, "unsupported dtype"),
+        ([1.0, 2.0], TypeError, "is a list"),
+        (np.zeros((4, 4))[:, ::2], ValueError, "not C-contiguous"),
+    ],
+)
+def test_bad_inputs_fail_at_the_call_before_any_work(executor, bad, error, message):
+    good = np.ones(10)
+    with pytest.raises(error, match=message):
+        executor.map(gpupool.kernels.square, [good, bad])
+    with pytest.raises(error, match=message):
+        executor.submit(gpupool.kernels.square, bad)
+
+
+def test_mismatched_pairs_fail_at_the_call(executor):
+    x = np.ones(10)
+    with pytest.raises(ValueError, match="differ"):
+        executor.map(gpupool.kernels.add, [x], [np.ones(11)])
+    with pytest.raises(ValueError, match="differ"):
+        executor.map(gpupool.kernels.add, [x], [np.ones(10, dtype=np.float32)])
+    with pytest.raises(ValueError, match="differ in length"):
+        executor.map(gpupool.kernels.add, [x, x], [x])
+    with pytest.raises(ValueError, match="takes two"):
+        executor.map(gpupool.kernels.add, [x])
+    with pytest.raises(TypeError):
+        executor.submit(gpupool.kernels.square, x, x)
+
+
+def test_no_memory_growth_over_ten_thousand_tasks(executor):
+    arrays = [np.random.default_rng(i).random(2048) for i in range(100)]
+
+    def batch():
+        squares = list(executor.map(gpupool.kernels.square, arrays))
+        futures = [executor.submit(gpupool.kernels.scale(2), a) for a in arrays[:50]]
+        futures += [executor.submit(len, a) for a in arrays[:50]]
+        assert np.array_equal(squares[-1], arrays[-1] ** 2)
+        assert np.array_equal(futures[0].result(30), 2 * arrays[0])
+        assert futures[-1].result(30) == 2048
+        for f in futures:
+            f.result(30)
+
+    batch()
+    pinned = gpupool._ext.pinned_bytes_in_use()
+    device = [m["in_use"] for m in executor.memory_stats()]
+    for _ in range(50):  # 50 x 200 = 10,000 tasks
+        batch()
+    assert gpupool._ext.pinned_bytes_in_use() == pinned
+    assert [m["in_use"] for m in executor.memory_stats()] == device
+    # Done-callbacks run just after result() wakes its waiter; give the last ones a moment.
+    deadline = time.monotonic() + 5
+    while executor._pending and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not executor._pending
+
+
+def test_pinned_arrays():
+    a = gpupool.empty_pinned((3, 5), np.float32)
+    assert a.shape == (3, 5) and a.dtype == np.float32
+    assert gpupool.is_pinned(a) and gpupool.is_pinned(a[2])
+    assert not gpupool.is_pinned(np.zeros(15))
+    z = gpupool.zeros_pinned(7, np.int64)
+    assert not z.any()
+    c = gpupool.pinned_array(np.arange(4.0))
+    assert gpupool.is_pinned(c) and c.tolist() == [0.0, 1.0, 2.0, 3.0]
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu") as ex:
+        (out,) = ex.map(gpupool.kernels.square, [c])
+        assert out.tolist() == [0.0, 1.0, 4.0, 9.0]
