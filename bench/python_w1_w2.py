@@ -63,7 +63,7 @@ def main():
         for threads in (5, 8):
             variants.append((f"seed (CuPy fn in gpupool), {threads} lanes",
                              lambda t=threads: gpupool.Executor(threads_per_gpu=t), square))
-        for threads, chunk in ((4, 8 << 20), (8, 8 << 20), (8, 1 << 20), (16, 1 << 20)):
+        for threads, chunk in ((8, 8 << 20), (16, 8 << 20), (16, 2 << 20), (16, 1 << 20)):
             variants.append((f"kernel, {threads} lanes, {chunk >> 10} KiB pieces",
                              lambda t=threads, c=chunk: gpupool.Executor(threads_per_gpu=t,
                                                                          chunk_bytes=c),

@@ -8,19 +8,37 @@
 namespace gpupool {
 
 /// Allocates `bytes` of pinned host memory, usable by every device. Page-locking is slow
-/// (driver-wide locks, first-touch costs): allocate once and reuse. On a machine without a usable
-/// GPU this is ordinary aligned host memory, still recognised by `is_pinned`.
+/// (driver-wide locks, first-touch costs), so freed blocks are cached and handed out again: a
+/// steady workload page-locks nothing after its first round. On a machine without a usable GPU
+/// this is ordinary aligned host memory, still recognised by `is_pinned`.
 /// @throw std::bad_alloc if the memory cannot be had. Thread-safe.
 [[nodiscard]] void* allocate_pinned(std::size_t bytes);
 
-/// Frees memory from `allocate_pinned`. Thread-safe; never throws.
+/// Returns memory from `allocate_pinned` to the cache (or frees it when the cache is full).
+/// Thread-safe; never throws.
 void deallocate_pinned(void* p, std::size_t bytes) noexcept;
+
+/// Pinned memory held by gpupool's allocator.
+struct pinned_stats {
+  std::size_t in_use = 0;       ///< Bytes handed out and not yet returned (rounded to size class).
+  std::size_t cached = 0;       ///< Bytes returned and kept for reuse.
+  std::size_t cache_limit = 0;  ///< Most bytes kept for reuse.
+};
+[[nodiscard]] pinned_stats pinned_memory_stats() noexcept;
+
+/// Sets how many freed bytes are kept for reuse (default: a quarter of host memory, or
+/// GPUPOOL_PINNED_CACHE_BYTES), freeing cached blocks beyond it. Thread-safe.
+void set_pinned_cache_limit(std::size_t bytes);
+
+/// Frees every cached block now. Thread-safe.
+void trim_pinned_cache();
 
 /// True if `p` points into pinned (page-locked or registered) host memory that devices can copy
 /// from asynchronously, including memory from `allocate_pinned`. Thread-safe.
 [[nodiscard]] bool is_pinned(const void* p) noexcept;
 
-/// Bytes currently held by `allocate_pinned` allocations (the user's and gpupool's own staging).
+/// Bytes currently handed out by `allocate_pinned` (the user's and gpupool's own staging), by
+/// size class; cached blocks are not counted.
 [[nodiscard]] std::size_t pinned_bytes_in_use() noexcept;
 
 /// A standard allocator over `allocate_pinned`.

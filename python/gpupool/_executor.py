@@ -226,11 +226,30 @@ class Executor(_futures.Executor):
             yield
 
 
+class _StreamHandle:
+    """A bare CUDA stream handle speaking the ``__cuda_stream__`` protocol."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __cuda_stream__(self):
+        return (0, self._stream)
+
+
+def _cupy_stream(cupy, stream, ordinal):
+    """A CuPy stream object for a stream gpupool owns."""
+    from_external = getattr(cupy.cuda.Stream, "from_external", None)
+    if from_external is not None:  # CuPy 14+: ExternalStream is deprecated
+        with cupy.cuda.Device(ordinal):
+            return from_external(_StreamHandle(stream))
+    return cupy.cuda.ExternalStream(stream, ordinal)
+
+
 def _framework_streams(cupy, torch, stream, ordinal):
     cupy_stream = None
     torch_stream = None
     if cupy is not None:
-        cupy_stream = cupy.cuda.ExternalStream(stream, ordinal)
+        cupy_stream = _cupy_stream(cupy, stream, ordinal)
     if torch is not None and torch.cuda.is_available():
         torch_stream = torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal))
     return cupy_stream, torch_stream
@@ -267,7 +286,7 @@ def _lane_upload(self, array):
 
     cupy = _require_cupy(self)
     host = np.ascontiguousarray(array)
-    with cupy.cuda.ExternalStream(self.stream):
+    with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
         device = cupy.empty(host.shape, host.dtype)
     self._upload(device.data.ptr, host)
     return device

@@ -13,7 +13,7 @@
 #include <optional>
 #include <string>
 #include <utility>
-#include <variant>
+#include <span>
 #include <vector>
 
 #include "gpupool/gpupool.hpp"
@@ -83,100 +83,101 @@ class py_lane {
   gpupool::lane* lane_;
 };
 
-using any_future = std::variant<gpupool::future<gpupool::host_vector<float>>,
-                                gpupool::future<gpupool::host_vector<double>>,
-                                gpupool::future<gpupool::host_vector<std::int32_t>>,
-                                gpupool::future<gpupool::host_vector<std::int64_t>>>;
-
 using input_array = nb::ndarray<nb::ro>;
 
-// The result of a built-in kernel over one array: waits without the GIL, hands out a NumPy array
-// that owns the result memory. Keeps its inputs alive until the work is over.
+// Pinned memory for one result; returned to gpupool's pinned cache when the last owner (this, or
+// the NumPy array it became) lets go.
+class pinned_block {
+ public:
+  explicit pinned_block(std::size_t bytes) : data_(gpupool::allocate_pinned(bytes)) {}
+  pinned_block(const pinned_block&) = delete;
+  pinned_block& operator=(const pinned_block&) = delete;
+  ~pinned_block() { gpupool::deallocate_pinned(data_, 0); }
+  [[nodiscard]] void* data() const noexcept { return data_; }
+
+ private:
+  void* data_;
+};
+
+// The result of a built-in kernel over one array. The result is written by the device straight
+// into pinned memory that becomes the NumPy array handed out, so no host copy follows the
+// download. Waits without the GIL; keeps the inputs alive until the work is over.
 class array_future {
  public:
-  array_future(any_future f, std::vector<std::size_t> shape, nb::object x, nb::object y)
-      : future_(std::move(f)), shape_(std::move(shape)), x_(std::move(x)), y_(std::move(y)) {}
+  array_future(gpupool::future<void> f, std::unique_ptr<pinned_block> out, nb::dlpack::dtype type,
+               std::vector<std::size_t> shape, nb::object x, nb::object y)
+      : future_(std::move(f)),
+        out_(std::move(out)),
+        type_(type),
+        shape_(std::move(shape)),
+        x_(std::move(x)),
+        y_(std::move(y)) {}
   array_future(const array_future&) = delete;
   array_future& operator=(const array_future&) = delete;
   ~array_future() {
-    // The lanes may still read the inputs: never let them go before the work is over.
-    std::visit(
-        [](auto& f) {
-          if (!f.valid() || f.ready()) return;
-          f.cancel();
-          nb::gil_scoped_release nogil;
-          f.wait();
-        },
-        future_);
+    // The lanes may still read the inputs and write the output: never let them go before the
+    // work is over.
+    if (!future_.ready()) {
+      future_.cancel();
+      nb::gil_scoped_release nogil;
+      future_.wait();
+    }
   }
 
-  bool done() const {
-    return std::visit([](auto& f) { return !f.valid() || f.ready(); }, future_);
-  }
-  bool cancel() {
-    return std::visit([](auto& f) { return f.valid() && f.cancel(); }, future_);
-  }
-  bool cancelled() const {
-    return std::visit(
-        [](auto& f) { return f.valid() && f.status() == gpupool::task_status::cancelled; },
-        future_);
-  }
+  bool done() const { return future_.ready(); }
+  bool cancel() { return future_.cancel(); }
+  bool cancelled() const { return future_.status() == gpupool::task_status::cancelled; }
 
   // Waits at most `timeout` seconds (forever if None). Raises TimeoutError if not done.
   nb::object result(std::optional<double> timeout) {
-    return std::visit(
-        [&](auto& f) -> nb::object {
-          if (!f.valid()) throw std::logic_error("gpupool: this result was already taken");
-          bool finished = true;
-          {
-            nb::gil_scoped_release nogil;
-            if (timeout)
-              finished = f.wait_for(std::chrono::duration<double>(*timeout));
-            else
-              f.wait();
-          }
-          if (!finished) {
-            PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
-            throw nb::python_error();
-          }
-          return to_numpy(f.get());
-        },
-        future_);
+    bool finished = true;
+    {
+      nb::gil_scoped_release nogil;
+      if (timeout)
+        finished = future_.wait_for(std::chrono::duration<double>(*timeout));
+      else
+        future_.wait();
+    }
+    if (!finished) {
+      PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
+      throw nb::python_error();
+    }
+    if (!result_.is_valid()) {
+      future_.get();  // rethrows the task's failure
+      result_ = make_array();
+    }
+    return result_;
   }
 
   // Calls `callback()` (with the GIL) once the work has ended, possibly right away.
   void add_done_callback(nb::callable callback) {
     auto ref = std::make_shared<py_ref>(callback);
-    std::visit(
-        [&](auto& f) {
-          using F = std::decay_t<decltype(f)>;
-          f.on_complete([ref](F&) {
-            if (!interpreter_alive()) return;
-            nb::gil_scoped_acquire gil;
-            try {
-              ref->get()();
-            } catch (nb::python_error& e) {
-              e.discard_as_unraisable("gpupool: in a done callback");
-            }
-          });
-        },
-        future_);
+    future_.on_complete([ref](gpupool::future<void>&) {
+      if (!interpreter_alive()) return;
+      nb::gil_scoped_acquire gil;
+      try {
+        ref->get()();
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("gpupool: in a done callback");
+      }
+    });
   }
 
  private:
-  template <class T>
-  nb::object to_numpy(gpupool::host_vector<T> values) {
-    auto* owned = new gpupool::host_vector<T>(std::move(values));
-    nb::capsule owner(owned, [](void* p) noexcept {
-      delete static_cast<gpupool::host_vector<T>*>(p);
-    });
-    return nb::cast(nb::ndarray<nb::numpy, T>(owned->data(), shape_.size(), shape_.data(), owner));
+  nb::object make_array() {
+    pinned_block* block = out_.release();
+    nb::capsule owner(block, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
+    return nb::cast(nb::ndarray<nb::numpy>(block->data(), shape_.size(), shape_.data(), owner,
+                                           nullptr, type_));
   }
 
-  any_future future_;
+  gpupool::future<void> future_;
+  std::unique_ptr<pinned_block> out_;
+  nb::dlpack::dtype type_;
   std::vector<std::size_t> shape_;
   nb::object x_;
   nb::object y_;
+  nb::object result_;
 };
 
 const char* dtype_name(nb::dlpack::dtype t) {
@@ -313,9 +314,10 @@ class py_executor {
     std::vector<std::unique_ptr<array_future>> out;
     out.reserve(n);
     for (std::size_t i = 0; i < n; ++i) {
-      auto f = launch(k, x[i], ys ? &y[i] : nullptr);
-      out.push_back(std::make_unique<array_future>(std::move(f), shape_of(x[i]),
-                                                   nb::borrow(xs[i]),
+      auto result = std::make_unique<pinned_block>(x[i].nbytes());
+      auto f = launch(k, x[i], ys ? &y[i] : nullptr, result->data());
+      out.push_back(std::make_unique<array_future>(std::move(f), std::move(result), x[i].dtype(),
+                                                   shape_of(x[i]), nb::borrow(xs[i]),
                                                    ys ? nb::borrow((*ys)[i]) : nb::none()));
     }
     return out;
@@ -328,21 +330,22 @@ class py_executor {
 
  private:
   template <class T>
-  any_future launch_typed(const gpupool::kernel& k, const input_array& x, const input_array* y) {
+  gpupool::future<void> launch_typed(const gpupool::kernel& k, const input_array& x,
+                                     const input_array* y, void* out) {
     const std::size_t n = x.size();
     const std::span<const T> sx(static_cast<const T*>(x.data()), n);
-    std::vector<std::span<const T>> xs{sx};
-    if (y == nullptr) return std::move(get().map(k, xs)[0]);
-    std::vector<std::span<const T>> ys{std::span<const T>(static_cast<const T*>(y->data()), n)};
-    return std::move(get().map(k, xs, ys)[0]);
+    const std::span<T> so(static_cast<T*>(out), n);
+    if (y == nullptr) return get().transform<T>(k, sx, so);
+    return get().transform<T>(k, sx, std::span<const T>(static_cast<const T*>(y->data()), n), so);
   }
 
-  any_future launch(const gpupool::kernel& k, const input_array& x, const input_array* y) {
+  gpupool::future<void> launch(const gpupool::kernel& k, const input_array& x,
+                               const input_array* y, void* out) {
     const auto t = x.dtype();
-    if (t == nb::dtype<float>()) return launch_typed<float>(k, x, y);
-    if (t == nb::dtype<double>()) return launch_typed<double>(k, x, y);
-    if (t == nb::dtype<std::int32_t>()) return launch_typed<std::int32_t>(k, x, y);
-    return launch_typed<std::int64_t>(k, x, y);
+    if (t == nb::dtype<float>()) return launch_typed<float>(k, x, y, out);
+    if (t == nb::dtype<double>()) return launch_typed<double>(k, x, y, out);
+    if (t == nb::dtype<std::int32_t>()) return launch_typed<std::int32_t>(k, x, y, out);
+    return launch_typed<std::int64_t>(k, x, y, out);
   }
 
   std::unique_ptr<gpupool::executor> executor_;
@@ -504,6 +507,16 @@ NB_MODULE(_ext, m) {
     return gpupool::is_pinned(reinterpret_cast<const void*>(address));
   }, "address"_a);
   m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
+  m.def("pinned_memory_stats", []() {
+    const auto s = gpupool::pinned_memory_stats();
+    nb::dict d;
+    d["in_use"] = s.in_use;
+    d["cached"] = s.cached;
+    d["cache_limit"] = s.cache_limit;
+    return d;
+  });
+  m.def("set_pinned_cache_limit", &gpupool::set_pinned_cache_limit, "nbytes"_a);
+  m.def("trim_pinned_cache", &gpupool::trim_pinned_cache);
   m.def("cuda_availability", []() {
     const auto a = gpupool::cuda_availability();
     return nb::make_tuple(a.usable, a.devices, a.reason);
