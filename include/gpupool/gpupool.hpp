@@ -10,5 +10,6 @@
 #include "gpupool/lane.hpp"          // IWYU pragma: export
 #include "gpupool/options.hpp"       // IWYU pragma: export
 #include "gpupool/pinned.hpp"        // IWYU pragma: export
+#include "gpupool/pointer.hpp"       // IWYU pragma: export
 #include "gpupool/types.hpp"         // IWYU pragma: export
 #include "gpupool/version.hpp"       // IWYU pragma: export

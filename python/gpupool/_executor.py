@@ -6,7 +6,7 @@ import sys
 import threading
 import time
 
-from . import _ext
+from . import _device, _ext
 from ._ext import Kernel
 
 __all__ = ["Executor", "current_lane"]
@@ -110,7 +110,7 @@ class Executor(_futures.Executor):
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._check_open()
-            pending = self._core.map_kernel(
+            pending = self._kernel_futures(
                 fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
         return _ordered_results(pending, deadline)
 
@@ -140,6 +140,14 @@ class Executor(_futures.Executor):
     def _untrack(self, future):
         with self._lock:
             self._pending.discard(future)
+
+    def _kernel_futures(self, kernel, xs, ys):
+        """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""
+        if xs and _device.is_device_array(xs[0]):
+            if self.backend != "cuda":
+                raise TypeError("gpupool: device arrays need the CUDA backend")
+            return _device.launch(self._core, kernel, xs, ys)
+        return self._core.map_kernel(kernel, xs, ys)
 
     def _submit(self, device, fn, args, kwargs):
         if isinstance(fn, Kernel):
@@ -172,7 +180,7 @@ class Executor(_futures.Executor):
                             "use submit() rather than submit_to()")
         with self._lock:
             self._check_open()
-            pending = self._core.map_kernel(
+            pending = self._kernel_futures(
                 kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
             future = _futures.Future()
             self._track(future)

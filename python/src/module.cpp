@@ -104,6 +104,7 @@ class pinned_block {
 // download. Waits without the GIL; keeps the inputs alive until the work is over.
 class array_future {
  public:
+  // Result in `out`, handed out as a NumPy array of `type` and `shape`.
   array_future(gpupool::future<void> f, std::unique_ptr<pinned_block> out, nb::dlpack::dtype type,
                std::vector<std::size_t> shape, nb::object x, nb::object y)
       : future_(std::move(f)),
@@ -112,6 +113,9 @@ class array_future {
         shape_(std::move(shape)),
         x_(std::move(x)),
         y_(std::move(y)) {}
+  // Result written into `result`, an array the caller made (on a device), handed out as is.
+  array_future(gpupool::future<void> f, nb::object result, nb::object keep_alive)
+      : future_(std::move(f)), x_(std::move(keep_alive)), result_(std::move(result)) {}
   array_future(const array_future&) = delete;
   array_future& operator=(const array_future&) = delete;
   ~array_future() {
@@ -142,10 +146,8 @@ class array_future {
       PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
       throw nb::python_error();
     }
-    if (!result_.is_valid()) {
-      future_.get();  // rethrows the task's failure
-      result_ = make_array();
-    }
+    future_.get();  // rethrows the task's failure
+    if (!result_.is_valid()) result_ = make_array();
     return result_;
   }
 
@@ -186,6 +188,16 @@ const char* dtype_name(nb::dlpack::dtype t) {
   if (t == nb::dtype<std::int32_t>()) return "int32";
   if (t == nb::dtype<std::int64_t>()) return "int64";
   return nullptr;
+}
+
+gpupool::dtype dtype_from_name(const std::string& name) {
+  if (name == "float32") return gpupool::dtype::float32;
+  if (name == "float64") return gpupool::dtype::float64;
+  if (name == "int32") return gpupool::dtype::int32;
+  if (name == "int64") return gpupool::dtype::int64;
+  throw nb::type_error(("gpupool: unsupported dtype " + name +
+                        "; expected float32, float64, int32 or int64")
+                           .c_str());
 }
 
 bool is_c_contiguous(const input_array& a) {
@@ -321,6 +333,29 @@ class py_executor {
                                                    ys ? nb::borrow((*ys)[i]) : nb::none()));
     }
     return out;
+  }
+
+  // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
+  // out = k(x[, y]), `count` elements of `type`. No host copy is made.
+  std::unique_ptr<array_future> launch_device(const gpupool::kernel& k, std::uintptr_t x,
+                                              std::uintptr_t y, std::uintptr_t out,
+                                              std::size_t count, const std::string& type,
+                                              int ordinal, nb::object result,
+                                              nb::object keep_alive) {
+    int device = -1;
+    for (const auto& d : get().devices())
+      if (d.ordinal == ordinal) device = d.id;
+    if (device < 0)
+      throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
+                             ", which this executor does not use")
+                                .c_str());
+    if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
+    const gpupool::dtype t = dtype_from_name(type);
+    auto f = get().submit_to(device, [=](gpupool::lane& l) {
+      l.apply_bytes(k, t, reinterpret_cast<const void*>(x), reinterpret_cast<const void*>(y),
+                    reinterpret_cast<void*>(out), count);
+    });
+    return std::make_unique<array_future>(std::move(f), std::move(result), std::move(keep_alive));
   }
 
   void shutdown(bool cancel_pending) {
@@ -473,6 +508,8 @@ NB_MODULE(_ext, m) {
            "device_memory_budget"_a = 0, "cpu_devices"_a = 0)
       .def("submit_call", &py_executor::submit_call, "call"_a, "device"_a = nb::none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a = nb::none())
+      .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
+           "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
       .def_prop_ro("backend", [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
       .def_prop_ro("threads_per_gpu", [](const py_executor& e) { return e.get().lanes_per_device(); })
@@ -506,6 +543,15 @@ NB_MODULE(_ext, m) {
   m.def("is_pinned", [](std::uintptr_t address) {
     return gpupool::is_pinned(reinterpret_cast<const void*>(address));
   }, "address"_a);
+  m.def("describe_pointer", [](std::uintptr_t address) {
+    const auto info = gpupool::describe_pointer(reinterpret_cast<const void*>(address));
+    static const char* names[] = {"unknown", "pinned_host", "device", "managed"};
+    return nb::make_tuple(names[static_cast<int>(info.kind)], info.device);
+  }, "address"_a);
+  m.def("wait_for_stream", [](std::uintptr_t stream) {
+    nb::gil_scoped_release nogil;
+    gpupool::wait_for_stream(stream);
+  }, "stream"_a);
   m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
   m.def("pinned_memory_stats", []() {
     const auto s = gpupool::pinned_memory_stats();

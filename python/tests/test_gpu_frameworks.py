@@ -70,3 +70,32 @@ def test_cuda_error_carries_the_cuda_error_name():
             ex.submit(bad_copy).result()
         assert info.value.name.startswith("cudaError")
         assert ex.submit(lambda: 1).result() == 1
+
+
+def test_kernels_over_cupy_arrays_stay_on_the_gpu():
+    cp = pytest.importorskip("cupy")
+    rng = cp.random.default_rng(3)
+    xs = [rng.random(n, dtype=cp.float64) for n in (1, 1000, 300_000)]
+    ys = [rng.random(x.shape, dtype=cp.float64) for x in xs]
+    ints = [cp.arange(-500, 500, dtype=cp.int32)]
+    with gpupool.Executor(threads_per_gpu=4, backend="cuda") as ex:
+        squares = list(ex.map(gpupool.kernels.square, xs))
+        sums = list(ex.map(gpupool.kernels.axpy(2.0), xs, ys))
+        int_squares = ex.submit(gpupool.kernels.square, ints[0]).result()
+        with pytest.raises(ValueError, match="not C-contiguous"):
+            ex.map(gpupool.kernels.square, [cp.ones(10)[::2]])
+        with pytest.raises(ValueError, match="differ"):
+            ex.map(gpupool.kernels.add, [xs[1]], [ys[1].astype(cp.float32)])
+    for got, x, y, s in zip(squares, xs, ys, sums):
+        assert isinstance(got, cp.ndarray) and isinstance(s, cp.ndarray)
+        assert cp.allclose(got, x * x, rtol=1e-15) and cp.allclose(s, 2 * x + y, rtol=1e-15)
+    assert cp.array_equal(int_squares, ints[0] * ints[0])
+
+
+def test_kernels_over_torch_tensors_stay_on_the_gpu():
+    torch = pytest.importorskip("torch")
+    x = torch.rand(100_000, device="cuda", dtype=torch.float32)
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+        (out,) = ex.map(gpupool.kernels.scale(3.0), [x])
+    assert isinstance(out, torch.Tensor) and out.is_cuda
+    assert torch.allclose(out, 3 * x)

@@ -147,3 +147,16 @@ def test_results_live_in_pinned_memory_that_is_reused(executor):
     # The second round reuses the first round's blocks: nothing new is page-locked.
     assert after["in_use"] + after["cached"] == held["in_use"] + held["cached"]
     assert all(np.array_equal(r, a * a) for r, a in zip(second, arrays))
+
+
+class FakeDeviceArray:
+    """Claims to live on a GPU through the CUDA Array Interface."""
+
+    __cuda_array_interface__ = {"data": (0x1000, False), "shape": (4,), "typestr": "<f8",
+                                "version": 3}
+
+
+def test_device_arrays_need_the_cuda_backend():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        with pytest.raises(TypeError, match="CUDA backend"):
+            ex.map(gpupool.kernels.square, [FakeDeviceArray()])

@@ -74,6 +74,10 @@ struct cuda_probe {
 };
 cuda_probe probe_cuda();
 
+/// Whether host-side CUDA calls (pinned memory, pointer queries) should be made: a GPU is usable
+/// and GPUPOOL_BACKEND does not force the CPU backend. Computed once.
+bool cuda_runtime_usable();
+
 /// The CPU backend standing in for `devices` devices.
 std::shared_ptr<backend> make_cpu_backend(int devices);
 /// The CUDA backend (only in builds with CUDA). @throw backend_unavailable without a usable GPU.

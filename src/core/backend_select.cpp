@@ -44,6 +44,15 @@ std::shared_ptr<backend> make_cuda_backend() {
 }
 #endif
 
+bool cuda_runtime_usable() {
+  static const bool usable = [] {
+    const char* forced = std::getenv("GPUPOOL_BACKEND");
+    if (forced != nullptr && std::string(forced) == "cpu") return false;
+    return probe_cuda().usable;
+  }();
+  return usable;
+}
+
 std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
                                         int cpu_devices, bool quiet) {
   if (cpu_devices < 0) throw std::invalid_argument("gpupool: cpu_devices must not be negative");

@@ -7,7 +7,6 @@
 #include <unistd.h>
 
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <new>
@@ -28,14 +27,7 @@ namespace {
 constexpr std::size_t host_alignment = 4096;
 
 #if GPUPOOL_HAS_CUDA
-bool use_cuda_host_memory() {
-  static const bool usable = [] {
-    const char* forced = std::getenv("GPUPOOL_BACKEND");
-    if (forced != nullptr && std::strcmp(forced, "cpu") == 0) return false;
-    return detail::probe_cuda().usable;
-  }();
-  return usable;
-}
+bool use_cuda_host_memory() { return detail::cuda_runtime_usable(); }
 #endif
 
 // Rounds a request up to its size class: whole pages up to 64 KiB, then four classes per power

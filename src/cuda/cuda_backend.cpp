@@ -48,6 +48,26 @@ bool host_is_pinned(const void* p) noexcept {
   return attributes.type == cudaMemoryTypeHost;
 }
 
+void describe(const void* p, int& kind, int& device) noexcept {
+  kind = 0;
+  device = -1;
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return;
+  }
+  switch (attributes.type) {
+    case cudaMemoryTypeHost: kind = 1; break;
+    case cudaMemoryTypeDevice: kind = 2; device = attributes.device; break;
+    case cudaMemoryTypeManaged: kind = 3; device = attributes.device; break;
+    default: break;
+  }
+}
+
+void synchronize_stream(std::uintptr_t stream) {
+  GPUPOOL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+}
+
 }  // namespace cuda
 
 namespace {

@@ -1,0 +1,107 @@
+"""Arrays that already live on a GPU (CuPy, PyTorch, anything with the CUDA Array Interface or
+DLPack): built-in kernels run on them in place on the device, with no host round trip."""
+
+import math
+import sys
+
+import numpy as np
+
+from . import _ext
+
+SUPPORTED = ("float32", "float64", "int32", "int64")
+_DLPACK_CUDA = 2  # kDLCUDA
+
+
+def is_device_array(obj) -> bool:
+    if hasattr(obj, "__cuda_array_interface__"):
+        return True
+    dlpack_device = getattr(obj, "__dlpack_device__", None)
+    if dlpack_device is None or isinstance(obj, np.ndarray):
+        return False
+    try:
+        return dlpack_device()[0] == _DLPACK_CUDA
+    except Exception:  # noqa: BLE001 - a broken protocol means "not a device array"
+        return False
+
+
+def _as_cuda_array_interface(obj, where):
+    """The object itself if it speaks the CUDA Array Interface, else a CuPy view of it."""
+    if hasattr(obj, "__cuda_array_interface__"):
+        return obj
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        raise TypeError(f"gpupool: {where} is a DLPack device array; import cupy to pass it")
+    return cupy.from_dlpack(obj)
+
+
+class DeviceArray:
+    """What gpupool needs to know of one device array, checked at the call."""
+
+    def __init__(self, obj, where):
+        self.obj = _as_cuda_array_interface(obj, where)
+        cai = self.obj.__cuda_array_interface__
+        self.pointer = int(cai["data"][0])
+        self.shape = tuple(int(n) for n in cai["shape"])
+        self.dtype = np.dtype(cai["typestr"])
+        self.stream = cai.get("stream")
+        self.count = math.prod(self.shape)
+        if self.dtype.name not in SUPPORTED:
+            raise TypeError(f"gpupool: {where} has unsupported dtype {self.dtype}; "
+                            "expected float32, float64, int32 or int64")
+        strides = cai.get("strides")
+        if strides is not None and self.count > 1:
+            expected = []
+            step = self.dtype.itemsize
+            for n in reversed(self.shape):
+                expected.append(step)
+                step *= n
+            if any(s != e for s, e, n in zip(strides, reversed(expected), self.shape) if n != 1):
+                raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
+        kind, self.device = _ext.describe_pointer(self.pointer) if self.count else ("device", -1)
+        if self.count and kind not in ("device", "managed"):
+            raise TypeError(f"gpupool: {where} claims to be on a GPU, but its memory is {kind}")
+
+    def empty_like(self):
+        """A new array of the same kind, shape and dtype on the same device."""
+        module = type(self.obj).__module__.split(".")[0]
+        if module == "torch":
+            return sys.modules["torch"].empty_like(self.obj)
+        cupy = sys.modules.get("cupy")
+        if cupy is None:
+            raise TypeError("gpupool: results for this kind of device array are made with "
+                            "CuPy; import cupy")
+        with cupy.cuda.Device(self.device if self.device >= 0 else None):
+            return cupy.empty(self.shape, self.dtype)
+
+    def wait_for_producer(self):
+        """Waits for the stream the array's producer says its data is ready on (CAI v3)."""
+        if self.stream is not None and self.stream != 0:
+            _ext.wait_for_stream(self.stream)
+
+
+def launch(core, kernel, xs, ys):
+    """Checks every array, then runs the kernel over each (pair) on its own device's lanes.
+    Returns ArrayFutures whose results are new device arrays of the inputs' kind."""
+    if ys is not None and len(ys) != len(xs):
+        raise ValueError("gpupool: the two input lists differ in length")
+    views = []
+    for i, x in enumerate(xs):
+        vx = DeviceArray(x, f"x[{i}]")
+        vy = None
+        if ys is not None:
+            vy = DeviceArray(ys[i], f"y[{i}]")
+            if vy.dtype != vx.dtype or vy.shape != vx.shape or vy.device != vx.device:
+                raise ValueError(f"gpupool: x[{i}] and y[{i}] differ in dtype, shape or device")
+        views.append((vx, vy))
+    futures = []
+    for vx, vy in views:
+        out = vx.empty_like()
+        vout = DeviceArray(out, "result")
+        for v in (vx, vy, vout):
+            if v is not None:
+                v.wait_for_producer()
+        futures.append(core.launch_device(
+            kernel, vx.pointer, vy.pointer if vy is not None else 0, vout.pointer, vx.count,
+            vx.dtype.name, vout.device if vx.count else 0, out,
+            (vx.obj, vy.obj if vy is not None else None)))
+    return futures
