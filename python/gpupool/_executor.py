@@ -314,6 +314,3 @@ def _lane_download(self, device_array, out=None):
     self.synchronize()
     return out
 
-
-_ext.Lane.upload = _lane_upload
-_ext.Lane.download = _lane_download

@@ -484,6 +484,16 @@ NB_MODULE(_ext, m) {
         nb::gil_scoped_release nogil;
         lane.synchronize();
       })
+      .def("upload", [](nb::handle self, nb::handle array) {
+        return nb::module_::import_("gpupool._executor").attr("_lane_upload")(self, array);
+      }, "array"_a,
+      "Copies a host array to a new CuPy array on this lane's device, ordered on the lane's\n"
+      "stream (through the lane's pinned staging slot, or directly when the array is pinned).")
+      .def("download", [](nb::handle self, nb::handle device_array, nb::handle out) {
+        return nb::module_::import_("gpupool._executor").attr("_lane_download")(self, device_array, out);
+      }, "device_array"_a, "out"_a = nb::none(),
+      "Copies a CuPy array on this lane's device into `out` (or a new NumPy array); returns\n"
+      "once the data is on the host.")
       .def("_upload", [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
         auto& lane = l.get();
         nb::gil_scoped_release nogil;
