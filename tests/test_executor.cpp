@@ -446,6 +446,17 @@ TEST_P(ExecutorTest, CompletionCallbacksSeeTheResult) {
   EXPECT_EQ(seen.load(), 11);
 }
 
+TEST_P(ExecutorTest, ATaskCannotShutDownItsOwnExecutor) {
+  executor ex(options());
+  auto f = ex.submit([&ex](lane&) {
+    EXPECT_TRUE(ex.is_lane_thread());
+    ex.shutdown();
+  });
+  EXPECT_THROW(f.get(), std::logic_error);
+  EXPECT_FALSE(ex.is_lane_thread());
+  EXPECT_EQ(ex.submit([](lane&) { return 1; }).get(), 1);
+}
+
 // The CPU backend standing in for several devices, so that multi-device scheduling is tested
 // without GPUs.
 class MultiDeviceTest : public ::testing::Test {

@@ -38,7 +38,8 @@ class executor {
   /// @throw backend_unavailable if the requested backend cannot run here;
   ///        std::invalid_argument for bad options (unknown device, zero lanes, budget too small).
   explicit executor(executor_options options = {});
-  /// Drains: waits for every queued task, then stops the lanes.
+  /// Drains: waits for every queued task, then stops the lanes. Destroying an executor from one
+  /// of its own tasks is a programming error and terminates the process.
   ~executor();
   executor(const executor&) = delete;
   executor& operator=(const executor&) = delete;
@@ -53,6 +54,8 @@ class executor {
   /// Tasks queued and not yet taken by a lane.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
+  /// True when called from one of this executor's lane threads (e.g. inside a task).
+  [[nodiscard]] bool is_lane_thread() const noexcept;
 
   /// Runs `f(lane&)` on any lane. @throw std::runtime_error after shutdown.
   template <class F>
@@ -133,6 +136,7 @@ class executor {
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
   /// futures throw cancelled_error); otherwise they run. Returns once every lane has stopped;
   /// every future is then resolved. Idempotent.
+  /// @throw std::logic_error when called from one of this executor's own tasks.
   void shutdown(bool cancel_pending = false);
   [[nodiscard]] bool is_shutdown() const noexcept;
 

@@ -117,6 +117,8 @@ class Executor(_futures.Executor):
     def shutdown(self, wait=True, *, cancel_futures=False):
         """Stops taking work. With ``cancel_futures``, work not yet started is cancelled. With
         ``wait``, returns once every lane has stopped (every future is then done)."""
+        if self._core.is_lane_thread:
+            raise ValueError("gpupool: an executor cannot be shut down by its own tasks")
         with self._lock:
             self._closed = True
             to_cancel = list(self._pending) if cancel_futures else []
@@ -134,12 +136,15 @@ class Executor(_futures.Executor):
             raise RuntimeError("cannot schedule new futures after shutdown")
 
     def _track(self, future):
-        self._pending.add(future)
-        future.add_done_callback(self._untrack)
+        # The callback holds the set, not the executor: a future must not keep its pool alive.
+        pending, lock = self._pending, self._lock
 
-    def _untrack(self, future):
-        with self._lock:
-            self._pending.discard(future)
+        def untrack(done):
+            with lock:
+                pending.discard(done)
+
+        pending.add(future)
+        future.add_done_callback(untrack)
 
     def _kernel_futures(self, kernel, xs, ys):
         """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""

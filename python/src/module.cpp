@@ -11,9 +11,10 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <string>
-#include <utility>
 #include <span>
+#include <string>
+#include <thread>
+#include <utility>
 #include <vector>
 
 #include "gpupool/gpupool.hpp"
@@ -169,8 +170,8 @@ class array_future {
   nb::object make_array() {
     pinned_block* block = out_.release();
     nb::capsule owner(block, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
-    return nb::cast(nb::ndarray<nb::numpy>(block->data(), shape_.size(), shape_.data(), owner,
-                                           nullptr, type_));
+    return nb::cast(
+        nb::ndarray<nb::numpy>(block->data(), shape_.size(), shape_.data(), owner, nullptr, type_));
   }
 
   gpupool::future<void> future_;
@@ -195,9 +196,9 @@ gpupool::dtype dtype_from_name(const std::string& name) {
   if (name == "float64") return gpupool::dtype::float64;
   if (name == "int32") return gpupool::dtype::int32;
   if (name == "int64") return gpupool::dtype::int64;
-  throw nb::type_error(("gpupool: unsupported dtype " + name +
-                        "; expected float32, float64, int32 or int64")
-                           .c_str());
+  throw nb::type_error(
+      ("gpupool: unsupported dtype " + name + "; expected float32, float64, int32 or int64")
+          .c_str());
 }
 
 bool is_c_contiguous(const input_array& a) {
@@ -229,13 +230,14 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which) {
                           "yet: pass host (NumPy) arrays")
                              .c_str());
   if (dtype_name(a.dtype()) == nullptr)
-    throw nb::type_error(("gpupool: " + where + " has an unsupported dtype; expected float32, "
+    throw nb::type_error(("gpupool: " + where +
+                          " has an unsupported dtype; expected float32, "
                           "float64, int32 or int64")
                              .c_str());
   if (!is_c_contiguous(a))
-    throw nb::value_error(("gpupool: " + where +
-                           " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
-                              .c_str());
+    throw nb::value_error(
+        ("gpupool: " + where + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
+            .c_str());
   return a;
 }
 
@@ -257,7 +259,8 @@ class py_executor {
       else if (*backend == "cuda")
         o.backend = gpupool::backend_kind::cuda;
       else
-        throw nb::value_error(("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
+        throw nb::value_error(
+            ("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
     }
     if (devices) o.devices = *devices;
     o.lanes_per_device = threads_per_gpu;
@@ -271,6 +274,12 @@ class py_executor {
   py_executor(const py_executor&) = delete;
   py_executor& operator=(const py_executor&) = delete;
   ~py_executor() {
+    if (executor_ && executor_->is_lane_thread()) {
+      // The last reference died inside one of its own tasks: a lane cannot wait for itself,
+      // so another thread drains and stops the executor.
+      std::thread([e = std::move(executor_)]() mutable { e.reset(); }).detach();
+      return;
+    }
     // Draining may need the GIL (queued Python tasks): let the lanes have it.
     nb::gil_scoped_release nogil;
     executor_.reset();
@@ -300,14 +309,15 @@ class py_executor {
       (void)get().submit(std::move(task));
   }
 
-  std::vector<std::unique_ptr<array_future>> map_kernel(const gpupool::kernel& k,
-                                                        nb::sequence xs,
+  std::vector<std::unique_ptr<array_future>> map_kernel(const gpupool::kernel& k, nb::sequence xs,
                                                         std::optional<nb::sequence> ys) {
     const std::size_t n = nb::len(xs);
     if (k.arity() == 2 && !ys)
-      throw nb::value_error(("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
+      throw nb::value_error(
+          ("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
     if (k.arity() == 1 && ys)
-      throw nb::value_error(("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
+      throw nb::value_error(
+          ("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
     if (ys && nb::len(*ys) != n)
       throw nb::value_error("gpupool: the two input lists differ in length");
 
@@ -359,6 +369,8 @@ class py_executor {
   }
 
   void shutdown(bool cancel_pending) {
+    if (executor_ && executor_->is_lane_thread())
+      throw nb::value_error("gpupool: an executor cannot be shut down by its own tasks");
     nb::gil_scoped_release nogil;
     if (executor_) executor_->shutdown(cancel_pending);
   }
@@ -374,8 +386,8 @@ class py_executor {
     return get().transform<T>(k, sx, std::span<const T>(static_cast<const T*>(y->data()), n), so);
   }
 
-  gpupool::future<void> launch(const gpupool::kernel& k, const input_array& x,
-                               const input_array* y, void* out) {
+  gpupool::future<void> launch(const gpupool::kernel& k, const input_array& x, const input_array* y,
+                               void* out) {
     const auto t = x.dtype();
     if (t == nb::dtype<float>()) return launch_typed<float>(k, x, y, out);
     if (t == nb::dtype<double>()) return launch_typed<double>(k, x, y, out);
@@ -434,9 +446,9 @@ NB_MODULE(_ext, m) {
   out_of_memory_type = PyErr_NewExceptionWithDoc(
       "gpupool.OutOfMemoryError", "Device memory (or the configured budget) ran out.",
       oom_bases.ptr(), nullptr);
-  backend_unavailable_type = PyErr_NewExceptionWithDoc(
-      "gpupool.BackendUnavailableError", "The requested backend cannot run here.", error_type,
-      nullptr);
+  backend_unavailable_type =
+      PyErr_NewExceptionWithDoc("gpupool.BackendUnavailableError",
+                                "The requested backend cannot run here.", error_type, nullptr);
   cancelled_type =
       nb::module_::import_("concurrent.futures").attr("CancelledError").inc_ref().ptr();
   m.attr("GpupoolError") = nb::handle(error_type);
@@ -471,34 +483,47 @@ NB_MODULE(_ext, m) {
       .def_prop_ro("device", [](const py_lane& l) { return l.get().device(); })
       .def_prop_ro("index", [](const py_lane& l) { return l.get().index(); })
       .def_prop_ro("index_on_device", [](const py_lane& l) { return l.get().index_on_device(); })
-      .def_prop_ro("backend", [](const py_lane& l) { return std::string(gpupool::to_string(l.get().backend())); })
-      .def_prop_ro("stream", [](const py_lane& l) {
-        return reinterpret_cast<std::uintptr_t>(l.get().native_stream());
-      })
-      .def("__cuda_stream__", [](const py_lane& l) {
-        // The CUDA stream protocol: (version, handle).
-        return nb::make_tuple(0, reinterpret_cast<std::uintptr_t>(l.get().native_stream()));
-      })
-      .def("synchronize", [](const py_lane& l) {
-        auto& lane = l.get();
-        nb::gil_scoped_release nogil;
-        lane.synchronize();
-      })
-      .def("upload", [](nb::handle self, nb::handle array) {
-        return nb::module_::import_("gpupool._executor").attr("_lane_upload")(self, array);
-      }, "array"_a,
-      "Copies a host array to a new CuPy array on this lane's device, ordered on the lane's\n"
-      "stream (through the lane's pinned staging slot, or directly when the array is pinned).")
-      .def("download", [](nb::handle self, nb::handle device_array, nb::handle out) {
-        return nb::module_::import_("gpupool._executor").attr("_lane_download")(self, device_array, out);
-      }, "device_array"_a, "out"_a = nb::none(),
-      "Copies a CuPy array on this lane's device into `out` (or a new NumPy array); returns\n"
-      "once the data is on the host.")
-      .def("_upload", [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
-        auto& lane = l.get();
-        nb::gil_scoped_release nogil;
-        lane.upload_bytes(reinterpret_cast<void*>(device_dst), src.data(), src.nbytes());
-      })
+      .def_prop_ro(
+          "backend",
+          [](const py_lane& l) { return std::string(gpupool::to_string(l.get().backend())); })
+      .def_prop_ro("stream",
+                   [](const py_lane& l) {
+                     return reinterpret_cast<std::uintptr_t>(l.get().native_stream());
+                   })
+      .def("__cuda_stream__",
+           [](const py_lane& l) {
+             // The CUDA stream protocol: (version, handle).
+             return nb::make_tuple(0, reinterpret_cast<std::uintptr_t>(l.get().native_stream()));
+           })
+      .def("synchronize",
+           [](const py_lane& l) {
+             auto& lane = l.get();
+             nb::gil_scoped_release nogil;
+             lane.synchronize();
+           })
+      .def(
+          "upload",
+          [](nb::handle self, nb::handle array) {
+            return nb::module_::import_("gpupool._executor").attr("_lane_upload")(self, array);
+          },
+          "array"_a,
+          "Copies a host array to a new CuPy array on this lane's device, ordered on the lane's\n"
+          "stream (through the lane's pinned staging slot, or directly when the array is pinned).")
+      .def(
+          "download",
+          [](nb::handle self, nb::handle device_array, nb::handle out) {
+            return nb::module_::import_("gpupool._executor")
+                .attr("_lane_download")(self, device_array, out);
+          },
+          "device_array"_a, "out"_a = nb::none(),
+          "Copies a CuPy array on this lane's device into `out` (or a new NumPy array); returns\n"
+          "once the data is on the host.")
+      .def("_upload",
+           [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
+             auto& lane = l.get();
+             nb::gil_scoped_release nogil;
+             lane.upload_bytes(reinterpret_cast<void*>(device_dst), src.data(), src.nbytes());
+           })
       .def("_download", [](const py_lane& l, nb::ndarray<> dst, std::uintptr_t device_src) {
         auto& lane = l.get();
         nb::gil_scoped_release nogil;
@@ -521,17 +546,23 @@ NB_MODULE(_ext, m) {
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
-      .def_prop_ro("backend", [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
-      .def_prop_ro("threads_per_gpu", [](const py_executor& e) { return e.get().lanes_per_device(); })
+      .def_prop_ro(
+          "backend",
+          [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
+      .def_prop_ro("threads_per_gpu",
+                   [](const py_executor& e) { return e.get().lanes_per_device(); })
       .def_prop_ro("lane_count", [](const py_executor& e) { return e.get().lane_count(); })
       .def_prop_ro("slots_per_lane", [](const py_executor& e) { return e.get().slots_per_lane(); })
       .def_prop_ro("chunk_bytes", [](const py_executor& e) { return e.get().chunk_bytes(); })
       .def_prop_ro("queued", [](const py_executor& e) { return e.get().queued(); })
-      .def_prop_ro("devices", [](const py_executor& e) {
-        nb::list out;
-        for (const auto& d : e.get().devices()) out.append(device_dict(d, e.get().lanes_per_device()));
-        return out;
-      })
+      .def_prop_ro("is_lane_thread", [](const py_executor& e) { return e.get().is_lane_thread(); })
+      .def_prop_ro("devices",
+                   [](const py_executor& e) {
+                     nb::list out;
+                     for (const auto& d : e.get().devices())
+                       out.append(device_dict(d, e.get().lanes_per_device()));
+                     return out;
+                   })
       .def("memory_stats", [](const py_executor& e) {
         nb::list out;
         for (const auto& s : e.get().memory_stats()) {
@@ -544,24 +575,36 @@ NB_MODULE(_ext, m) {
         return out;
       });
 
-  m.def("allocate_pinned", [](std::size_t nbytes) {
-    void* p = gpupool::allocate_pinned(nbytes);
-    nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
-    std::size_t shape[1] = {nbytes};
-    return nb::ndarray<nb::numpy, std::uint8_t>(p, 1, shape, owner);
-  }, "nbytes"_a);
-  m.def("is_pinned", [](std::uintptr_t address) {
-    return gpupool::is_pinned(reinterpret_cast<const void*>(address));
-  }, "address"_a);
-  m.def("describe_pointer", [](std::uintptr_t address) {
-    const auto info = gpupool::describe_pointer(reinterpret_cast<const void*>(address));
-    static const char* names[] = {"unknown", "pinned_host", "device", "managed"};
-    return nb::make_tuple(names[static_cast<int>(info.kind)], info.device);
-  }, "address"_a);
-  m.def("wait_for_stream", [](std::uintptr_t stream) {
-    nb::gil_scoped_release nogil;
-    gpupool::wait_for_stream(stream);
-  }, "stream"_a);
+  m.def(
+      "allocate_pinned",
+      [](std::size_t nbytes) {
+        void* p = gpupool::allocate_pinned(nbytes);
+        nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
+        std::size_t shape[1] = {nbytes};
+        return nb::ndarray<nb::numpy, std::uint8_t>(p, 1, shape, owner);
+      },
+      "nbytes"_a);
+  m.def(
+      "is_pinned",
+      [](std::uintptr_t address) {
+        return gpupool::is_pinned(reinterpret_cast<const void*>(address));
+      },
+      "address"_a);
+  m.def(
+      "describe_pointer",
+      [](std::uintptr_t address) {
+        const auto info = gpupool::describe_pointer(reinterpret_cast<const void*>(address));
+        static const char* names[] = {"unknown", "pinned_host", "device", "managed"};
+        return nb::make_tuple(names[static_cast<int>(info.kind)], info.device);
+      },
+      "address"_a);
+  m.def(
+      "wait_for_stream",
+      [](std::uintptr_t stream) {
+        nb::gil_scoped_release nogil;
+        gpupool::wait_for_stream(stream);
+      },
+      "stream"_a);
   m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
   m.def("pinned_memory_stats", []() {
     const auto s = gpupool::pinned_memory_stats();

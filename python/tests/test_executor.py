@@ -5,6 +5,7 @@ import concurrent.futures as cf
 import threading
 import time
 import traceback
+import weakref
 
 import gpupool
 import numpy as np
@@ -170,3 +171,28 @@ def test_bad_options_are_clear_errors():
     if not gpupool.cuda_available()[0]:
         with pytest.raises(gpupool.BackendUnavailableError, match="CUDA"):
             gpupool.Executor(backend="cuda")
+
+
+
+def test_an_executor_freed_by_its_own_task_stops_cleanly():
+    box = {"ex": gpupool.Executor(threads_per_gpu=1, backend="cpu")}
+    gone = weakref.ref(box["ex"])
+
+    def drop_the_last_reference():
+        del box["ex"]  # the task itself now keeps the executor alive, on its own lane
+        return "ok"
+
+    future = box["ex"].submit(drop_the_last_reference)
+    assert future.result(timeout=10) == "ok"
+    deadline = time.monotonic() + 10
+    while gone() is not None and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert gone() is None
+
+
+def test_a_task_cannot_shut_down_its_own_executor():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        future = ex.submit(lambda: ex.shutdown())
+        with pytest.raises(ValueError, match="own tasks"):
+            future.result(timeout=10)
+        assert ex.submit(abs, -3).result(timeout=10) == 3

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdio>
+#include <exception>
 #include <future>
 #include <mutex>
 #include <set>
@@ -142,6 +144,10 @@ struct executor::impl {
   }
 
   void stop(bool cancel_pending) {
+    // A lane cannot wait for itself to stop.
+    if (detail::is_lane_thread_of(queue))
+      throw std::logic_error(
+          "gpupool: an executor cannot be shut down or destroyed by its own tasks");
     std::lock_guard lock(shutdown_mutex);
     accepting.store(false);
     if (cancel_pending)
@@ -166,7 +172,17 @@ struct executor::impl {
 executor::executor(executor_options options) : impl_(std::make_unique<impl>(options)) {}
 
 executor::~executor() {
-  shutdown(/*cancel_pending=*/false);
+  try {
+    shutdown(/*cancel_pending=*/false);
+  } catch (const std::exception& e) {
+    // Destroyed by one of its own tasks: nothing sane is left to do.
+    std::fprintf(stderr, "%s\n", e.what());
+    std::terminate();
+  }
+}
+
+bool executor::is_lane_thread() const noexcept {
+  return detail::is_lane_thread_of(impl_->queue);
 }
 
 backend_kind executor::backend() const noexcept {

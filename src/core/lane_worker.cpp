@@ -8,6 +8,14 @@
 #include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
+namespace {
+// The queue the calling thread's lane takes work from (null off lane threads).
+thread_local const task_queue* lane_queue = nullptr;
+}  // namespace
+
+bool is_lane_thread_of(const task_queue& queue) noexcept {
+  return lane_queue == &queue;
+}
 
 void device_memory::reserve(std::size_t bytes) {
   std::size_t now = in_use_.load(std::memory_order_relaxed);
@@ -91,6 +99,7 @@ void lane_worker::run(std::promise<void> ready) {
     return;
   }
   ready.set_value();
+  lane_queue = setup_.queue;
 
   // Items in flight, oldest first. Their slots are consecutive in ring order, ending just before
   // `next_slot`, so `next_slot` is free whenever fewer than `slots` items are in flight.

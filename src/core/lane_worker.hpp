@@ -46,6 +46,9 @@ struct lane_setup {
   std::size_t chunk_bytes = 0;
 };
 
+/// True if the calling thread is a lane taking work from `queue`.
+bool is_lane_thread_of(const task_queue& queue) noexcept;
+
 class lane_worker final : public lane {
  public:
   explicit lane_worker(const lane_setup& setup);

@@ -27,7 +27,9 @@ namespace {
 constexpr std::size_t host_alignment = 4096;
 
 #if GPUPOOL_HAS_CUDA
-bool use_cuda_host_memory() { return detail::cuda_runtime_usable(); }
+bool use_cuda_host_memory() {
+  return detail::cuda_runtime_usable();
+}
 #endif
 
 // Rounds a request up to its size class: whole pages up to 64 KiB, then four classes per power
@@ -171,7 +173,9 @@ pinned_store& store() {
 
 }  // namespace
 
-void* allocate_pinned(std::size_t bytes) { return store().acquire(bytes); }
+void* allocate_pinned(std::size_t bytes) {
+  return store().acquire(bytes);
+}
 
 void deallocate_pinned(void* p, std::size_t /*bytes*/) noexcept {
   if (p != nullptr) store().release(p);
@@ -186,12 +190,20 @@ bool is_pinned(const void* p) noexcept {
   return false;
 }
 
-std::size_t pinned_bytes_in_use() noexcept { return store().stats().in_use; }
+std::size_t pinned_bytes_in_use() noexcept {
+  return store().stats().in_use;
+}
 
-pinned_stats pinned_memory_stats() noexcept { return store().stats(); }
+pinned_stats pinned_memory_stats() noexcept {
+  return store().stats();
+}
 
-void set_pinned_cache_limit(std::size_t bytes) { store().set_limit(bytes); }
+void set_pinned_cache_limit(std::size_t bytes) {
+  store().set_limit(bytes);
+}
 
-void trim_pinned_cache() { store().trim(); }
+void trim_pinned_cache() {
+  store().trim();
+}
 
 }  // namespace gpupool

@@ -57,10 +57,19 @@ void describe(const void* p, int& kind, int& device) noexcept {
     return;
   }
   switch (attributes.type) {
-    case cudaMemoryTypeHost: kind = 1; break;
-    case cudaMemoryTypeDevice: kind = 2; device = attributes.device; break;
-    case cudaMemoryTypeManaged: kind = 3; device = attributes.device; break;
-    default: break;
+    case cudaMemoryTypeHost:
+      kind = 1;
+      break;
+    case cudaMemoryTypeDevice:
+      kind = 2;
+      device = attributes.device;
+      break;
+    case cudaMemoryTypeManaged:
+      kind = 3;
+      device = attributes.device;
+      break;
+    default:
+      break;
   }
 }
 
