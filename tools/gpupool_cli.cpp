@@ -6,8 +6,11 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <fstream>
 #include <optional>
 #include <random>
+#include <sstream>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -87,7 +90,39 @@ struct demo_flags {
   int show = 5;
   unsigned seed = 42;
   bool json = false;
+  std::string trace_path;     // Chrome trace of the last run
+  std::string timeline_path;  // SVG picture of the last run
+  bool stats = false;         // per-lane stats of the last run
 };
+
+bool tracing_wanted(const demo_flags& demo) {
+  return !demo.trace_path.empty() || !demo.timeline_path.empty() || demo.stats;
+}
+
+// Writes what the demo's flags ask for from the executor's trace.
+void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
+  auto open = [](const std::string& path) {
+    std::ofstream out(path);
+    if (!out) throw std::runtime_error("cannot write " + path);
+    return out;
+  };
+  if (!demo.trace_path.empty()) {
+    auto out = open(demo.trace_path);
+    t.write_chrome_json(out);
+    std::fprintf(stderr, "trace: %s (%zu tasks; open in Perfetto or chrome://tracing)\n",
+                 demo.trace_path.c_str(), t.records().size());
+  }
+  if (!demo.timeline_path.empty()) {
+    auto out = open(demo.timeline_path);
+    t.write_svg(out);
+    std::fprintf(stderr, "timeline: %s\n", demo.timeline_path.c_str());
+  }
+  if (demo.stats) {
+    std::ostringstream table;
+    t.write_stats_table(table);
+    std::fprintf(stderr, "%s", table.str().c_str());
+  }
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -112,11 +147,13 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   std::vector<gpupool::host_vector<double>> results;
   // Run 0 warms the pools and the kernels; runs 1..repeat are the timed ones.
   for (int run = 0; run <= demo.repeat; ++run) {
+    if (run == demo.repeat && tracing_wanted(demo)) ex.set_tracing(true);  // trace the last run
     const auto t0 = clock::now();
     results = ex.map(gpupool::kernel::square(), chunks).get();
     const auto t1 = clock::now();
     if (run > 0) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
   }
+  if (tracing_wanted(demo)) write_trace_outputs(ex.trace(), demo);
 
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < chunks.size(); ++i) {
@@ -188,6 +225,10 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   demo_cmd->add_option("--seed", demo.seed, "seed of the random inputs");
   demo_cmd->add_flag("--json", demo.json, "print one JSON object instead of the report");
+  demo_cmd->add_option("--trace", demo.trace_path,
+                       "write the last run's per-task trace here (Chrome trace JSON)");
+  demo_cmd->add_option("--timeline", demo.timeline_path, "draw the last run's timeline here (SVG)");
+  demo_cmd->add_flag("--stats", demo.stats, "print the last run's per-lane stats");
 
   CLI11_PARSE(app, argc, argv);
   try {

@@ -19,6 +19,7 @@
 #include "gpupool/host_vector.hpp"
 #include "gpupool/lane.hpp"
 #include "gpupool/options.hpp"
+#include "gpupool/trace.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool {
@@ -56,6 +57,14 @@ class executor {
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
   /// True when called from one of this executor's lane threads (e.g. inside a task).
   [[nodiscard]] bool is_lane_thread() const noexcept;
+
+  /// Records the journey of every task taken from now on (off by default). Records accumulate
+  /// until `clear_trace()`. Thread-safe.
+  void set_tracing(bool on) noexcept;
+  [[nodiscard]] bool tracing() const noexcept;
+  /// A snapshot of every task recorded so far, in submission order. Thread-safe.
+  [[nodiscard]] gpupool::trace trace() const;
+  void clear_trace();
 
   /// Runs `f(lane&)` on any lane. @throw std::runtime_error after shutdown.
   template <class F>

@@ -11,5 +11,6 @@
 #include "gpupool/options.hpp"       // IWYU pragma: export
 #include "gpupool/pinned.hpp"        // IWYU pragma: export
 #include "gpupool/pointer.hpp"       // IWYU pragma: export
+#include "gpupool/trace.hpp"         // IWYU pragma: export
 #include "gpupool/types.hpp"         // IWYU pragma: export
 #include "gpupool/version.hpp"       // IWYU pragma: export

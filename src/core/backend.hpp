@@ -24,12 +24,23 @@ class backend_event {
   virtual void wait() = 0;
 };
 
+/// A timestamp taken in stream order (a timing CUDA event; a host clock reading on the CPU).
+class backend_timer {
+ public:
+  virtual ~backend_timer() = default;
+  /// Marks "now, in stream order".
+  virtual void record() = 0;
+  /// Microseconds from `earlier`'s mark to this one; both must have been passed by the stream.
+  [[nodiscard]] virtual double microseconds_since(backend_timer& earlier) = 0;
+};
+
 /// One lane's ordered queue of device work. Used only from its lane's thread.
 class backend_stream {
  public:
   virtual ~backend_stream() = default;
   [[nodiscard]] virtual void* native_handle() const noexcept = 0;
   [[nodiscard]] virtual std::unique_ptr<backend_event> make_event() = 0;
+  [[nodiscard]] virtual std::unique_ptr<backend_timer> make_timer() = 0;
 
   /// Stream-ordered device allocation (no hidden device-wide synchronisation).
   [[nodiscard]] virtual void* allocate(std::size_t bytes) = 0;

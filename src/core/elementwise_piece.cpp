@@ -3,22 +3,20 @@
 #include <cstring>
 
 #include "core/lane_worker.hpp"
+#include "core/nvtx.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
 namespace {
 
-// Puts `bytes` of host data on the device: straight from pinned memory, or through the slot.
-void stage_in(lane_worker& w, int slot, int buffer, const void* host, void* device,
-              std::size_t bytes) {
-  if (is_pinned(host)) {
-    w.stream().copy_to_device(device, host, bytes);
-    return;
-  }
+// Where the upload of `bytes` of host data reads from: the data itself when it is pinned,
+// otherwise the slot's pinned buffer, filled here.
+const void* stage(lane_worker& w, int slot, int buffer, const void* host, std::size_t bytes) {
+  if (is_pinned(host)) return host;
   void* staging = w.slot_host(slot, buffer);
   std::memcpy(staging, host, bytes);
-  w.stream().copy_to_device(device, staging, bytes);
+  return staging;
 }
 
 }  // namespace
@@ -30,31 +28,60 @@ bool elementwise_piece::claim() {
 }
 
 void elementwise_piece::start(lane& l, int slot) {
+  GPUPOOL_NVTX_RANGE("gpupool: stage in, enqueue upload/kernel/download");
   auto& w = static_cast<lane_worker&>(l);
   const std::size_t element = size_of(job_->type());
   const std::size_t bytes = count_ * element;
   const std::size_t skip = offset_ * element;
-
+  const bool two_inputs = job_->kern().arity() == 2;
+  const auto* x_host = static_cast<const char*>(job_->x()) + skip;
+  const auto* y_host = two_inputs ? static_cast<const char*>(job_->y()) + skip : nullptr;
   void* x = w.slot_device(slot, 0);
-  stage_in(w, slot, 0, static_cast<const char*>(job_->x()) + skip, x, bytes);
-  void* y = nullptr;
-  if (job_->kern().arity() == 2) {
-    y = w.slot_device(slot, 1);
-    stage_in(w, slot, 1, static_cast<const char*>(job_->y()) + skip, y, bytes);
-  }
+  void* y = two_inputs ? w.slot_device(slot, 1) : nullptr;
+
+  // Stage both inputs into pinned memory first, so that the uploads go out back to back.
+  const double staging_began = w.traced(slot) ? w.now_us() : 0.0;
+  const void* x_from = stage(w, slot, 0, x_host, bytes);
+  const void* y_from = two_inputs ? stage(w, slot, 1, y_host, bytes) : nullptr;
+  w.trace_stage_in(slot, staging_began);
+
+  w.trace_mark(slot, lane_worker::mark::upload_begin);
+  w.stream().copy_to_device(x, x_from, bytes);
+  if (two_inputs) w.stream().copy_to_device(y, y_from, bytes);
+  w.trace_mark(slot, lane_worker::mark::kernel_begin);
   w.stream().launch(job_->kern(), job_->type(), x, y, x, count_);
+  w.trace_mark(slot, lane_worker::mark::kernel_end);
 
   out_ = static_cast<char*>(job_->output()) + skip;
   staged_output_ = !is_pinned(out_);
   w.stream().copy_to_host(staged_output_ ? w.slot_host(slot, 0) : out_, x, bytes);
+  w.trace_mark(slot, lane_worker::mark::download_end);
 }
 
 void elementwise_piece::finish(lane& l, int slot) {
+  GPUPOOL_NVTX_RANGE("gpupool: stage out");
   if (staged_output_) {
     auto& w = static_cast<lane_worker&>(l);
+    const double began = w.traced(slot) ? w.now_us() : 0.0;
     std::memcpy(out_, w.slot_host(slot, 0), count_ * size_of(job_->type()));
+    w.trace_stage_out(slot, began);
   }
-  job_->piece_done();
+}
+
+void elementwise_piece::complete() noexcept {
+  try {
+    job_->piece_done();
+  } catch (...) {
+    job_->state().set_exception(std::current_exception());
+  }
+}
+
+std::size_t elementwise_piece::bytes_in() const noexcept {
+  return count_ * size_of(job_->type()) * static_cast<std::size_t>(job_->kern().arity());
+}
+
+std::size_t elementwise_piece::bytes_out() const noexcept {
+  return count_ * size_of(job_->type());
 }
 
 void elementwise_piece::fail(std::exception_ptr e) noexcept {

@@ -18,8 +18,12 @@ class elementwise_piece final : public work_item {
   bool claim() override;
   void start(lane& l, int slot) override;
   void finish(lane& l, int slot) override;
+  void complete() noexcept override;
   void fail(std::exception_ptr e) noexcept override;
   void cancel() noexcept override;
+  const char* trace_name() const noexcept override { return job_->kern().name(); }
+  std::size_t bytes_in() const noexcept override;
+  std::size_t bytes_out() const noexcept override;
 
  private:
   std::shared_ptr<elementwise_job> job_;

@@ -2,9 +2,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <future>
+#include <iterator>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -125,6 +128,8 @@ struct executor::impl {
         setup.index_on_device = i;
         setup.slots = slots;
         setup.chunk_bytes = chunk_bytes;
+        setup.tracing = &tracing;
+        setup.epoch = epoch;
         lanes.push_back(std::make_unique<detail::lane_worker>(setup));
         ready.push_back(lanes.back()->start());
       }
@@ -167,6 +172,15 @@ struct executor::impl {
   std::vector<std::unique_ptr<detail::lane_worker>> lanes;
   std::atomic<bool> accepting{true};
   std::mutex shutdown_mutex;
+  std::atomic<bool> tracing{false};
+  std::atomic<std::uint64_t> next_id{0};
+  const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
+
+  // Stamps an item as it is queued: its place in submission order, and when.
+  void stamp(detail::work_item& item) {
+    item.trace_id = next_id.fetch_add(1, std::memory_order_relaxed);
+    item.submitted_us = detail::clock_us(epoch);
+  }
 };
 
 executor::executor(executor_options options) : impl_(std::make_unique<impl>(options)) {}
@@ -220,6 +234,31 @@ void executor::shutdown(bool cancel_pending) {
   impl_->stop(cancel_pending);
 }
 
+void executor::set_tracing(bool on) noexcept {
+  impl_->tracing.store(on);
+}
+bool executor::tracing() const noexcept {
+  return impl_->tracing.load();
+}
+
+trace executor::trace() const {
+  std::vector<task_record> records;
+  for (const auto& l : impl_->lanes) {
+    auto mine = l->trace_records();
+    records.insert(records.end(), std::make_move_iterator(mine.begin()),
+                   std::make_move_iterator(mine.end()));
+  }
+  std::sort(records.begin(), records.end(),
+            [](const task_record& a, const task_record& b) { return a.id < b.id; });
+  std::vector<std::string> names;
+  for (const auto& d : impl_->devices) names.push_back(d.name);
+  return gpupool::trace(backend(), std::move(names), impl_->lanes_per_device, std::move(records));
+}
+
+void executor::clear_trace() {
+  for (const auto& l : impl_->lanes) l->clear_trace();
+}
+
 void executor::require_open() const {
   if (!impl_->accepting.load()) throw std::runtime_error(shut_down_message);
 }
@@ -246,6 +285,7 @@ void executor::require_same_size(std::size_t a, std::size_t b) {
 
 void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
   require_open();
+  impl_->stamp(*item);
   if (!impl_->queue.push(std::move(item), device)) throw std::runtime_error(shut_down_message);
 }
 
@@ -260,6 +300,7 @@ void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job)
     const std::size_t offset = p * per_piece;
     items.push_back(std::make_unique<detail::elementwise_piece>(
         job, offset, std::min(per_piece, job->count() - offset)));
+    impl_->stamp(*items.back());
   }
   if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
 }

@@ -4,6 +4,7 @@
 #include <string>
 #include <utility>
 
+#include "core/nvtx.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 
@@ -53,6 +54,7 @@ void lane_worker::open() {
   stream_ = setup_.owner->open_stream(setup_.ordinal);
   staging_done_ = stream_->make_event();
   slots_.resize(static_cast<std::size_t>(setup_.slots));
+  traces_.resize(slots_.size());
   for (std::size_t k = 0; k < slots_.size(); ++k) {
     slots_[k].done = stream_->make_event();
     // The first buffer of every slot is needed by any elementwise work: take it now, off the hot
@@ -113,12 +115,14 @@ void lane_worker::run(std::promise<void> ready) {
       if (item) {
         if (!item->claim()) continue;
         current_slot_ = next_slot;
+        begin_trace(next_slot, *item);
         try {
           item->start(*this, next_slot);
           slots_[static_cast<std::size_t>(next_slot)].done->record();
           window.push_back({std::move(item), next_slot});
           next_slot = (next_slot + 1) % static_cast<int>(slots_.size());
         } catch (...) {
+          end_trace(next_slot, *item, /*failed=*/true);
           item->fail(std::current_exception());
           recover();
         }
@@ -136,12 +140,18 @@ bool lane_worker::complete_oldest(std::deque<in_flight>& window, bool block) {
   backend_event& done = *slots_[static_cast<std::size_t>(oldest.slot)].done;
   try {
     if (block) {
+      GPUPOOL_NVTX_RANGE("gpupool: wait for the device");
       done.wait();
     } else if (!done.ready()) {
       return false;
     }
     oldest.item->finish(*this, oldest.slot);
+    // Recorded before the result is handed over, so a trace taken once a future is ready
+    // includes that task.
+    end_trace(oldest.slot, *oldest.item, /*failed=*/false);
+    oldest.item->complete();
   } catch (...) {
+    end_trace(oldest.slot, *oldest.item, /*failed=*/true);
     oldest.item->fail(std::current_exception());
     recover();
   }
@@ -237,6 +247,94 @@ void lane_worker::apply_bytes(const kernel& k, dtype t, const void* x, const voi
     throw std::invalid_argument(std::string("gpupool: kernel '") + k.name() +
                                 "' needs a second input");
   stream_->launch(k, t, x, y, out, count);
+}
+
+void lane_worker::begin_trace(int slot, const work_item& item) {
+  slot_trace& t = traces_[static_cast<std::size_t>(slot)];
+  t.on = setup_.tracing != nullptr && setup_.tracing->load(std::memory_order_relaxed);
+  if (!t.on) return;
+  if (!reference_) {
+    // The zero of this lane's GPU timestamps, taken on an idle stream.
+    reference_ = stream_->make_timer();
+    stream_->synchronize();
+    reference_us_ = now_us();
+    reference_->record();
+    stream_->synchronize();
+  }
+  t.record = task_record{};
+  t.record.id = item.trace_id;
+  t.record.name = item.trace_name();
+  t.record.device = setup_.device;
+  t.record.lane = setup_.index;
+  t.record.submitted = item.submitted_us;
+  t.record.started = now_us();
+  for (bool& m : t.marked) m = false;
+}
+
+bool lane_worker::traced(int slot) const noexcept {
+  return traces_[static_cast<std::size_t>(slot)].on;
+}
+
+void lane_worker::trace_mark(int slot, mark m) {
+  slot_trace& t = traces_[static_cast<std::size_t>(slot)];
+  if (!t.on) return;
+  const auto i = static_cast<std::size_t>(m);
+  if (!t.marks[i]) t.marks[i] = stream_->make_timer();
+  t.marks[i]->record();
+  t.marked[i] = true;
+}
+
+void lane_worker::trace_stage_in(int slot, double begin_us) {
+  slot_trace& t = traces_[static_cast<std::size_t>(slot)];
+  if (t.on) t.record.stage_in = {begin_us, now_us()};
+}
+
+void lane_worker::trace_stage_out(int slot, double begin_us) {
+  slot_trace& t = traces_[static_cast<std::size_t>(slot)];
+  if (t.on) t.record.stage_out = {begin_us, now_us()};
+}
+
+void lane_worker::end_trace(int slot, const work_item& item, bool failed) noexcept {
+  slot_trace& t = traces_[static_cast<std::size_t>(slot)];
+  if (!t.on) return;
+  t.on = false;
+  task_record& r = t.record;
+  r.done = now_us();
+  r.failed = failed;
+  r.bytes_in = item.bytes_in();
+  r.bytes_out = item.bytes_out();
+  const bool all_marked = t.marked[0] && t.marked[1] && t.marked[2] && t.marked[3];
+  if (all_marked && !failed) {
+    try {
+      double at[mark_count];
+      for (std::size_t i = 0; i < mark_count; ++i)
+        at[i] = reference_us_ + t.marks[i]->microseconds_since(*reference_);
+      r.upload = {at[0], at[1]};
+      r.kernel = {at[1], at[2]};
+      r.download = {at[2], at[3]};
+    } catch (...) {
+      // A mark the device could not time: the record keeps its host-side times only.
+    }
+  } else if (!all_marked) {
+    // Work with no stages of its own (submit): its whole run on the lane.
+    r.kernel = {r.started, r.done};
+  }
+  try {
+    std::lock_guard lock(records_mutex_);
+    records_.push_back(std::move(r));
+  } catch (...) {
+    // Out of memory for the trace: drop the record rather than the task.
+  }
+}
+
+std::vector<task_record> lane_worker::trace_records() const {
+  std::lock_guard lock(records_mutex_);
+  return records_;
+}
+
+void lane_worker::clear_trace() {
+  std::lock_guard lock(records_mutex_);
+  records_.clear();
 }
 
 }  // namespace gpupool::detail

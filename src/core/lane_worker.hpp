@@ -3,17 +3,20 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <deque>
 #include <exception>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <thread>
 #include <vector>
 
 #include "core/backend.hpp"
 #include "core/task_queue.hpp"
 #include "gpupool/lane.hpp"
+#include "gpupool/trace.hpp"
 
 namespace gpupool::detail {
 
@@ -44,7 +47,15 @@ struct lane_setup {
   int index_on_device = 0;
   int slots = 2;
   std::size_t chunk_bytes = 0;
+  const std::atomic<bool>* tracing = nullptr;     // the executor's switch
+  std::chrono::steady_clock::time_point epoch{};  // zero of the executor's clock
 };
+
+/// Microseconds since `epoch`.
+inline double clock_us(std::chrono::steady_clock::time_point epoch) noexcept {
+  return std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - epoch)
+      .count();
+}
 
 /// True if the calling thread is a lane taking work from `queue`.
 bool is_lane_thread_of(const task_queue& queue) noexcept;
@@ -83,6 +94,21 @@ class lane_worker final : public lane {
   /// Slot `slot`'s device buffer `i` (0 or 1) of `chunk_bytes()`, made on first use.
   void* slot_device(int slot, int i);
 
+  // Tracing, for the items that know their stages. Each does nothing unless the slot's item is
+  // being traced.
+  enum class mark { upload_begin, kernel_begin, kernel_end, download_end };
+  /// Timestamps this point of the stream's work (a timing event on CUDA).
+  void trace_mark(int slot, mark m);
+  /// Records a host-side stage (staging copies) that ran from `begin_us` to now.
+  void trace_stage_in(int slot, double begin_us);
+  void trace_stage_out(int slot, double begin_us);
+  [[nodiscard]] bool traced(int slot) const noexcept;
+  [[nodiscard]] double now_us() const noexcept { return clock_us(setup_.epoch); }
+
+  /// Every record this lane has finished, oldest first.
+  [[nodiscard]] std::vector<task_record> trace_records() const;
+  void clear_trace();
+
  private:
   struct slot_buffers {
     void* host[2] = {nullptr, nullptr};
@@ -93,6 +119,17 @@ class lane_worker final : public lane {
     work_item_ptr item;
     int slot;
   };
+  static constexpr std::size_t mark_count = 4;
+  struct slot_trace {
+    bool on = false;
+    task_record record;
+    std::unique_ptr<backend_timer> marks[mark_count];
+    bool marked[mark_count] = {};
+  };
+
+  void begin_trace(int slot, const work_item& item);
+  /// Completes the slot's record (converting GPU marks to the executor's clock) and keeps it.
+  void end_trace(int slot, const work_item& item, bool failed) noexcept;
 
   void run(std::promise<void> ready);
   void open();
@@ -111,6 +148,12 @@ class lane_worker final : public lane {
   std::unique_ptr<backend_event> staging_done_;
   bool staging_busy_ = false;
   int current_slot_ = 0;
+
+  std::vector<slot_trace> traces_;
+  std::unique_ptr<backend_timer> reference_;  // a mark taken at `reference_us_`
+  double reference_us_ = 0.0;
+  mutable std::mutex records_mutex_;
+  std::vector<task_record> records_;
 };
 
 }  // namespace gpupool::detail

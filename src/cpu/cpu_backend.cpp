@@ -1,6 +1,7 @@
 // The CPU backend: host threads and host memory stand in for devices. Every "asynchronous"
 // operation completes before it returns, so events are always ready; the lanes, queues, slots and
 // futures above it run exactly as on a GPU.
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -23,6 +24,18 @@ class cpu_event final : public backend_event {
   void wait() override {}
 };
 
+class cpu_timer final : public backend_timer {
+ public:
+  void record() override { at_ = std::chrono::steady_clock::now(); }
+  double microseconds_since(backend_timer& earlier) override {
+    return std::chrono::duration<double, std::micro>(at_ - static_cast<cpu_timer&>(earlier).at_)
+        .count();
+  }
+
+ private:
+  std::chrono::steady_clock::time_point at_{};
+};
+
 template <op O, class T>
 void run_elementwise(const void* x, const void* y, void* out, std::size_t n, double alpha) {
   const T* xs = static_cast<const T*>(x);
@@ -36,6 +49,7 @@ class cpu_stream final : public backend_stream {
  public:
   void* native_handle() const noexcept override { return nullptr; }
   std::unique_ptr<backend_event> make_event() override { return std::make_unique<cpu_event>(); }
+  std::unique_ptr<backend_timer> make_timer() override { return std::make_unique<cpu_timer>(); }
 
   void* allocate(std::size_t bytes) override {
     const std::size_t rounded =

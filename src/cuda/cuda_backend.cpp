@@ -137,6 +137,27 @@ class cuda_event final : public backend_event {
   cudaEvent_t event_ = nullptr;
 };
 
+class cuda_timer final : public backend_timer {
+ public:
+  explicit cuda_timer(cudaStream_t stream) : stream_(stream) {
+    GPUPOOL_CUDA_CHECK(cudaEventCreate(&event_));
+  }
+  cuda_timer(const cuda_timer&) = delete;
+  cuda_timer& operator=(const cuda_timer&) = delete;
+  ~cuda_timer() override { (void)cudaEventDestroy(event_); }
+
+  void record() override { GPUPOOL_CUDA_CHECK(cudaEventRecord(event_, stream_)); }
+  double microseconds_since(backend_timer& earlier) override {
+    float ms = 0.0f;
+    GPUPOOL_CUDA_CHECK(cudaEventElapsedTime(&ms, static_cast<cuda_timer&>(earlier).event_, event_));
+    return static_cast<double>(ms) * 1e3;
+  }
+
+ private:
+  cudaStream_t stream_;
+  cudaEvent_t event_ = nullptr;
+};
+
 class cuda_stream final : public backend_stream {
  public:
   cuda_stream() { GPUPOOL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
@@ -150,6 +171,9 @@ class cuda_stream final : public backend_stream {
   void* native_handle() const noexcept override { return stream_; }
   std::unique_ptr<backend_event> make_event() override {
     return std::make_unique<cuda_event>(stream_);
+  }
+  std::unique_ptr<backend_timer> make_timer() override {
+    return std::make_unique<cuda_timer>(stream_);
   }
 
   void* allocate(std::size_t bytes) override {

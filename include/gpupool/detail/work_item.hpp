@@ -1,6 +1,8 @@
 // The unit a lane takes from the queue. Internal: users see futures, not work items.
 #pragma once
 
+#include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <optional>
@@ -14,16 +16,26 @@ namespace gpupool::detail {
 
 /// One queued piece of work. A lane calls, in order: `claim()` (false: drop it, it was cancelled),
 /// `start()` (enqueue work on the lane's stream), then, once the stream has passed that point,
-/// `finish()`. If either throws, the lane calls `fail()`. `cancel()` is called for items still
-/// queued at `shutdown(cancel_pending=true)`.
+/// `finish()` (host work after the device's, e.g. copying results out) and `complete()` (hand the
+/// result over). If `start` or `finish` throws, the lane calls `fail()` instead. `cancel()` is
+/// called for items still queued at `shutdown(cancel_pending=true)`.
 class work_item {
  public:
   virtual ~work_item() = default;
   virtual bool claim() = 0;
   virtual void start(lane& l, int slot) = 0;
   virtual void finish(lane& l, int slot) = 0;
+  virtual void complete() noexcept = 0;
   virtual void fail(std::exception_ptr e) noexcept = 0;
   virtual void cancel() noexcept = 0;
+
+  /// For the trace: what to call this item, and the bytes it moves each way.
+  [[nodiscard]] virtual const char* trace_name() const noexcept { return "task"; }
+  [[nodiscard]] virtual std::size_t bytes_in() const noexcept { return 0; }
+  [[nodiscard]] virtual std::size_t bytes_out() const noexcept { return 0; }
+
+  std::uint64_t trace_id = 0;  ///< Submission order, set when queued.
+  double submitted_us = 0.0;   ///< When queued, on the executor's clock.
 };
 
 using work_item_ptr = std::unique_ptr<work_item>;
@@ -46,11 +58,17 @@ class callable_item final : public work_item {
     }
   }
 
-  void finish(lane& /*l*/, int /*slot*/) override {
+  void finish(lane& /*l*/, int /*slot*/) override {}
+
+  void complete() noexcept override {
     if constexpr (std::is_void_v<R>) {
       state_->set_value();
     } else {
-      state_->set_value(std::move(*result_));
+      try {
+        state_->set_value(std::move(*result_));
+      } catch (...) {
+        state_->set_exception(std::current_exception());  // the value's move threw
+      }
     }
   }
 

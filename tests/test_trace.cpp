@@ -1,0 +1,157 @@
+// Tracing: every task's journey recorded in order, with consistent times, stats that add up,
+// and the exports.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "test_support.hpp"
+
+namespace gpupool {
+namespace {
+
+class TraceTest : public ::testing::TestWithParam<backend_kind> {
+ protected:
+  void SetUp() override { GPUPOOL_SKIP_UNLESS_USABLE(GetParam()); }
+  executor_options options() const {
+    executor_options o;
+    o.backend = GetParam();
+    o.lanes_per_device = 3;
+    o.chunk_bytes = 64 << 10;
+    o.quiet = true;
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, TraceTest,
+                         ::testing::Values(backend_kind::cpu, backend_kind::cuda),
+                         testing::backend_name);
+
+std::size_t count(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_P(TraceTest, OffByDefaultAndRecordsOnlyWhileOn) {
+  executor ex(options());
+  EXPECT_FALSE(ex.tracing());
+  ex.submit([](lane&) {}).get();
+  EXPECT_TRUE(ex.trace().records().empty());
+  ex.set_tracing(true);
+  ex.submit([](lane&) {}).get();
+  ex.set_tracing(false);
+  ex.submit([](lane&) {}).get();
+  EXPECT_EQ(ex.trace().records().size(), 1u);
+  ex.clear_trace();
+  EXPECT_TRUE(ex.trace().records().empty());
+}
+
+TEST_P(TraceTest, EveryPieceHasAConsistentJourney) {
+  executor ex(options());
+  ex.set_tracing(true);
+  const auto x = testing::random_vector<double>(100'000, 5);  // 13 pieces of 64 KiB
+  const std::vector<std::vector<double>> inputs(4, x);
+  auto results = ex.map(kernel::square(), inputs).get();
+  ASSERT_EQ(results[3][99'999], x[99'999] * x[99'999]);
+  ex.submit([](lane&) { return 1; }).get();
+
+  const auto t = ex.trace();
+  const std::size_t pieces = 4 * ((100'000 * 8 + (64 << 10) - 1) / (64 << 10));
+  ASSERT_EQ(t.records().size(), pieces + 1);
+  std::size_t bytes_in = 0;
+  for (std::size_t i = 0; i < t.records().size(); ++i) {
+    const task_record& r = t.records()[i];
+    if (i > 0) {
+      EXPECT_LT(t.records()[i - 1].id, r.id) << "not in submission order";
+    }
+    EXPECT_LE(r.submitted, r.started) << r.id;
+    EXPECT_LE(r.started, r.done) << r.id;
+    EXPECT_FALSE(r.failed);
+    EXPECT_GE(r.lane, 0);
+    EXPECT_LT(r.lane, ex.lane_count());
+    bytes_in += r.bytes_in;
+    if (r.name == "task") {
+      EXPECT_TRUE(r.kernel.present());
+      continue;
+    }
+    EXPECT_EQ(r.name, "square");
+    for (const span_us* s : {&r.upload, &r.kernel, &r.download, &r.stage_in, &r.stage_out}) {
+      ASSERT_TRUE(s->present()) << "a stage of piece " << r.id << " is missing";
+      EXPECT_LE(s->begin, s->end);
+    }
+    // Stream order: upload, then kernel, then download; host copies around them. GPU clocks
+    // are aligned to the host clock within a few microseconds.
+    const double slack = 50.0;
+    EXPECT_LE(r.upload.end, r.kernel.begin + slack);
+    EXPECT_LE(r.kernel.end, r.download.begin + slack);
+    EXPECT_LE(r.stage_in.end, r.upload.begin + slack);
+    EXPECT_LE(r.download.end, r.stage_out.begin + slack);
+    EXPECT_LE(r.stage_out.end, r.done + slack);
+  }
+  EXPECT_EQ(bytes_in, 4 * x.size() * sizeof(double));
+}
+
+TEST_P(TraceTest, StatsAddUpToWhatWasMoved) {
+  executor ex(options());
+  ex.set_tracing(true);
+  const std::vector<std::vector<float>> xs(10, std::vector<float>(30'000, 2.0f));
+  const std::vector<std::vector<float>> ys(10, std::vector<float>(30'000, 1.0f));
+  ex.map(kernel::add(), xs, ys).get();
+  const auto stats = ex.trace().stats();
+  std::size_t lane_in = 0, lane_out = 0, lane_tasks = 0;
+  const lane_stats* total = nullptr;
+  for (const auto& s : stats) {
+    if (s.lane < 0) {
+      total = &s;
+      continue;
+    }
+    lane_in += s.bytes_in;
+    lane_out += s.bytes_out;
+    lane_tasks += s.tasks;
+    EXPECT_LE(s.busy_us, s.wall_us + 1e-6);
+    EXPECT_LE(s.queue_wait_p50_us, s.queue_wait_p99_us);
+  }
+  ASSERT_NE(total, nullptr);
+  EXPECT_EQ(total->bytes_in, 2 * 10 * 30'000 * sizeof(float));  // two inputs
+  EXPECT_EQ(total->bytes_out, 10 * 30'000 * sizeof(float));
+  EXPECT_EQ(lane_in, total->bytes_in);
+  EXPECT_EQ(lane_out, total->bytes_out);
+  EXPECT_EQ(lane_tasks, total->tasks);
+  EXPECT_GT(total->input_gb_per_s(), 0.0);
+}
+
+TEST_P(TraceTest, ExportsNameEveryTaskAndStage) {
+  executor ex(options());
+  ex.set_tracing(true);
+  const std::vector<std::vector<double>> xs(3, std::vector<double>(1000, 3.0));
+  ex.map(kernel::square(), xs).get();
+  const auto t = ex.trace();
+  ASSERT_EQ(t.records().size(), 3u);
+
+  std::ostringstream json;
+  t.write_chrome_json(json);
+  const std::string j = json.str();
+  EXPECT_EQ(j.front(), '{');
+  EXPECT_EQ(count(j, "\"cat\":\"task\""), 3u);
+  EXPECT_EQ(count(j, "\"name\":\"upload\""), 3u);
+  EXPECT_EQ(count(j, "\"name\":\"kernel\""), 3u);
+  EXPECT_EQ(count(j, "\"name\":\"download\""), 3u);
+  EXPECT_EQ(count(j, "\"ph\":\"b\""), count(j, "\"ph\":\"e\""));
+  EXPECT_EQ(count(j, "{"), count(j, "}"));
+
+  std::ostringstream svg;
+  t.write_svg(svg);
+  EXPECT_EQ(svg.str().rfind("<svg", 0), 0u);
+  EXPECT_NE(svg.str().find("</svg>"), std::string::npos);
+  EXPECT_GE(count(svg.str(), "<rect"), 3u * 5u);
+
+  std::ostringstream table;
+  t.write_stats_table(table);
+  EXPECT_NE(table.str().find("all"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace gpupool
