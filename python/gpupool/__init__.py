@@ -9,7 +9,7 @@ and, where CuPy or PyTorch is imported, that lane's stream made their current st
 """
 
 from . import kernels
-from ._executor import Executor, current_lane
+from ._executor import Executor, Trace, current_lane
 from ._ext import (
     BackendUnavailableError,
     CudaError,
@@ -34,6 +34,7 @@ __all__ = [
     "GpupoolError",
     "Lane",
     "OutOfMemoryError",
+    "Trace",
     "__version__",
     "cuda_available",
     "current_lane",

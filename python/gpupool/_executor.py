@@ -83,6 +83,30 @@ class Executor(_futures.Executor):
         """Per device: bytes gpupool holds now (``in_use``), its ``peak`` and the ``budget``."""
         return self._core.memory_stats()
 
+    # -- tracing --------------------------------------------------------------------------------
+    @contextlib.contextmanager
+    def trace(self, path=None):
+        """Records every task's journey inside the ``with`` block.
+
+            with ex.trace("w2.json") as t:
+                list(ex.map(gpupool.kernels.square, chunks))
+            print(t.stats_table())
+
+        Yields a Trace, filled when the block ends: ``records()``, ``stats()``,
+        ``chrome_json()``, ``svg()``, ``stats_table()``, ``write(path)``. With ``path``, the trace
+        is also written there (see Trace.write)."""
+        recording = Trace()
+        self._core.clear_trace()
+        self._core.set_tracing(True)
+        try:
+            yield recording
+        finally:
+            self._core.set_tracing(False)
+            recording._snapshot = self._core.trace_snapshot()
+            self._core.clear_trace()
+        if path is not None:
+            recording.write(path)
+
     # -- work -----------------------------------------------------------------------------------
     def submit(self, fn, /, *args, **kwargs) -> _futures.Future:
         """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
@@ -282,6 +306,63 @@ def _ordered_results(pending, deadline):
     finally:
         for future in pending:
             future.cancel()
+
+
+class Trace:
+    """Each task's journey: queued, staged, uploaded, computed, downloaded, handed back."""
+
+    def __init__(self):
+        self._snapshot = None
+
+    def _core(self):
+        if self._snapshot is None:
+            raise RuntimeError("gpupool: the trace is filled when its `with` block ends")
+        return self._snapshot
+
+    def __len__(self):
+        return len(self._core())
+
+    def records(self) -> list:
+        """One dict per task (per piece for kernels over arrays), in submission order. Times are
+        microseconds since the executor started; stages are (begin, end) or None."""
+        return self._core().records()
+
+    def stats(self) -> list:
+        """Per lane, then per device (``lane`` None): tasks, bytes each way, busy time, queue
+        wait (median, 99th percentile), achieved GB/s of input."""
+        return self._core().stats()
+
+    def stats_table(self) -> str:
+        return self._core().stats_table()
+
+    def chrome_json(self) -> str:
+        """The trace in Chrome trace format, for Perfetto or chrome://tracing."""
+        return self._core().chrome_json()
+
+    def svg(self) -> str:
+        """A picture of the timeline: a row per lane and per device engine."""
+        return self._core().svg()
+
+    def write(self, path):
+        """Writes the trace by the file's extension: ``.json`` Chrome trace, ``.svg`` picture,
+        ``.png`` picture (needs matplotlib), ``.txt`` stats table."""
+        path = str(path)
+        if path.endswith(".json"):
+            text = self.chrome_json()
+        elif path.endswith(".svg"):
+            text = self.svg()
+        elif path.endswith(".txt"):
+            text = self.stats_table()
+        elif path.endswith(".png"):
+            from ._timeline import draw_png
+
+            draw_png(self.records(), path, backend=self._core().backend)
+            return
+        else:
+            raise ValueError(f"gpupool: cannot tell the format of {path!r}: use .json, .svg, "
+                             ".png or .txt")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)
 
 
 def _require_cupy(lane):

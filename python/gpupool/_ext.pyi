@@ -56,6 +56,34 @@ class ArrayFuture:
 
     def add_done_callback(self, callback: Callable) -> None: ...
 
+class Trace:
+    """A snapshot of an executor's per-task trace."""
+
+    @property
+    def backend(self) -> str: ...
+
+    def records(self) -> list:
+        """
+        One dict per task (per piece for map/transform), in submission order; times in
+        microseconds since the executor started, stages as (begin, end) or None.
+        """
+
+    def stats(self) -> list:
+        """
+        Per lane, then per device (lane None): tasks, bytes, busy time, queue wait, GB/s.
+        """
+
+    def chrome_json(self) -> str:
+        """The trace in Chrome trace format (Perfetto, chrome://tracing)."""
+
+    def svg(self) -> str:
+        """A picture of the timeline."""
+
+    def stats_table(self) -> str:
+        """The stats as an aligned text table."""
+
+    def __len__(self) -> int: ...
+
 class Lane:
     """The lane a task runs on; valid only inside that task."""
 
@@ -102,6 +130,12 @@ class Executor:
     def launch_device(self, kernel: Kernel, x: int, y: int, out: int, count: int, dtype: str, ordinal: int, result: object, keep_alive: object) -> ArrayFuture: ...
 
     def shutdown(self, cancel_pending: bool = False) -> None: ...
+
+    def set_tracing(self, on: bool) -> None: ...
+
+    def clear_trace(self) -> None: ...
+
+    def trace_snapshot(self) -> Trace: ...
 
     @property
     def backend(self) -> str: ...

@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <span>
 #include <string>
 #include <thread>
@@ -398,6 +399,53 @@ class py_executor {
   std::unique_ptr<gpupool::executor> executor_;
 };
 
+nb::object span_value(const gpupool::span_us& s) {
+  if (!s.present()) return nb::none();
+  return nb::make_tuple(s.begin, s.end);
+}
+
+nb::dict record_dict(const gpupool::task_record& r) {
+  nb::dict d;
+  d["id"] = r.id;
+  d["name"] = r.name;
+  d["device"] = r.device;
+  d["lane"] = r.lane;
+  d["submitted"] = r.submitted;
+  d["started"] = r.started;
+  d["stage_in"] = span_value(r.stage_in);
+  d["upload"] = span_value(r.upload);
+  d["kernel"] = span_value(r.kernel);
+  d["download"] = span_value(r.download);
+  d["stage_out"] = span_value(r.stage_out);
+  d["done"] = r.done;
+  d["bytes_in"] = r.bytes_in;
+  d["bytes_out"] = r.bytes_out;
+  d["failed"] = r.failed;
+  return d;
+}
+
+nb::dict stats_dict(const gpupool::lane_stats& s) {
+  nb::dict d;
+  d["device"] = s.device;
+  d["lane"] = s.lane < 0 ? nb::none() : nb::cast(s.lane);
+  d["tasks"] = s.tasks;
+  d["bytes_in"] = s.bytes_in;
+  d["bytes_out"] = s.bytes_out;
+  d["busy_us"] = s.busy_us;
+  d["wall_us"] = s.wall_us;
+  d["queue_wait_p50_us"] = s.queue_wait_p50_us;
+  d["queue_wait_p99_us"] = s.queue_wait_p99_us;
+  d["input_gb_per_s"] = s.input_gb_per_s();
+  return d;
+}
+
+template <class Write>
+std::string to_text(Write write) {
+  std::ostringstream out;
+  write(out);
+  return out.str();
+}
+
 nb::dict device_dict(const gpupool::device_info& d, int lanes) {
   nb::dict out;
   out["id"] = d.id;
@@ -479,6 +527,30 @@ NB_MODULE(_ext, m) {
       .def("cancelled", &array_future::cancelled)
       .def("add_done_callback", &array_future::add_done_callback, "callback"_a);
 
+  nb::class_<gpupool::trace>(m, "Trace", "A snapshot of an executor's per-task trace.")
+      .def_prop_ro("backend", [](const gpupool::trace& t) { return std::string(gpupool::to_string(t.backend())); })
+      .def("records", [](const gpupool::trace& t) {
+        nb::list out;
+        for (const auto& r : t.records()) out.append(record_dict(r));
+        return out;
+      }, "One dict per task (per piece for map/transform), in submission order; times in\n"
+         "microseconds since the executor started, stages as (begin, end) or None.")
+      .def("stats", [](const gpupool::trace& t) {
+        nb::list out;
+        for (const auto& s : t.stats()) out.append(stats_dict(s));
+        return out;
+      }, "Per lane, then per device (lane None): tasks, bytes, busy time, queue wait, GB/s.")
+      .def("chrome_json", [](const gpupool::trace& t) {
+        return to_text([&](std::ostream& o) { t.write_chrome_json(o); });
+      }, "The trace in Chrome trace format (Perfetto, chrome://tracing).")
+      .def("svg", [](const gpupool::trace& t) {
+        return to_text([&](std::ostream& o) { t.write_svg(o); });
+      }, "A picture of the timeline.")
+      .def("stats_table", [](const gpupool::trace& t) {
+        return to_text([&](std::ostream& o) { t.write_stats_table(o); });
+      }, "The stats as an aligned text table.")
+      .def("__len__", [](const gpupool::trace& t) { return t.records().size(); });
+
   nb::class_<py_lane>(m, "Lane", "The lane a task runs on; valid only inside that task.")
       .def_prop_ro("device", [](const py_lane& l) { return l.get().device(); })
       .def_prop_ro("index", [](const py_lane& l) { return l.get().index(); })
@@ -546,6 +618,16 @@ NB_MODULE(_ext, m) {
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
+      .def("set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
+      .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
+      .def("trace_snapshot", [](py_executor& e) {
+        gpupool::trace t;
+        {
+          nb::gil_scoped_release nogil;
+          t = e.get().trace();
+        }
+        return t;
+      })
       .def_prop_ro(
           "backend",
           [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
