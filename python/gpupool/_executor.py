@@ -2,6 +2,7 @@
 
 import concurrent.futures as _futures
 import contextlib
+import functools
 import sys
 import threading
 import time
@@ -184,21 +185,26 @@ class Executor(_futures.Executor):
         future = _futures.Future()
         bind = self._bind_frameworks
 
+        # Runs on the lane; what it returns hands the outcome over once the lane's stream has
+        # finished the work the call enqueued there.
         def run():
             if not future.set_running_or_notify_cancel():
-                return
+                return None
             try:
                 with bind():
                     result = fn(*args, **kwargs)
             except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
+                return functools.partial(future.set_exception, exc)
+            return functools.partial(future.set_result, result)
+
+        def on_error(exc):
+            with contextlib.suppress(_futures.InvalidStateError):
                 future.set_exception(exc)
-            else:
-                future.set_result(result)
 
         with self._lock:
             self._check_open()
             self._track(future)
-            self._core.submit_call(run, device)
+            self._core.submit_call(run, on_error, device)
         return future
 
     def _submit_kernel(self, device, kernel, args, kwargs):

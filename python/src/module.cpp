@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
-#include <sstream>
 #include <span>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <utility>
@@ -31,6 +31,9 @@ PyObject* cuda_error_type = nullptr;
 PyObject* out_of_memory_type = nullptr;
 PyObject* backend_unavailable_type = nullptr;
 PyObject* cancelled_type = nullptr;  // concurrent.futures.CancelledError
+
+// The Python exception object a C++ exception becomes (with the GIL held).
+nb::object python_exception(const std::exception_ptr& failure);
 
 bool interpreter_alive() {
 #if PY_VERSION_HEX >= 0x030D0000
@@ -291,23 +294,48 @@ class py_executor {
     return *executor_;
   }
 
-  // Runs `call()` on a lane (of `device`, if given) with the GIL, the lane current.
-  void submit_call(nb::callable call, std::optional<int> device) {
+  // Runs `call()` on a lane (of `device`, if given) with the GIL and the lane current. `call`
+  // returns a callable (or None) that hands the outcome over; it is called once the lane's
+  // stream has finished what `call` enqueued, so results made on the GPU are complete by then.
+  // If the lane fails the task after `call` returned (a CUDA error), `on_error(exception)` is
+  // called instead.
+  void submit_call(nb::callable call, nb::callable on_error, std::optional<int> device) {
+    using deliverer = std::shared_ptr<py_ref>;
     auto ref = std::make_shared<py_ref>(call);
-    auto task = [ref](gpupool::lane& l) {
-      if (!interpreter_alive()) return;
+    auto task = [ref](gpupool::lane& l) -> deliverer {
+      if (!interpreter_alive()) return nullptr;
       nb::gil_scoped_acquire gil;
       lane_scope scope(&l);
       try {
-        ref->get()();
+        nb::object deliver = ref->get()();
+        return deliver.is_none() ? nullptr : std::make_shared<py_ref>(deliver);
       } catch (nb::python_error& e) {
         e.discard_as_unraisable("gpupool: in a lane task");
+        return nullptr;
       }
     };
-    if (device)
-      (void)get().submit_to(*device, std::move(task));
-    else
-      (void)get().submit(std::move(task));
+    auto f = device ? get().submit_to(*device, std::move(task)) : get().submit(std::move(task));
+    auto error_ref = std::make_shared<py_ref>(on_error);
+    f.on_complete([error_ref](gpupool::future<deliverer>& done) {
+      if (!interpreter_alive() || done.status() == gpupool::task_status::cancelled) return;
+      deliverer deliver;
+      std::exception_ptr failure;
+      try {
+        deliver = done.get();
+      } catch (...) {
+        failure = std::current_exception();
+      }
+      nb::gil_scoped_acquire gil;
+      try {
+        if (failure) {
+          error_ref->get()(python_exception(failure));
+        } else if (deliver) {
+          deliver->get()();
+        }
+      } catch (nb::python_error& e) {
+        e.discard_as_unraisable("gpupool: handing over a task's result");
+      }
+    });
   }
 
   std::vector<std::unique_ptr<array_future>> map_kernel(const gpupool::kernel& k, nb::sequence xs,
@@ -459,6 +487,32 @@ nb::dict device_dict(const gpupool::device_info& d, int lanes) {
   return out;
 }
 
+void translate_exceptions(const std::exception_ptr& p, void* /*payload*/);
+
+nb::object python_exception(const std::exception_ptr& failure) {
+  try {
+    translate_exceptions(failure, nullptr);  // gpupool's own types
+  } catch (...) {
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::invalid_argument& e) {
+      PyErr_SetString(PyExc_ValueError, e.what());
+    } catch (const std::exception& e) {
+      PyErr_SetString(error_type, e.what());
+    } catch (...) {
+      PyErr_SetString(error_type, "gpupool: unknown failure");
+    }
+  }
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  return nb::steal(value);
+}
+
 void translate_exceptions(const std::exception_ptr& p, void* /*payload*/) {
   try {
     std::rethrow_exception(p);
@@ -476,6 +530,9 @@ void translate_exceptions(const std::exception_ptr& p, void* /*payload*/) {
     PyErr_SetString(backend_unavailable_type, e.what());
   } catch (const gpupool::error& e) {
     PyErr_SetString(error_type, e.what());
+  } catch (...) {
+    // Not ours: nanobind's own translators handle the standard exceptions.
+    if (!PyErr_Occurred()) std::rethrow_exception(p);
   }
 }
 
@@ -528,27 +585,42 @@ NB_MODULE(_ext, m) {
       .def("add_done_callback", &array_future::add_done_callback, "callback"_a);
 
   nb::class_<gpupool::trace>(m, "Trace", "A snapshot of an executor's per-task trace.")
-      .def_prop_ro("backend", [](const gpupool::trace& t) { return std::string(gpupool::to_string(t.backend())); })
-      .def("records", [](const gpupool::trace& t) {
-        nb::list out;
-        for (const auto& r : t.records()) out.append(record_dict(r));
-        return out;
-      }, "One dict per task (per piece for map/transform), in submission order; times in\n"
-         "microseconds since the executor started, stages as (begin, end) or None.")
-      .def("stats", [](const gpupool::trace& t) {
-        nb::list out;
-        for (const auto& s : t.stats()) out.append(stats_dict(s));
-        return out;
-      }, "Per lane, then per device (lane None): tasks, bytes, busy time, queue wait, GB/s.")
-      .def("chrome_json", [](const gpupool::trace& t) {
-        return to_text([&](std::ostream& o) { t.write_chrome_json(o); });
-      }, "The trace in Chrome trace format (Perfetto, chrome://tracing).")
-      .def("svg", [](const gpupool::trace& t) {
-        return to_text([&](std::ostream& o) { t.write_svg(o); });
-      }, "A picture of the timeline.")
-      .def("stats_table", [](const gpupool::trace& t) {
-        return to_text([&](std::ostream& o) { t.write_stats_table(o); });
-      }, "The stats as an aligned text table.")
+      .def_prop_ro(
+          "backend",
+          [](const gpupool::trace& t) { return std::string(gpupool::to_string(t.backend())); })
+      .def(
+          "records",
+          [](const gpupool::trace& t) {
+            nb::list out;
+            for (const auto& r : t.records()) out.append(record_dict(r));
+            return out;
+          },
+          "One dict per task (per piece for map/transform), in submission order; times in\n"
+          "microseconds since the executor started, stages as (begin, end) or None.")
+      .def(
+          "stats",
+          [](const gpupool::trace& t) {
+            nb::list out;
+            for (const auto& s : t.stats()) out.append(stats_dict(s));
+            return out;
+          },
+          "Per lane, then per device (lane None): tasks, bytes, busy time, queue wait, GB/s.")
+      .def(
+          "chrome_json",
+          [](const gpupool::trace& t) {
+            return to_text([&](std::ostream& o) { t.write_chrome_json(o); });
+          },
+          "The trace in Chrome trace format (Perfetto, chrome://tracing).")
+      .def(
+          "svg",
+          [](const gpupool::trace& t) { return to_text([&](std::ostream& o) { t.write_svg(o); }); },
+          "A picture of the timeline.")
+      .def(
+          "stats_table",
+          [](const gpupool::trace& t) {
+            return to_text([&](std::ostream& o) { t.write_stats_table(o); });
+          },
+          "The stats as an aligned text table.")
       .def("__len__", [](const gpupool::trace& t) { return t.records().size(); });
 
   nb::class_<py_lane>(m, "Lane", "The lane a task runs on; valid only inside that task.")
@@ -613,21 +685,24 @@ NB_MODULE(_ext, m) {
            "threads_per_gpu"_a = 0, "devices"_a = nb::none(), "backend"_a = nb::none(),
            "slots_per_lane"_a = 2, "chunk_bytes"_a = std::size_t{8} << 20,
            "device_memory_budget"_a = 0, "cpu_devices"_a = 0)
-      .def("submit_call", &py_executor::submit_call, "call"_a, "device"_a = nb::none())
+      .def("submit_call", &py_executor::submit_call, "call"_a, "on_error"_a,
+           "device"_a = nb::none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a = nb::none())
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
-      .def("set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
+      .def(
+          "set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
       .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
-      .def("trace_snapshot", [](py_executor& e) {
-        gpupool::trace t;
-        {
-          nb::gil_scoped_release nogil;
-          t = e.get().trace();
-        }
-        return t;
-      })
+      .def("trace_snapshot",
+           [](py_executor& e) {
+             gpupool::trace t;
+             {
+               nb::gil_scoped_release nogil;
+               t = e.get().trace();
+             }
+             return t;
+           })
       .def_prop_ro(
           "backend",
           [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
