@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_command.hpp"
 #include "gpupool/gpupool.hpp"
 
 namespace {
@@ -230,10 +231,30 @@ int main(int argc, char** argv) {
   demo_cmd->add_option("--timeline", demo.timeline_path, "draw the last run's timeline here (SVG)");
   demo_cmd->add_flag("--stats", demo.stats, "print the last run's per-lane stats");
 
+  gpupool_cli::bench_flags bench;
+  CLI::App* bench_cmd = app.add_subcommand(
+      "bench", "Measure the copy limits, then sweep lanes per device x chunk size");
+  flags.add_to(*bench_cmd);
+  bench_cmd->add_option("--lanes-list", bench.lanes, "lane counts to sweep")->delimiter(',');
+  bench_cmd->add_option("--sizes", bench.sizes, "chunk sizes to sweep (e.g. 64K,1M,64M)")
+      ->delimiter(',');
+  bench_cmd->add_option("--dtype", bench.dtype, "float32, float64, int32 or int64")
+      ->check(CLI::IsMember({"float32", "float64", "int32", "int64"}));
+  bench_cmd->add_option("--kernel", bench.kernel, "square or scale")
+      ->check(CLI::IsMember({"square", "scale"}));
+  bench_cmd->add_option("--total", bench.total, "input bytes per measurement (e.g. 512M)");
+  bench_cmd->add_option("--repeat", bench.repeat, "timed runs per point (median reported)")
+      ->check(CLI::Range(1, 1000));
+  bench_cmd->add_option("--csv", bench.csv_path, "write the points as CSV here");
+  bench_cmd->add_option("--json", bench.json_path, "write limits and points as JSON here");
+  bench_cmd->add_option("--plot", bench.plot_path,
+                        "draw throughput curves here (.svg; .png needs the Python package)");
+
   CLI11_PARSE(app, argc, argv);
   try {
     if (info->parsed()) return run_info(flags);
     if (demo_cmd->parsed()) return run_demo(flags, demo);
+    if (bench_cmd->parsed()) return gpupool_cli::run_bench(flags.options(), bench);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpupool: %s\n", e.what());
     return 2;

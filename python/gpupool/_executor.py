@@ -122,22 +122,32 @@ class Executor(_futures.Executor):
                              f"{len(self._ordinals)} devices")
         return self._submit(device, fn, args, kwargs)
 
-    def map(self, fn, *iterables, timeout=None, chunksize=1):
+    def map(self, fn, *iterables, timeout=None, chunksize=1, progress=False):
         """Returns an iterator of ``fn(*items)`` in input order, like Executor.map.
 
         With a built-in kernel, every array is checked at the call (TypeError/ValueError before
         any work starts) and the work runs in C++ with the GIL released; the results are NumPy
-        arrays. For two-input kernels the two iterables must have the same length."""
-        if not isinstance(fn, Kernel):
-            return super().map(fn, *iterables, timeout=timeout, chunksize=chunksize)
-        if len(iterables) not in (1, 2):
-            raise TypeError(f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
+        arrays. For two-input kernels the two iterables must have the same length.
+
+        With ``progress=True`` a progress bar (tqdm) with rate and ETA advances as results come
+        back; it stays silent when standard error is not a terminal."""
+        del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
-        with self._lock:
-            self._check_open()
-            pending = self._kernel_futures(
-                fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
-        return _ordered_results(pending, deadline)
+        if isinstance(fn, Kernel):
+            if len(iterables) not in (1, 2):
+                raise TypeError(
+                    f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
+            with self._lock:
+                self._check_open()
+                pending = self._kernel_futures(
+                    fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
+        else:
+            pending = [self.submit(fn, *args) for args in zip(*iterables)]
+        results = _ordered_results(pending, deadline)
+        if progress:
+            results = _with_progress(results, len(pending), getattr(fn, "name", None) or
+                                     getattr(fn, "__name__", "map"))
+        return results
 
     def shutdown(self, wait=True, *, cancel_futures=False):
         """Stops taking work. With ``cancel_futures``, work not yet started is cancelled. With
@@ -296,6 +306,15 @@ def _framework_streams(cupy, torch, stream, ordinal):
     if torch is not None and torch.cuda.is_available():
         torch_stream = torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal))
     return cupy_stream, torch_stream
+
+
+def _with_progress(results, total, label):
+    from tqdm import tqdm
+
+    with tqdm(total=total, desc=f"gpupool {label}", unit="task", disable=None) as bar:
+        for result in results:
+            bar.update(1)
+            yield result
 
 
 def _ordered_results(pending, deadline):

@@ -1,0 +1,31 @@
+"""Progress bars on long maps, and the bench plot."""
+
+import json
+
+import gpupool
+import numpy as np
+import pytest
+from gpupool.plot import plot_bench
+
+
+def test_map_with_progress_gives_the_same_results(executor, capsys):
+    xs = [np.full(1000, i, dtype=np.float64) for i in range(30)]
+    squares = list(executor.map(gpupool.kernels.square, xs, progress=True))
+    assert [s[0] for s in squares] == [float(i * i) for i in range(30)]
+    assert list(executor.map(abs, range(-5, 0), progress=True)) == [5, 4, 3, 2, 1]
+    # Not a terminal here: the bar stays silent.
+    assert "gpupool" not in capsys.readouterr().err
+
+
+def test_bench_plot_is_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = {
+        "backend": "cpu", "dtype": "float64", "kernel": "square", "total_bytes": 1 << 20,
+        "limits_gb_per_s": {"h2d": 20.0, "d2h": 21.0, "both": 18.0},
+        "points": [{"lanes": lanes, "chunk_bytes": size, "seconds": 0.01,
+                    "input_gb_per_s": lanes * size / 1e5, "fraction_of_limit": 0.5}
+                   for lanes in (1, 2) for size in (65536, 131072)],
+    }
+    (tmp_path / "bench.json").write_text(json.dumps(results))
+    plot_bench(json.loads((tmp_path / "bench.json").read_text()), str(tmp_path / "bench.png"))
+    assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
