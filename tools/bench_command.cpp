@@ -74,7 +74,8 @@ copy_limits measure_copy_limits(gpupool::executor_options o, std::size_t bytes) 
   };
   const double moved = static_cast<double>(bytes) * rounds / 1e9;
   copy_limits limits;
-  limits.h2d = moved / ex.submit_to(0, [&](gpupool::lane& l) { return timed(l, upload, nullptr); }).get();
+  limits.h2d =
+      moved / ex.submit_to(0, [&](gpupool::lane& l) { return timed(l, upload, nullptr); }).get();
   limits.d2h =
       moved / ex.submit_to(0, [&](gpupool::lane& l) { return timed(l, download, nullptr); }).get();
   std::barrier<> together(2);
@@ -129,8 +130,8 @@ point run_point(gpupool::executor_options o, int lanes, std::size_t chunk_bytes,
     const T want = reference(k, input[i]);
     if (output[i] != want)
       throw std::runtime_error("bench: wrong result at element " + std::to_string(i) + " (" +
-                               std::to_string(output[i]) + " instead of " +
-                               std::to_string(want) + ")");
+                               std::to_string(output[i]) + " instead of " + std::to_string(want) +
+                               ")");
   }
   std::vector<double> times;
   for (int r = 0; r < repeat; ++r) {
@@ -159,7 +160,9 @@ void write_svg_plot(const std::string& path, const std::vector<point>& points,
   }
   if (x_max <= x_min) x_max = x_min + 1;
   if (y_max <= 0) y_max = 1;
-  auto X = [&](double log2_bytes) { return left + (log2_bytes - x_min) / (x_max - x_min) * (w - left - right); };
+  auto X = [&](double log2_bytes) {
+    return left + (log2_bytes - x_min) / (x_max - x_min) * (w - left - right);
+  };
   auto Y = [&](double gbps) { return top + (1 - gbps / y_max) * (h - top - bottom); };
   char buf[512];
   std::snprintf(buf, sizeof buf,
@@ -178,9 +181,9 @@ void write_svg_plot(const std::string& path, const std::vector<point>& points,
     out << buf;
   }
   for (double e = x_min; e <= x_max + 1e-9; e += 1) {
-    std::snprintf(buf, sizeof buf,
-                  "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n", X(e),
-                  h - bottom + 18, human_bytes(static_cast<std::size_t>(std::exp2(e))).c_str());
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n",
+                  X(e), h - bottom + 18,
+                  human_bytes(static_cast<std::size_t>(std::exp2(e))).c_str());
     out << buf;
   }
   std::snprintf(buf, sizeof buf,
@@ -227,9 +230,10 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
   std::fflush(stdout);
   const copy_limits limits =
       measure_copy_limits(base, std::min<std::size_t>(total, std::size_t{256} << 20));
-  std::printf("copy limits: host->device %.2f GB/s, device->host %.2f GB/s, both at once %.2f "
-              "GB/s each way\n",
-              limits.h2d, limits.d2h, limits.both);
+  std::printf(
+      "copy limits: host->device %.2f GB/s, device->host %.2f GB/s, both at once %.2f "
+      "GB/s each way\n",
+      limits.h2d, limits.d2h, limits.both);
 
   const std::size_t count = total / sizeof(T);
   std::vector<T> input(count);
@@ -294,8 +298,10 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
       const std::string command =
           "python3 -m gpupool.plot \"" + json_path + "\" \"" + flags.plot_path + "\"";
       if (std::system(command.c_str()) != 0)
-        throw std::runtime_error("bench: drawing the PNG needs the gpupool Python package with "
-                                 "matplotlib (" + command + " failed); ask for an .svg instead");
+        throw std::runtime_error(
+            "bench: drawing the PNG needs the gpupool Python package with "
+            "matplotlib (" +
+            command + " failed); ask for an .svg instead");
     } else {
       write_svg_plot(flags.plot_path, points, limits, title);
     }

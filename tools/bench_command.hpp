@@ -11,7 +11,7 @@ namespace gpupool_cli {
 
 struct bench_flags {
   std::vector<int> lanes{1, 2, 4, 8};
-  std::vector<std::string> sizes{"64K", "128K", "256K", "512K", "1M",  "2M",
+  std::vector<std::string> sizes{"64K", "128K", "256K", "512K", "1M", "2M",
                                  "4M",  "8M",   "16M",  "32M",  "64M"};
   std::string dtype = "float64";
   std::string kernel = "square";
