@@ -29,33 +29,38 @@ def main():
     want = [d * d for d in data]
     gigabytes = sum(d.nbytes for d in data) / 1e9
 
-    def run(ex):
-        out = list(ex.map(gpupool.kernels.square, data))
+    def check(out):
         if not all(np.array_equal(o, w) for o, w in zip(out, want)):
             raise SystemExit("wrong results")
 
+    def run(ex):
+        """Maps W2 and returns (results, seconds); the check is left to the caller."""
+        t0 = time.perf_counter()
+        out = list(ex.map(gpupool.kernels.square, data))
+        return out, time.perf_counter() - t0
+
     with gpupool.Executor() as ex:
-        run(ex)
+        check(run(ex)[0])
         off, on = [], []
         for _ in range(args.repeat):
-            t0 = time.perf_counter()
-            run(ex)
-            off.append(time.perf_counter() - t0)
+            out, seconds = run(ex)
+            off.append(seconds)
             with ex.trace():
-                t0 = time.perf_counter()
-                run(ex)
-                on.append(time.perf_counter() - t0)
+                traced, seconds = run(ex)
+            on.append(seconds)
+            check(out)
+            check(traced)
+            del out, traced
         m_off, m_on = statistics.median(off), statistics.median(on)
         print(f"W2 tracing off: {gigabytes / m_off:.2f} GB/s; on: {gigabytes / m_on:.2f} GB/s; "
               f"cost {100 * (m_on / m_off - 1):+.1f}% ({args.repeat} runs each, alternating)")
 
     for lanes in (1, 4):
         with gpupool.Executor(threads_per_gpu=lanes) as ex:
-            run(ex)
+            check(run(ex)[0])
             with ex.trace() as t:
-                t0 = time.perf_counter()
-                run(ex)
-                seconds = time.perf_counter() - t0
+                out, seconds = run(ex)
+            check(out)
             name = f"timeline_{lanes}lane{'s' if lanes > 1 else ''}"
             t.write(os.path.join(args.out, name + ".png"))
             if lanes == 4:

@@ -47,7 +47,8 @@ def draw_png(records, path, backend="", title=None):
     ax.set_title(title or f"gpupool timeline: {len(records)} tasks on the {backend} backend, "
                  f"{(t1 - t0) / 1e3:.3f} ms, {total / ((t1 - t0) * 1e3):.2f} GB/s of input")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c, _ in STAGES]
-    ax.legend(handles, [label for _, label, _, _ in STAGES], loc="upper right", fontsize=8)
+    ax.legend(handles, [label for _, label, _, _ in STAGES], loc="upper center",
+              bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.25), ncol=5, fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -127,7 +127,9 @@ class lane_worker final : public lane {
     bool marked[mark_count] = {};
   };
 
-  void begin_trace(int slot, const work_item& item);
+  void begin_trace(int slot, const work_item& item, bool lane_idle);
+  /// Lines this lane's GPU timestamps up with the host clock (synchronises the stream).
+  void calibrate_clock();
   /// Completes the slot's record (converting GPU marks to the executor's clock) and keeps it.
   void end_trace(int slot, const work_item& item, bool failed) noexcept;
 
@@ -152,6 +154,7 @@ class lane_worker final : public lane {
   std::vector<slot_trace> traces_;
   std::unique_ptr<backend_timer> reference_;  // a mark taken at `reference_us_`
   double reference_us_ = 0.0;
+  double calibrated_at_us_ = 0.0;
   mutable std::mutex records_mutex_;
   std::vector<task_record> records_;
 };
