@@ -24,12 +24,6 @@ double seconds_since(clock_type::time_point t0) {
   return std::chrono::duration<double>(clock_type::now() - t0).count();
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 std::string human_bytes(std::size_t bytes) {
   char buf[32];
   if (bytes >= (std::size_t{1} << 20) && bytes % (std::size_t{1} << 20) == 0)
@@ -311,6 +305,12 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
 }
 
 }  // namespace
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const std::size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
 
 std::size_t parse_bytes(const std::string& text) {
   std::size_t used = 0;

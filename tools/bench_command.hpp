@@ -22,6 +22,9 @@ struct bench_flags {
   std::string plot_path;  // .svg drawn here; .png through the Python package (matplotlib)
 };
 
+/// The median of `values` (not empty).
+double median(std::vector<double> values);
+
 /// Parses "64K", "8M", "1G" or a plain byte count. @throw std::invalid_argument.
 std::size_t parse_bytes(const std::string& text);
 

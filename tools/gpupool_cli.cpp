@@ -125,12 +125,6 @@ void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
   }
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const std::size_t n = v.size();
-  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
 // The motivating program: square `chunks` arrays of `size` float64 and bring them back.
 int run_demo(const pool_flags& flags, const demo_flags& demo) {
   gpupool::executor ex(flags.options());
@@ -168,7 +162,7 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
 
   const double input_bytes =
       static_cast<double>(demo.size) * sizeof(double) * static_cast<double>(chunks.size());
-  const double med = median(times_ms);
+  const double med = gpupool_cli::median(times_ms);
   const double best = *std::min_element(times_ms.begin(), times_ms.end());
   const double gbps = input_bytes / (med * 1e-3) / 1e9;
 
