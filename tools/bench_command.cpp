@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpupool/gpupool.hpp"
+#include "progress.hpp"
 
 namespace gpupool_cli {
 namespace {
@@ -243,14 +244,17 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
   }
   std::printf("\n%-6s %-10s %12s %10s %9s\n", "lanes", "chunk", "ms", "GB/s", "of limit");
   try {
+    progress_line progress("bench", flags.lanes.size() * sizes.size());
     for (int lanes : flags.lanes) {
       for (std::size_t size : sizes) {
         const point p = run_point<T>(base, lanes, size, k, std::span<const T>(input),
                                      std::span<T>(output, count), flags.repeat);
         points.push_back(p);
+        progress.clear();
         std::printf("%-6d %-10s %12.3f %10.2f %8.0f%%\n", lanes, human_bytes(size).c_str(),
                     p.seconds * 1e3, p.gb_per_s, 100.0 * p.gb_per_s / limits.both);
         std::fflush(stdout);
+        progress.step();
       }
     }
   } catch (...) {

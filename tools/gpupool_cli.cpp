@@ -16,6 +16,7 @@
 
 #include "bench_command.hpp"
 #include "gpupool/gpupool.hpp"
+#include "progress.hpp"
 
 namespace {
 
@@ -141,12 +142,14 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   std::vector<double> times_ms;
   std::vector<gpupool::host_vector<double>> results;
   // Run 0 warms the pools and the kernels; runs 1..repeat are the timed ones.
+  gpupool_cli::progress_line progress("demo runs", static_cast<std::size_t>(demo.repeat) + 1);
   for (int run = 0; run <= demo.repeat; ++run) {
     if (run == demo.repeat && tracing_wanted(demo)) ex.set_tracing(true);  // trace the last run
     const auto t0 = clock::now();
     results = ex.map(gpupool::kernel::square(), chunks).get();
     const auto t1 = clock::now();
     if (run > 0) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    progress.step();
   }
   if (tracing_wanted(demo)) write_trace_outputs(ex.trace(), demo);
 
