@@ -38,6 +38,9 @@ class DeviceArray:
     """What gpupool needs to know of one device array, checked at the call."""
 
     def __init__(self, obj, where):
+        if not is_device_array(obj):
+            raise TypeError(f"gpupool: {where} is not a device array while the first array is; "
+                            "pass host arrays and device arrays in separate calls")
         self.obj = _as_cuda_array_interface(obj, where)
         cai = self.obj.__cuda_array_interface__
         self.pointer = int(cai["data"][0])

@@ -230,8 +230,8 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which) {
   }
   if (a.device_type() != nb::device::cpu::value)
     throw nb::type_error(("gpupool: " + where +
-                          " lives on a GPU; built-in kernels over device arrays are not supported "
-                          "yet: pass host (NumPy) arrays")
+                          " lives on a GPU while the first array is a host array; pass host "
+                          "arrays and device arrays in separate calls")
                              .c_str());
   if (dtype_name(a.dtype()) == nullptr)
     throw nb::type_error(("gpupool: " + where +

@@ -160,3 +160,8 @@ def test_device_arrays_need_the_cuda_backend():
     with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
         with pytest.raises(TypeError, match="CUDA backend"):
             ex.map(gpupool.kernels.square, [FakeDeviceArray()])
+
+
+def test_host_and_device_arrays_cannot_be_mixed_in_one_call(executor):
+    with pytest.raises(TypeError):
+        executor.map(gpupool.kernels.square, [np.ones(4), FakeDeviceArray()])

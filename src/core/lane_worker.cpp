@@ -270,23 +270,27 @@ void lane_worker::calibrate_clock() {
   calibrated_at_us_ = reference_us_;
 }
 
-void lane_worker::begin_trace(int slot, const work_item& item, bool lane_idle) {
+void lane_worker::begin_trace(int slot, const work_item& item, bool lane_idle) noexcept {
   slot_trace& t = traces_[static_cast<std::size_t>(slot)];
   t.on = setup_.tracing != nullptr && setup_.tracing->load(std::memory_order_relaxed);
   if (!t.on) return;
-  // GPU and host clocks drift apart slowly: line them up again now and then, when nothing is
-  // in flight (so the synchronisation costs no overlap).
-  constexpr double recalibrate_after_us = 1e6;
-  if (!reference_ || (lane_idle && now_us() - calibrated_at_us_ > recalibrate_after_us))
-    calibrate_clock();
-  t.record = task_record{};
-  t.record.id = item.trace_id;
-  t.record.name = item.trace_name();
-  t.record.device = setup_.device;
-  t.record.lane = setup_.index;
-  t.record.submitted = item.submitted_us;
-  t.record.started = now_us();
-  for (bool& m : t.marked) m = false;
+  try {
+    // GPU and host clocks drift apart slowly: line them up again now and then, when nothing is
+    // in flight (so the synchronisation costs no overlap).
+    constexpr double recalibrate_after_us = 1e6;
+    if (!reference_ || (lane_idle && now_us() - calibrated_at_us_ > recalibrate_after_us))
+      calibrate_clock();
+    t.record = task_record{};
+    t.record.id = item.trace_id;
+    t.record.name = item.trace_name();
+    t.record.device = setup_.device;
+    t.record.lane = setup_.index;
+    t.record.submitted = item.submitted_us;
+    t.record.started = now_us();
+    for (bool& m : t.marked) m = false;
+  } catch (...) {
+    t.on = false;  // a trace that cannot be taken must not cost the task
+  }
 }
 
 bool lane_worker::traced(int slot) const noexcept {

@@ -127,7 +127,7 @@ class lane_worker final : public lane {
     bool marked[mark_count] = {};
   };
 
-  void begin_trace(int slot, const work_item& item, bool lane_idle);
+  void begin_trace(int slot, const work_item& item, bool lane_idle) noexcept;
   /// Lines this lane's GPU timestamps up with the host clock (synchronises the stream).
   void calibrate_clock();
   /// Completes the slot's record (converting GPU marks to the executor's clock) and keeps it.
