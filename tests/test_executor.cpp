@@ -30,11 +30,11 @@ class gate {
     std::unique_lock lock(mutex_);
     cv_.wait(lock, [this] { return open_; });
   }
+  // Notifies under the lock: a waiter may destroy the gate as soon as it wakes, so open() must
+  // not touch the condition variable after the waiter can run.
   void open() {
-    {
-      std::lock_guard lock(mutex_);
-      open_ = true;
-    }
+    std::lock_guard lock(mutex_);
+    open_ = true;
     cv_.notify_all();
   }
 
