@@ -15,6 +15,7 @@
 
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
+#include "gpupool/elementwise.hpp"
 #include "gpupool/future.hpp"
 #include "gpupool/host_vector.hpp"
 #include "gpupool/lane.hpp"
@@ -141,6 +142,22 @@ class executor {
     require_same_size(y.size(), out.size());
     return transform_impl(k, dtype_of<T>(), x.data(), y.data(), out.data(), out.size());
   }
+
+  /// Runs a run-time compiled elementwise kernel over `out.size()` elements: every array input
+  /// must have that length and the parameter's type; scalars are converted and broadcast.
+  /// Streams through the devices in pieces like the built-in kernels. The kernel is compiled at
+  /// this call (once; then cached in memory and on disk), so compile errors are thrown here.
+  /// @throw compile_error; std::invalid_argument for wrong argument counts, types or sizes.
+  template <class T>
+  future<void> transform(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+                         std::span<T> out) {
+    return launch_elementwise(k, inputs, dtype_of<T>(), out.data(), out.size());
+  }
+
+  /// The untyped form of the above: `out` holds `count` elements of `out_type`.
+  future<void> launch_elementwise(const elementwise_kernel& k,
+                                  const std::vector<kernel_argument>& inputs, dtype out_type,
+                                  void* out, std::size_t count);
 
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
   /// futures throw cancelled_error); otherwise they run. Returns once every lane has stopped;

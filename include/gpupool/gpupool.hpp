@@ -3,6 +3,7 @@
 #pragma once
 
 #include "gpupool/availability.hpp"  // IWYU pragma: export
+#include "gpupool/elementwise.hpp"   // IWYU pragma: export
 #include "gpupool/error.hpp"         // IWYU pragma: export
 #include "gpupool/executor.hpp"      // IWYU pragma: export
 #include "gpupool/future.hpp"        // IWYU pragma: export

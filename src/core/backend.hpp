@@ -7,7 +7,9 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
+#include "gpupool/elementwise.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool::detail {
@@ -34,6 +36,12 @@ class backend_timer {
   [[nodiscard]] virtual double microseconds_since(backend_timer& earlier) = 0;
 };
 
+/// A user kernel compiled for one backend (and device architecture).
+class compiled_kernel {
+ public:
+  virtual ~compiled_kernel() = default;
+};
+
 /// One lane's ordered queue of device work. Used only from its lane's thread.
 class backend_stream {
  public:
@@ -52,6 +60,10 @@ class backend_stream {
   /// Enqueues `out = k(x[, y])` over `count` elements of type `t`.
   virtual void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
                       std::size_t count) = 0;
+  /// Enqueues a compiled user kernel over `count` elements. `args` holds, per input, a device
+  /// array or a pointer to the scalar's value (host memory, read before this returns), then the
+  /// output device array.
+  virtual void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) = 0;
   virtual void synchronize() = 0;
 };
 
@@ -69,6 +81,10 @@ class backend {
   [[nodiscard]] virtual std::unique_ptr<backend_stream> open_stream(int ordinal) = 0;
   /// Prepares the device for many streams and stream-ordered allocation (memory pool policy).
   virtual void prepare_device(int ordinal) = 0;
+  /// Compiles `k` for device `ordinal`, with arrays where `is_array` is true and scalars
+  /// elsewhere. Cached; thread-safe. @throw compile_error with the compiler's log.
+  [[nodiscard]] virtual std::shared_ptr<const compiled_kernel> compile(
+      const elementwise_kernel& k, const std::vector<bool>& is_array, int ordinal) = 0;
 };
 
 /// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else CUDA when a usable

@@ -4,29 +4,11 @@
 
 #include "core/lane_worker.hpp"
 #include "core/nvtx.hpp"
+#include "core/staging.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
-namespace {
-
-// Where the upload of `bytes` of host data reads from: the data itself when it is pinned,
-// otherwise the slot's pinned buffer, filled here.
-const void* stage(lane_worker& w, int slot, int buffer, const void* host, std::size_t bytes) {
-  if (is_pinned(host)) return host;
-  void* staging = w.slot_host(slot, buffer);
-  std::memcpy(staging, host, bytes);
-  return staging;
-}
-
-}  // namespace
-
-bool elementwise_piece::claim() {
-  if (job_->claim_piece()) return true;
-  job_->piece_done();  // cancelled or failed: count this piece out
-  return false;
-}
-
 void elementwise_piece::start(lane& l, int slot) {
   GPUPOOL_NVTX_RANGE("gpupool: stage in, enqueue upload/kernel/download");
   auto& w = static_cast<lane_worker&>(l);
@@ -68,33 +50,12 @@ void elementwise_piece::finish(lane& l, int slot) {
   }
 }
 
-void elementwise_piece::complete() noexcept {
-  try {
-    job_->piece_done();
-  } catch (...) {
-    job_->state().set_exception(std::current_exception());
-  }
-}
-
 std::size_t elementwise_piece::bytes_in() const noexcept {
   return count_ * size_of(job_->type()) * static_cast<std::size_t>(job_->kern().arity());
 }
 
 std::size_t elementwise_piece::bytes_out() const noexcept {
   return count_ * size_of(job_->type());
-}
-
-void elementwise_piece::fail(std::exception_ptr e) noexcept {
-  job_->piece_failed(std::move(e));
-}
-
-void elementwise_piece::cancel() noexcept {
-  if (!job_->state().try_cancel()) {
-    // Other pieces of the job already ran: the job cannot end as "cancelled", but it must end.
-    job_->state().set_exception(std::make_exception_ptr(cancelled_error(
-        "gpupool: the executor shut down before every piece of this input was processed")));
-  }
-  job_->piece_done();
 }
 
 }  // namespace gpupool::detail

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <future>
 #include <iterator>
@@ -18,6 +19,7 @@
 #include "core/elementwise_piece.hpp"
 #include "core/lane_worker.hpp"
 #include "core/task_queue.hpp"
+#include "core/user_kernel_piece.hpp"
 
 namespace gpupool {
 namespace {
@@ -315,6 +317,91 @@ future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, c
   } else {
     enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
   }
+  return future<void>(std::move(state));
+}
+
+namespace {
+
+// Checks one argument against its parameter and makes it ready for the lanes.
+detail::user_operand operand_for(const kernel_argument& arg, const kernel_parameter& p,
+                                 std::size_t count) {
+  detail::user_operand op;
+  op.element_size = size_of(p.type);
+  if (arg.is_array()) {
+    if (arg.type() != p.type)
+      throw std::invalid_argument("gpupool: argument '" + p.name + "' is a " +
+                                  to_string(arg.type()) + " array, but the kernel declares " +
+                                  to_string(p.type));
+    if (arg.size() != count)
+      throw std::invalid_argument("gpupool: argument '" + p.name + "' has " +
+                                  std::to_string(arg.size()) + " elements, the output " +
+                                  std::to_string(count));
+    op.is_array = true;
+    op.data = static_cast<const char*>(arg.data());
+    return op;
+  }
+  auto store = [&](auto value) { std::memcpy(op.scalar, &value, sizeof value); };
+  switch (p.type) {
+    case dtype::float32:
+      store(static_cast<float>(arg.value()));
+      break;
+    case dtype::float64:
+      store(arg.value());
+      break;
+    case dtype::int32:
+      store(static_cast<std::int32_t>(arg.integer()));
+      break;
+    case dtype::int64:
+      store(arg.integer());
+      break;
+  }
+  return op;
+}
+
+}  // namespace
+
+future<void> executor::launch_elementwise(const elementwise_kernel& k,
+                                          const std::vector<kernel_argument>& inputs,
+                                          dtype out_type, void* out, std::size_t count) {
+  require_open();
+  if (inputs.size() != k.inputs().size())
+    throw std::invalid_argument("gpupool: kernel '" + k.name() + "' takes " +
+                                std::to_string(k.inputs().size()) + " input(s), but " +
+                                std::to_string(inputs.size()) + " were given");
+  if (out_type != k.output().type)
+    throw std::invalid_argument("gpupool: the output is " + std::string(to_string(out_type)) +
+                                ", but kernel '" + k.name() + "' declares " +
+                                to_string(k.output().type));
+  std::vector<detail::user_operand> operands;
+  std::vector<bool> is_array;
+  std::size_t widest = size_of(out_type);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    operands.push_back(operand_for(inputs[i], k.inputs()[i], count));
+    is_array.push_back(operands.back().is_array);
+    if (operands.back().is_array) widest = std::max(widest, operands.back().element_size);
+  }
+  auto compiled = impl_->owner->compile(k, is_array, impl_->ordinals.front());
+
+  auto state = std::make_shared<detail::shared_state<void>>();
+  if (count == 0) {
+    state->try_start();
+    state->set_value();
+    return future<void>(std::move(state));
+  }
+  auto job = std::make_shared<detail::user_kernel_job>(
+      k.name(), std::move(compiled), std::move(operands), out, size_of(out_type), count, state);
+  const std::size_t per_piece = impl_->chunk_bytes / widest;
+  const std::size_t pieces = (count + per_piece - 1) / per_piece;
+  job->set_piece_count(pieces);
+  std::vector<detail::work_item_ptr> items;
+  items.reserve(pieces);
+  for (std::size_t p = 0; p < pieces; ++p) {
+    const std::size_t offset = p * per_piece;
+    items.push_back(std::make_unique<detail::user_kernel_piece>(
+        job, offset, std::min(per_piece, count - offset)));
+    impl_->stamp(*items.back());
+  }
+  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
   return future<void>(std::move(state));
 }
 

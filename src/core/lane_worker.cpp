@@ -68,10 +68,13 @@ void lane_worker::close() noexcept {
   if (!stream_) return;
   recover();
   for (auto& s : slots_) {
-    for (int i = 0; i < 2; ++i) {
-      if (s.device[i]) deallocate_bytes(s.device[i], setup_.chunk_bytes);
-      if (s.host[i]) deallocate_pinned(s.host[i], setup_.chunk_bytes);
-      s.device[i] = s.host[i] = nullptr;
+    for (void*& d : s.device) {
+      if (d) deallocate_bytes(d, setup_.chunk_bytes);
+      d = nullptr;
+    }
+    for (void*& h : s.host) {
+      if (h) deallocate_pinned(h, setup_.chunk_bytes);
+      h = nullptr;
     }
   }
   recover();
@@ -80,14 +83,22 @@ void lane_worker::close() noexcept {
   stream_.reset();
 }
 
+namespace {
+void*& buffer_at(std::vector<void*>& buffers, int i) {
+  if (buffers.size() <= static_cast<std::size_t>(i))
+    buffers.resize(static_cast<std::size_t>(i) + 1);
+  return buffers[static_cast<std::size_t>(i)];
+}
+}  // namespace
+
 void* lane_worker::slot_host(int slot, int i) {
-  void*& p = slots_.at(static_cast<std::size_t>(slot)).host[i];
+  void*& p = buffer_at(slots_.at(static_cast<std::size_t>(slot)).host, i);
   if (p == nullptr) p = allocate_pinned(setup_.chunk_bytes);
   return p;
 }
 
 void* lane_worker::slot_device(int slot, int i) {
-  void*& p = slots_.at(static_cast<std::size_t>(slot)).device[i];
+  void*& p = buffer_at(slots_.at(static_cast<std::size_t>(slot)).device, i);
   if (p == nullptr) p = allocate_bytes(setup_.chunk_bytes);
   return p;
 }

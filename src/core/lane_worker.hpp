@@ -89,9 +89,9 @@ class lane_worker final : public lane {
   // For the built-in pipelined kernels (elementwise pieces).
   [[nodiscard]] backend_stream& stream() noexcept { return *stream_; }
   [[nodiscard]] std::size_t chunk_bytes() const noexcept { return setup_.chunk_bytes; }
-  /// Slot `slot`'s pinned host buffer `i` (0 or 1) of `chunk_bytes()`, made on first use.
+  /// Slot `slot`'s pinned host buffer `i` of `chunk_bytes()`, made on first use.
   void* slot_host(int slot, int i);
-  /// Slot `slot`'s device buffer `i` (0 or 1) of `chunk_bytes()`, made on first use.
+  /// Slot `slot`'s device buffer `i` of `chunk_bytes()`, made on first use.
   void* slot_device(int slot, int i);
 
   // Tracing, for the items that know their stages. Each does nothing unless the slot's item is
@@ -111,8 +111,8 @@ class lane_worker final : public lane {
 
  private:
   struct slot_buffers {
-    void* host[2] = {nullptr, nullptr};
-    void* device[2] = {nullptr, nullptr};
+    std::vector<void*> host;    // one pinned buffer per array operand, made on first use
+    std::vector<void*> device;  // likewise on the device
     std::unique_ptr<backend_event> done;
   };
   struct in_flight {

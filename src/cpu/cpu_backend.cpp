@@ -11,6 +11,7 @@
 
 #include "core/backend.hpp"
 #include "core/elementwise_math.hpp"
+#include "cpu/host_compiler.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -45,6 +46,12 @@ void run_elementwise(const void* x, const void* y, void* out, std::size_t n, dou
   for (std::size_t i = 0; i < n; ++i) os[i] = elementwise<O, T>(xs[i], ys ? ys[i] : T{}, a);
 }
 
+class cpu_compiled final : public compiled_kernel {
+ public:
+  explicit cpu_compiled(std::shared_ptr<const host_kernel> f) : function(std::move(f)) {}
+  std::shared_ptr<const host_kernel> function;
+};
+
 class cpu_stream final : public backend_stream {
  public:
   void* native_handle() const noexcept override { return nullptr; }
@@ -72,6 +79,9 @@ class cpu_stream final : public backend_stream {
       run_elementwise<O, T>(x, y, out, count, k.alpha());
     });
   }
+  void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) override {
+    (*static_cast<const cpu_compiled&>(k).function)(args, count);
+  }
   void synchronize() override {}
 };
 
@@ -94,6 +104,11 @@ class cpu_backend final : public backend {
     return std::make_unique<cpu_stream>();
   }
   void prepare_device(int /*ordinal*/) override {}
+  std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& k,
+                                                 const std::vector<bool>& is_array,
+                                                 int /*ordinal*/) override {
+    return std::make_shared<cpu_compiled>(compile_for_host(k, is_array));
+  }
 
  private:
   static std::size_t host_memory_bytes() {

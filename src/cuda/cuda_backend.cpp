@@ -81,6 +81,10 @@ void synchronize_stream(std::uintptr_t stream) {
 
 namespace {
 
+constexpr const char* runtime_kernels_not_built =
+    "gpupool: run-time compiled elementwise kernels run on the CPU backend only so far; the "
+    "CUDA backend's NVRTC path is not built yet";
+
 // Restores the calling thread's current device on scope exit.
 class device_scope {
  public:
@@ -201,6 +205,10 @@ class cuda_stream final : public backend_stream {
               std::size_t count) override {
     cuda::launch_elementwise(k, t, x, y, out, count, stream_);
   }
+  void launch_compiled(const compiled_kernel& /*k*/, void* const* /*args*/,
+                       std::size_t /*count*/) override {
+    throw error(runtime_kernels_not_built);
+  }
   void synchronize() override { GPUPOOL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
  private:
@@ -228,6 +236,12 @@ class cuda_backend final : public backend {
   }
 
   void bind_thread(int ordinal) override { GPUPOOL_CUDA_CHECK(cudaSetDevice(ordinal)); }
+
+  std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& /*k*/,
+                                                 const std::vector<bool>& /*is_array*/,
+                                                 int /*ordinal*/) override {
+    throw error(runtime_kernels_not_built);
+  }
 
   std::unique_ptr<backend_stream> open_stream(int ordinal) override {
     device_scope scope(ordinal);

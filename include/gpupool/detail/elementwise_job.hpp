@@ -15,25 +15,16 @@
 
 namespace gpupool::detail {
 
-/// Shared by every piece of one job. The first piece to start moves the future to running; the
-/// last piece to finish hands the output over; the first failure fails the future and makes the
-/// remaining pieces skip their work.
-class elementwise_job {
+/// Shared by every piece of one job split into pieces. The first piece to start moves the future
+/// to running; the last piece to finish hands the output over; the first failure fails the
+/// future and makes the remaining pieces skip their work.
+class piecewise_job {
  public:
-  elementwise_job(kernel k, dtype t, const void* x, const void* y, std::size_t count)
-      : kernel_(k), type_(t), x_(x), y_(y), count_(count) {}
-  elementwise_job(const elementwise_job&) = delete;
-  elementwise_job& operator=(const elementwise_job&) = delete;
-  virtual ~elementwise_job() = default;
+  piecewise_job() = default;
+  piecewise_job(const piecewise_job&) = delete;
+  piecewise_job& operator=(const piecewise_job&) = delete;
+  virtual ~piecewise_job() = default;
 
-  [[nodiscard]] const kernel& kern() const noexcept { return kernel_; }
-  [[nodiscard]] dtype type() const noexcept { return type_; }
-  [[nodiscard]] const void* x() const noexcept { return x_; }
-  [[nodiscard]] const void* y() const noexcept { return y_; }
-  [[nodiscard]] std::size_t count() const noexcept { return count_; }
-
-  /// Where results go (`count()` elements). Thread-safe; may allocate on first call.
-  virtual void* output() = 0;
   virtual state_base& state() noexcept = 0;
 
   void set_piece_count(std::size_t n) noexcept { remaining_.store(n, std::memory_order_relaxed); }
@@ -58,12 +49,30 @@ class elementwise_job {
   virtual void deliver() = 0;
 
  private:
+  std::atomic<std::size_t> remaining_{0};
+};
+
+/// A built-in kernel over one or two arrays.
+class elementwise_job : public piecewise_job {
+ public:
+  elementwise_job(kernel k, dtype t, const void* x, const void* y, std::size_t count)
+      : kernel_(k), type_(t), x_(x), y_(y), count_(count) {}
+
+  [[nodiscard]] const kernel& kern() const noexcept { return kernel_; }
+  [[nodiscard]] dtype type() const noexcept { return type_; }
+  [[nodiscard]] const void* x() const noexcept { return x_; }
+  [[nodiscard]] const void* y() const noexcept { return y_; }
+  [[nodiscard]] std::size_t count() const noexcept { return count_; }
+
+  /// Where results go (`count()` elements). Thread-safe; may allocate on first call.
+  virtual void* output() = 0;
+
+ private:
   kernel kernel_;
   dtype type_;
   const void* x_;
   const void* y_;
   std::size_t count_;
-  std::atomic<std::size_t> remaining_{0};
 };
 
 /// A map input: results go to a new host_vector<T>, allocated by the first lane that needs it.

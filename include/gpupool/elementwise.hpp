@@ -1,0 +1,104 @@
+// User elementwise kernels from a snippet, compiled at run time, in the spirit of CuPy's
+// ElementwiseKernel: typed inputs and one typed output plus a C++ body, e.g.
+//
+//   gpupool::elementwise_kernel k("float64 x, float64 a", "float64 y", "y = a * x * x + sin(x)");
+//
+// Each input is an array (of the output's length) or a scalar broadcast to every element.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "gpupool/error.hpp"
+#include "gpupool/types.hpp"
+
+namespace gpupool {
+
+/// A kernel's source failed to compile. `what()` carries the compiler's log; `line()` is the
+/// body's line the first error points at (1-based; 0 if unknown).
+class compile_error : public error {
+ public:
+  compile_error(const std::string& message, std::string log, int line)
+      : error(message), log_(std::move(log)), line_(line) {}
+  [[nodiscard]] const std::string& log() const noexcept { return log_; }
+  [[nodiscard]] int line() const noexcept { return line_; }
+
+ private:
+  std::string log_;
+  int line_;
+};
+
+/// One declared parameter.
+struct kernel_parameter {
+  std::string name;
+  dtype type = dtype::float64;
+};
+
+/// An elementwise kernel: a signature and a body. Cheap to copy; compiled on first use, once per
+/// backend, device architecture and array/scalar pattern, and cached in memory and on disk.
+class elementwise_kernel {
+ public:
+  /// @param inputs  comma-separated "type name" pairs; types are float32, float64, int32, int64
+  /// @param output  one "type name" pair
+  /// @param body    C++ statements that assign the output from the inputs, per element
+  /// @param name    a name for traces and messages
+  /// @throw std::invalid_argument for a malformed signature (unknown type, bad or repeated name).
+  elementwise_kernel(const std::string& inputs, const std::string& output, std::string body,
+                     std::string name = "elementwise");
+
+  [[nodiscard]] const std::vector<kernel_parameter>& inputs() const noexcept { return inputs_; }
+  [[nodiscard]] const kernel_parameter& output() const noexcept { return output_; }
+  [[nodiscard]] const std::string& body() const noexcept { return body_; }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+
+ private:
+  std::vector<kernel_parameter> inputs_;
+  kernel_parameter output_;
+  std::string body_;
+  std::string name_;
+};
+
+/// One input of a call: an array of the output's length, or a scalar. Arrays are read in place
+/// and must stay alive until the call's future is ready.
+class kernel_argument {
+ public:
+  template <class T>
+  kernel_argument(std::span<const T> array)  // NOLINT: implicit on purpose
+      : type_(dtype_of<T>()), data_(array.data()), count_(array.size()), is_array_(true) {}
+  template <class T>
+  kernel_argument(const std::vector<T>& array)  // NOLINT: implicit on purpose
+      : kernel_argument(std::span<const T>(array)) {}
+  /// A scalar, converted to the parameter's type at the call.
+  kernel_argument(double value) noexcept  // NOLINT: implicit on purpose
+      : value_(value), integer_(static_cast<std::int64_t>(value)) {}
+  kernel_argument(int value) noexcept : value_(value), integer_(value) {}  // NOLINT
+  kernel_argument(long value) noexcept  // NOLINT: implicit on purpose
+      : value_(static_cast<double>(value)), integer_(value) {}
+
+  [[nodiscard]] bool is_array() const noexcept { return is_array_; }
+  [[nodiscard]] dtype type() const noexcept { return type_; }
+  [[nodiscard]] const void* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  [[nodiscard]] double value() const noexcept { return value_; }
+  [[nodiscard]] std::int64_t integer() const noexcept { return integer_; }
+
+ private:
+  dtype type_ = dtype::float64;
+  const void* data_ = nullptr;
+  std::size_t count_ = 0;
+  bool is_array_ = false;
+  double value_ = 0.0;
+  std::int64_t integer_ = 0;
+};
+
+/// How many kernels this process compiled (rather than found in a cache). Thread-safe.
+[[nodiscard]] std::size_t kernels_compiled() noexcept;
+
+/// Where compiled kernels are kept between processes: GPUPOOL_CACHE_DIR, else
+/// $XDG_CACHE_HOME/gpupool, else ~/.cache/gpupool. Safe to delete or move.
+[[nodiscard]] std::string kernel_cache_directory();
+
+}  // namespace gpupool

@@ -1,0 +1,53 @@
+// What every piece of a piecewise job does the same way: skip when the job is over, count
+// itself out, fail or cancel the whole job.
+#pragma once
+
+#include <cstddef>
+#include <exception>
+#include <memory>
+#include <utility>
+
+#include "gpupool/detail/elementwise_job.hpp"
+#include "gpupool/detail/work_item.hpp"
+#include "gpupool/error.hpp"
+
+namespace gpupool::detail {
+
+template <class Job>
+class job_piece : public work_item {
+ public:
+  job_piece(std::shared_ptr<Job> job, std::size_t offset, std::size_t count)
+      : job_(std::move(job)), offset_(offset), count_(count) {}
+
+  bool claim() override {
+    if (job_->claim_piece()) return true;
+    job_->piece_done();  // cancelled or failed: count this piece out
+    return false;
+  }
+
+  void complete() noexcept override {
+    try {
+      job_->piece_done();
+    } catch (...) {
+      job_->state().set_exception(std::current_exception());
+    }
+  }
+
+  void fail(std::exception_ptr e) noexcept override { job_->piece_failed(std::move(e)); }
+
+  void cancel() noexcept override {
+    if (!job_->state().try_cancel()) {
+      // Other pieces of the job already ran: it cannot end as "cancelled", but it must end.
+      job_->state().set_exception(std::make_exception_ptr(cancelled_error(
+          "gpupool: the executor shut down before every piece of this input was processed")));
+    }
+    job_->piece_done();
+  }
+
+ protected:
+  std::shared_ptr<Job> job_;
+  std::size_t offset_;
+  std::size_t count_;
+};
+
+}  // namespace gpupool::detail

@@ -1,0 +1,144 @@
+#include "core/kernel_source.hpp"
+
+#include <cctype>
+#include <cstdio>
+#include <set>
+#include <sstream>
+#include <stdexcept>
+
+namespace gpupool {
+namespace {
+
+dtype parse_type(const std::string& name, const std::string& where) {
+  if (name == "float32" || name == "float") return dtype::float32;
+  if (name == "float64" || name == "double") return dtype::float64;
+  if (name == "int32" || name == "int") return dtype::int32;
+  if (name == "int64") return dtype::int64;
+  throw std::invalid_argument("gpupool: unknown type '" + name + "' in " + where +
+                              " (use float32, float64, int32 or int64)");
+}
+
+bool is_identifier(const std::string& s) {
+  if (s.empty() || !(std::isalpha(static_cast<unsigned char>(s[0])) || s[0] == '_')) return false;
+  for (char c : s)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '_')) return false;
+  return s.rfind("gpupool_", 0) != 0;  // reserved for the generated code
+}
+
+std::vector<kernel_parameter> parse_parameters(const std::string& text, const std::string& where) {
+  std::vector<kernel_parameter> out;
+  std::stringstream list(text);
+  std::string item;
+  while (std::getline(list, item, ',')) {
+    std::stringstream words(item);
+    std::string type, name, extra;
+    words >> type >> name;
+    if (type.empty() && name.empty()) continue;
+    if (name.empty() || (words >> extra))
+      throw std::invalid_argument("gpupool: '" + item + "' in " + where +
+                                  " is not a 'type name' pair");
+    if (!is_identifier(name))
+      throw std::invalid_argument("gpupool: '" + name + "' in " + where +
+                                  " is not a usable parameter name");
+    out.push_back({name, parse_type(type, where)});
+  }
+  return out;
+}
+
+}  // namespace
+
+elementwise_kernel::elementwise_kernel(const std::string& inputs, const std::string& output,
+                                       std::string body, std::string name)
+    : inputs_(parse_parameters(inputs, "the inputs")),
+      body_(std::move(body)),
+      name_(std::move(name)) {
+  const auto outputs = parse_parameters(output, "the output");
+  if (outputs.size() != 1)
+    throw std::invalid_argument("gpupool: an elementwise kernel has exactly one output");
+  output_ = outputs[0];
+  std::set<std::string> names{output_.name};
+  for (const auto& p : inputs_)
+    if (!names.insert(p.name).second)
+      throw std::invalid_argument("gpupool: parameter '" + p.name + "' is declared twice");
+  if (body_.find_first_not_of(" \t\r\n") == std::string::npos)
+    throw std::invalid_argument("gpupool: the kernel's body is empty");
+}
+
+namespace detail {
+namespace {
+
+const char* host_type(dtype t) {
+  switch (t) {
+    case dtype::float32:
+      return "float";
+    case dtype::float64:
+      return "double";
+    case dtype::int32:
+      return "std::int32_t";
+    case dtype::int64:
+      return "std::int64_t";
+  }
+  return "void";
+}
+
+// Lines of generated code before the body (kept in step with host_source).
+constexpr int host_lines_before_inputs = 8;
+
+}  // namespace
+
+int host_body_first_line(const elementwise_kernel& k) {
+  return host_lines_before_inputs + 2 * static_cast<int>(k.inputs().size()) + 5;
+}
+
+std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is_array) {
+  std::ostringstream s;
+  s << "// gpupool elementwise kernel '" << k.name() << "' (generated)\n"
+    << "#include <cmath>\n"
+    << "#include <cstddef>\n"
+    << "#include <cstdint>\n"
+    << "using namespace std;\n"
+    << "extern \"C\" void " << kernel_entry_point
+    << "(void* const* gpupool_args, std::size_t gpupool_n) {\n"
+    << "  // inputs\n"
+    << "  (void)gpupool_args;\n";
+  // Two lines per input: its pointer, then (inside the loop) its value.
+  std::ostringstream loads;
+  for (std::size_t i = 0; i < k.inputs().size(); ++i) {
+    const auto& p = k.inputs()[i];
+    const char* t = host_type(p.type);
+    s << "  const " << t << "* const gpupool_in" << i << " = static_cast<const " << t
+      << "*>(gpupool_args[" << i << "]);\n";
+    loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i
+          << (is_array[i] ? "[gpupool_i]" : "[0]") << ";\n";
+  }
+  const char* out_t = host_type(k.output().type);
+  s << "  " << out_t << "* const gpupool_out = static_cast<" << out_t << "*>(gpupool_args["
+    << k.inputs().size() << "]);\n"
+    << "  for (std::size_t gpupool_i = 0; gpupool_i < gpupool_n; ++gpupool_i) {\n"
+    << loads.str() << "    " << out_t << ' ' << k.output().name << "{};\n"
+    << "    {\n"
+    << k.body() << "\n;\n"
+    << "    }\n"
+    << "    gpupool_out[gpupool_i] = " << k.output().name << ";\n"
+    << "  }\n"
+    << "}\n";
+  return s.str();
+}
+
+std::uint64_t stable_hash(std::string_view text) noexcept {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::string hex(std::uint64_t value) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));
+  return buf;
+}
+
+}  // namespace detail
+}  // namespace gpupool

@@ -1,0 +1,28 @@
+// Turning an elementwise kernel and a call's array/scalar pattern into source code, and the
+// stable hashes that name compiled kernels in the caches.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "gpupool/elementwise.hpp"
+
+namespace gpupool::detail {
+
+/// The name of the generated entry point, `extern "C"` in every backend's source.
+inline constexpr const char* kernel_entry_point = "gpupool_elementwise";
+
+/// Host C++ for `k` called with arrays where `is_array` is true and scalars elsewhere:
+/// `extern "C" void gpupool_elementwise(void* const* args, std::size_t n)`, where `args` holds
+/// one pointer per input (to the array, or to the scalar's value) and then the output array.
+/// The body's first line is line `body_first_line()` of the source.
+std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
+int host_body_first_line(const elementwise_kernel& k);
+
+/// FNV-1a, 64 bits: a hash that is the same in every process (cache file names).
+std::uint64_t stable_hash(std::string_view text) noexcept;
+std::string hex(std::uint64_t value);
+
+}  // namespace gpupool::detail

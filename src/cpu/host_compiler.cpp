@@ -1,0 +1,188 @@
+#include "cpu/host_compiler.hpp"
+
+#include <dlfcn.h>
+#include <sys/stat.h>
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <future>
+#include <map>
+#include <mutex>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "core/kernel_source.hpp"
+
+namespace gpupool::detail {
+namespace {
+
+constexpr const char* host_flags = "-O2 -std=c++17 -shared -fPIC -w";
+
+std::atomic<std::size_t> compilations{0};
+
+std::string compiler() {
+  for (const char* name : {"GPUPOOL_CXX", "CXX"})
+    if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return v;
+  return "c++";
+}
+
+// Runs `command`, returns its exit status and what it printed (stdout and stderr).
+int run(const std::string& command, std::string& output) {
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) throw error("gpupool: cannot run '" + command + "'");
+  char buf[4096];
+  std::size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, pipe)) > 0) output.append(buf, n);
+  const int status = ::pclose(pipe);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+// The first line of `compiler --version`: part of the cache key, so a new compiler recompiles.
+const std::string& compiler_identity(const std::string& cxx) {
+  static std::mutex m;
+  static std::map<std::string, std::string> known;
+  std::lock_guard lock(m);
+  auto it = known.find(cxx);
+  if (it != known.end()) return it->second;
+  std::string out;
+  if (run(cxx + " --version", out) != 0)
+    throw error("gpupool: the host C++ compiler '" + cxx + "' does not run (" + out +
+                "); set GPUPOOL_CXX to one that does");
+  return known[cxx] = out.substr(0, out.find('\n'));
+}
+
+std::string machine() {
+  utsname u{};
+  return ::uname(&u) == 0 ? u.machine : "unknown";
+}
+
+void make_directories(const std::string& path) {
+  for (std::size_t at = 1; at != std::string::npos; at = path.find('/', at + 1))
+    ::mkdir(path.substr(0, at).c_str(), 0755);
+  ::mkdir(path.c_str(), 0755);
+}
+
+// The body line of the compiler's first error, or 0.
+int error_line(const std::string& log, const std::string& source_path, int body_first_line) {
+  const std::regex pattern(
+      std::regex_replace(source_path, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
+      R"(:(\d+):\d+: (fatal )?error)");
+  std::smatch m;
+  if (!std::regex_search(log, m, pattern)) return 0;
+  const int line = std::stoi(m[1]) - body_first_line + 1;
+  return line >= 1 ? line : 0;
+}
+
+std::shared_ptr<const host_kernel> load(const std::string& library_path) {
+  void* library = ::dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (library == nullptr) return nullptr;
+  auto entry = reinterpret_cast<host_kernel::entry_point>(::dlsym(library, kernel_entry_point));
+  if (entry == nullptr) {
+    ::dlclose(library);
+    return nullptr;
+  }
+  return std::make_shared<const host_kernel>(library, entry);
+}
+
+std::shared_ptr<const host_kernel> build(const elementwise_kernel& k, const std::string& source,
+                                         const std::string& cxx, const std::string& directory,
+                                         const std::string& key) {
+  const std::string library = directory + "/" + key + ".so";
+  if (auto cached = load(library)) return cached;  // another process compiled it already
+
+  make_directories(directory);
+  std::ostringstream unique;
+  unique << directory << "/" << key << "." << ::getpid() << "." << std::this_thread::get_id();
+  const std::string source_path = unique.str() + ".cpp";
+  const std::string temporary = unique.str() + ".so";
+  {
+    std::ofstream out(source_path);
+    if (!(out << source)) throw error("gpupool: cannot write " + source_path);
+  }
+  std::string log;
+  const int status =
+      run(cxx + " " + host_flags + " -o '" + temporary + "' '" + source_path + "'", log);
+  if (status != 0) {
+    const int line = error_line(log, source_path, host_body_first_line(k));
+    std::remove(source_path.c_str());
+    std::remove(temporary.c_str());
+    throw compile_error("gpupool: kernel '" + k.name() + "' does not compile" +
+                            (line > 0 ? " (body line " + std::to_string(line) + ")" : "") + ":\n" +
+                            log,
+                        log, line);
+  }
+  std::remove(source_path.c_str());
+  // Publish atomically: a concurrent process sees the whole library or none.
+  if (std::rename(temporary.c_str(), library.c_str()) != 0) {
+    std::remove(temporary.c_str());
+    throw error("gpupool: cannot store the compiled kernel in " + directory);
+  }
+  ++compilations;
+  auto loaded = load(library);
+  if (!loaded) throw error("gpupool: cannot load " + library + ": " + ::dlerror());
+  return loaded;
+}
+
+}  // namespace
+
+host_kernel::~host_kernel() {
+  ::dlclose(library_);
+}
+
+std::size_t host_compilations() noexcept {
+  return compilations.load();
+}
+
+}  // namespace gpupool::detail
+
+namespace gpupool {
+std::size_t kernels_compiled() noexcept {
+  return detail::host_compilations();
+}
+}  // namespace gpupool
+
+namespace gpupool::detail {
+
+std::shared_ptr<const host_kernel> compile_for_host(const elementwise_kernel& k,
+                                                    const std::vector<bool>& is_array) {
+  const std::string source = host_source(k, is_array);
+  const std::string cxx = compiler();
+  const std::string key = hex(
+      stable_hash(source + '\n' + host_flags + '\n' + compiler_identity(cxx) + '\n' + machine()));
+  const std::string directory = kernel_cache_directory() + "/host";
+
+  // One compilation per kernel per process, however many threads ask for it at once.
+  using pending = std::shared_future<std::shared_ptr<const host_kernel>>;
+  static std::mutex m;
+  static std::map<std::string, pending> compiled;
+  std::promise<std::shared_ptr<const host_kernel>> mine;
+  pending result;
+  bool builder = false;
+  {
+    std::lock_guard lock(m);
+    auto [it, inserted] = compiled.try_emplace(directory + "/" + key, pending{});
+    if (inserted) {
+      it->second = mine.get_future().share();
+      builder = true;
+    }
+    result = it->second;
+  }
+  if (builder) {
+    try {
+      mine.set_value(build(k, source, cxx, directory, key));
+    } catch (...) {
+      mine.set_exception(std::current_exception());
+      std::lock_guard lock(m);
+      compiled.erase(directory + "/" + key);  // let a later call try again
+    }
+  }
+  return result.get();
+}
+
+}  // namespace gpupool::detail
