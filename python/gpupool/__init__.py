@@ -12,6 +12,7 @@ from . import kernels
 from ._executor import Executor, Trace, current_lane
 from ._ext import (
     BackendUnavailableError,
+    CompileError,
     CudaError,
     GpupoolError,
     Lane,
@@ -19,7 +20,22 @@ from ._ext import (
     __version__,
 )
 from ._pinned import empty_pinned, is_pinned, pinned_array, zeros_pinned
+from ._ext import ElementwiseKernel
 from ._ext import cuda_availability as _cuda_availability
+
+
+def elementwise(inputs: str, output: str, body: str, name: str = "elementwise") -> ElementwiseKernel:
+    """An elementwise kernel compiled at run time, in the spirit of CuPy's ElementwiseKernel:
+
+        k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = a * x * x + sin(x)")
+        results = list(ex.map(k, chunks, 2.5))    # numbers are broadcast to every call
+
+    Types: float32, float64, int32, int64. The body is C++ over one element; it runs in C++
+    with the GIL released. Compiled once per process on first use and cached on disk
+    (GPUPOOL_CACHE_DIR, default ~/.cache/gpupool); a syntax error raises gpupool.CompileError
+    with the compiler's log and the body's line. The CPU backend compiles with the host's C++
+    compiler (GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++)."""
+    return ElementwiseKernel(inputs, output, body, name)
 
 
 def cuda_available():
@@ -29,6 +45,7 @@ def cuda_available():
 
 __all__ = [
     "BackendUnavailableError",
+    "CompileError",
     "CudaError",
     "Executor",
     "GpupoolError",
@@ -37,6 +54,8 @@ __all__ = [
     "Trace",
     "__version__",
     "cuda_available",
+    "elementwise",
+    "ElementwiseKernel",
     "current_lane",
     "empty_pinned",
     "is_pinned",

@@ -3,12 +3,13 @@
 import concurrent.futures as _futures
 import contextlib
 import functools
+import numbers
 import sys
 import threading
 import time
 
 from . import _device, _ext
-from ._ext import Kernel
+from ._ext import ElementwiseKernel, Kernel
 
 __all__ = ["Executor", "current_lane"]
 
@@ -133,7 +134,19 @@ class Executor(_futures.Executor):
         back; it stays silent when standard error is not a terminal."""
         del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
-        if isinstance(fn, Kernel):
+        if isinstance(fn, ElementwiseKernel):
+            calls = _elementwise_calls(iterables)
+            with self._lock:
+                self._check_open()
+                pending = []
+                try:
+                    for args in calls:
+                        pending.append(self._core.launch_elementwise(fn, args))
+                except BaseException:
+                    for started in pending:
+                        started.cancel()
+                    raise
+        elif isinstance(fn, Kernel):
             if len(iterables) not in (1, 2):
                 raise TypeError(
                     f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
@@ -190,7 +203,7 @@ class Executor(_futures.Executor):
         return self._core.map_kernel(kernel, xs, ys)
 
     def _submit(self, device, fn, args, kwargs):
-        if isinstance(fn, Kernel):
+        if isinstance(fn, (Kernel, ElementwiseKernel)):
             return self._submit_kernel(device, fn, args, kwargs)
         future = _futures.Future()
         bind = self._bind_frameworks
@@ -218,15 +231,20 @@ class Executor(_futures.Executor):
         return future
 
     def _submit_kernel(self, device, kernel, args, kwargs):
-        if kwargs or len(args) != kernel.arity:
-            raise TypeError(f"gpupool: kernel '{kernel.name}' takes {kernel.arity} array(s)")
         if device is not None:
-            raise TypeError("gpupool: built-in kernels are spread over every device; "
+            raise TypeError("gpupool: kernels over arrays are spread over every device; "
                             "use submit() rather than submit_to()")
+        if kwargs:
+            raise TypeError(f"gpupool: kernel '{kernel.name}' takes no keyword arguments")
+        if isinstance(kernel, Kernel) and len(args) != kernel.arity:
+            raise TypeError(f"gpupool: kernel '{kernel.name}' takes {kernel.arity} array(s)")
         with self._lock:
             self._check_open()
-            pending = self._kernel_futures(
-                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
+            if isinstance(kernel, ElementwiseKernel):
+                pending = self._core.launch_elementwise(kernel, list(args))
+            else:
+                pending = self._kernel_futures(
+                    kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
             future = _futures.Future()
             self._track(future)
 
@@ -306,6 +324,20 @@ def _framework_streams(cupy, torch, stream, ordinal):
     if torch is not None and torch.cuda.is_available():
         torch_stream = torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal))
     return cupy_stream, torch_stream
+
+
+def _elementwise_calls(iterables):
+    """The argument lists of a map over an elementwise kernel: numbers are broadcast to every
+    call, anything else is an iterable with one value (an array, or a number) per call."""
+    columns = [None if isinstance(it, numbers.Number) else list(it) for it in iterables]
+    lengths = {len(c) for c in columns if c is not None}
+    if not lengths:
+        raise TypeError("gpupool: give at least one iterable of arrays")
+    if len(lengths) > 1:
+        raise ValueError("gpupool: the iterables differ in length")
+    count = lengths.pop()
+    return [[it if c is None else c[i] for it, c in zip(iterables, columns)]
+            for i in range(count)]
 
 
 def _with_progress(results, total, label):

@@ -7,6 +7,7 @@ from numpy.typing import NDArray
 
 from gpupool import (
     BackendUnavailableError as BackendUnavailableError,
+    CompileError as CompileError,
     CudaError as CudaError,
     GpupoolError as GpupoolError,
     OutOfMemoryError as OutOfMemoryError
@@ -40,6 +41,27 @@ class Kernel:
 
     @property
     def alpha(self) -> float: ...
+
+    def __repr__(self) -> str: ...
+
+class ElementwiseKernel:
+    """
+    An elementwise kernel compiled at run time from typed parameters and a C++ body.
+    """
+
+    def __init__(self, inputs: str, output: str, body: str, name: str = 'elementwise') -> None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def body(self) -> str: ...
+
+    @property
+    def inputs(self) -> list: ...
+
+    @property
+    def output(self) -> tuple: ...
 
     def __repr__(self) -> str: ...
 
@@ -127,6 +149,8 @@ class Executor:
 
     def map_kernel(self, kernel: Kernel, xs: Sequence, ys: Sequence | None = None) -> list[ArrayFuture]: ...
 
+    def launch_elementwise(self, kernel: ElementwiseKernel, args: Sequence) -> ArrayFuture: ...
+
     def launch_device(self, kernel: Kernel, x: int, y: int, out: int, count: int, dtype: str, ordinal: int, result: object, keep_alive: object) -> ArrayFuture: ...
 
     def shutdown(self, cancel_pending: bool = False) -> None: ...
@@ -172,6 +196,11 @@ def describe_pointer(address: int) -> tuple: ...
 def wait_for_stream(stream: int) -> None: ...
 
 def pinned_bytes_in_use() -> int: ...
+
+def kernels_compiled() -> int:
+    """How many kernels this process compiled (rather than found in a cache)."""
+
+def kernel_cache_directory() -> str: ...
 
 def pinned_memory_stats() -> dict: ...
 

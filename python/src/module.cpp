@@ -30,6 +30,7 @@ PyObject* error_type = nullptr;
 PyObject* cuda_error_type = nullptr;
 PyObject* out_of_memory_type = nullptr;
 PyObject* backend_unavailable_type = nullptr;
+PyObject* compile_error_type = nullptr;
 PyObject* cancelled_type = nullptr;  // concurrent.futures.CancelledError
 
 // The Python exception object a C++ exception becomes (with the GIL held).
@@ -205,6 +206,20 @@ gpupool::dtype dtype_from_name(const std::string& name) {
           .c_str());
 }
 
+nb::dlpack::dtype dlpack_of(gpupool::dtype t) {
+  switch (t) {
+    case gpupool::dtype::float32:
+      return nb::dtype<float>();
+    case gpupool::dtype::float64:
+      return nb::dtype<double>();
+    case gpupool::dtype::int32:
+      return nb::dtype<std::int32_t>();
+    case gpupool::dtype::int64:
+      return nb::dtype<std::int64_t>();
+  }
+  return nb::dtype<double>();
+}
+
 bool is_c_contiguous(const input_array& a) {
   if (a.size() == 0) return true;  // an empty array's strides mean nothing
   std::int64_t expected = 1;
@@ -243,6 +258,19 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which) {
         ("gpupool: " + where + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
             .c_str());
   return a;
+}
+
+// A checked host array as a kernel argument (its dtype is checked against the parameter later).
+gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {
+  const auto t = a.dtype();
+  const std::size_t n = a.size();
+  if (t == nb::dtype<float>())
+    return std::span<const float>(static_cast<const float*>(a.data()), n);
+  if (t == nb::dtype<double>())
+    return std::span<const double>(static_cast<const double*>(a.data()), n);
+  if (t == nb::dtype<std::int32_t>())
+    return std::span<const std::int32_t>(static_cast<const std::int32_t*>(a.data()), n);
+  return std::span<const std::int64_t>(static_cast<const std::int64_t*>(a.data()), n);
 }
 
 std::vector<std::size_t> shape_of(const input_array& a) {
@@ -372,6 +400,48 @@ class py_executor {
                                                    ys ? nb::borrow((*ys)[i]) : nb::none()));
     }
     return out;
+  }
+
+  // Runs a run-time compiled kernel over host arrays (and broadcast scalars): one call, whose
+  // result is a new NumPy array (in pinned memory) shaped like the first array argument.
+  std::unique_ptr<array_future> launch_elementwise(const gpupool::elementwise_kernel& k,
+                                                   nb::sequence args) {
+    const std::size_t n = nb::len(args);
+    if (n != k.inputs().size())
+      throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
+                            std::to_string(k.inputs().size()) + " argument(s), " +
+                            std::to_string(n) + " given")
+                               .c_str());
+    std::vector<gpupool::kernel_argument> arguments;
+    std::vector<input_array> arrays;  // keeps the array views while the arguments point in
+    arrays.reserve(n);
+    const input_array* first = nullptr;
+    for (std::size_t i = 0; i < n; ++i) {
+      nb::handle a = args[i];
+      const std::string& name = k.inputs()[i].name;
+      if (PyFloat_Check(a.ptr())) {
+        arguments.emplace_back(nb::cast<double>(a));
+      } else if (PyLong_Check(a.ptr()) && !PyBool_Check(a.ptr())) {
+        arguments.emplace_back(nb::cast<long>(a));
+      } else {
+        arrays.push_back(as_input(a, i, "argument"));
+        const input_array& view = arrays.back();
+        if (first == nullptr) first = &view;
+        arguments.push_back(argument_of(view, name));
+      }
+    }
+    if (first == nullptr)
+      throw nb::type_error("gpupool: pass at least one array to an elementwise kernel");
+    const std::size_t count = first->size();
+    const auto out_type = k.output().type;
+    auto result = std::make_unique<pinned_block>(count * gpupool::size_of(out_type));
+    gpupool::future<void> f;
+    {
+      nb::gil_scoped_release nogil;  // compiling can take a while
+      f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
+    }
+    return std::make_unique<array_future>(std::move(f), std::move(result), dlpack_of(out_type),
+                                          shape_of(*first), nb::borrow(args), nb::none());
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -522,6 +592,11 @@ void translate_exceptions(const std::exception_ptr& p, void* /*payload*/) {
     instance.attr("code") = e.code();
     instance.attr("call") = e.call();
     PyErr_SetObject(cuda_error_type, instance.ptr());
+  } catch (const gpupool::compile_error& e) {
+    nb::object instance = nb::borrow(compile_error_type)(e.what());
+    instance.attr("log") = e.log();
+    instance.attr("line") = e.line();
+    PyErr_SetObject(compile_error_type, instance.ptr());
   } catch (const gpupool::out_of_memory& e) {
     PyErr_SetString(out_of_memory_type, e.what());
   } catch (const gpupool::cancelled_error& e) {
@@ -554,12 +629,18 @@ NB_MODULE(_ext, m) {
   backend_unavailable_type =
       PyErr_NewExceptionWithDoc("gpupool.BackendUnavailableError",
                                 "The requested backend cannot run here.", error_type, nullptr);
+  compile_error_type = PyErr_NewExceptionWithDoc(
+      "gpupool.CompileError",
+      "A run-time compiled kernel did not compile. Attributes: log (the compiler's output), "
+      "line (the body's line of the first error, 0 if unknown).",
+      error_type, nullptr);
   cancelled_type =
       nb::module_::import_("concurrent.futures").attr("CancelledError").inc_ref().ptr();
   m.attr("GpupoolError") = nb::handle(error_type);
   m.attr("CudaError") = nb::handle(cuda_error_type);
   m.attr("OutOfMemoryError") = nb::handle(out_of_memory_type);
   m.attr("BackendUnavailableError") = nb::handle(backend_unavailable_type);
+  m.attr("CompileError") = nb::handle(compile_error_type);
   nb::register_exception_translator(translate_exceptions);
 
   nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.")
@@ -575,6 +656,28 @@ NB_MODULE(_ext, m) {
         if (k.operation() == gpupool::op::scale || k.operation() == gpupool::op::axpy)
           s += "(" + std::to_string(k.alpha()) + ")";
         return s;
+      });
+
+  nb::class_<gpupool::elementwise_kernel>(
+      m, "ElementwiseKernel",
+      "An elementwise kernel compiled at run time from typed parameters and a C++ body.")
+      .def(nb::init<const std::string&, const std::string&, std::string, std::string>(), "inputs"_a,
+           "output"_a, "body"_a, "name"_a = "elementwise")
+      .def_prop_ro("name", &gpupool::elementwise_kernel::name)
+      .def_prop_ro("body", &gpupool::elementwise_kernel::body)
+      .def_prop_ro("inputs",
+                   [](const gpupool::elementwise_kernel& k) {
+                     nb::list out;
+                     for (const auto& p : k.inputs())
+                       out.append(nb::make_tuple(gpupool::to_string(p.type), p.name));
+                     return out;
+                   })
+      .def_prop_ro("output",
+                   [](const gpupool::elementwise_kernel& k) {
+                     return nb::make_tuple(gpupool::to_string(k.output().type), k.output().name);
+                   })
+      .def("__repr__", [](const gpupool::elementwise_kernel& k) {
+        return "gpupool.elementwise('" + k.name() + "')";
       });
 
   nb::class_<array_future>(m, "ArrayFuture", "The result of a built-in kernel over one array.")
@@ -688,6 +791,7 @@ NB_MODULE(_ext, m) {
       .def("submit_call", &py_executor::submit_call, "call"_a, "on_error"_a,
            "device"_a = nb::none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a = nb::none())
+      .def("launch_elementwise", &py_executor::launch_elementwise, "kernel"_a, "args"_a)
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
@@ -763,6 +867,9 @@ NB_MODULE(_ext, m) {
       },
       "stream"_a);
   m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
+  m.def("kernels_compiled", &gpupool::kernels_compiled,
+        "How many kernels this process compiled (rather than found in a cache).");
+  m.def("kernel_cache_directory", &gpupool::kernel_cache_directory);
   m.def("pinned_memory_stats", []() {
     const auto s = gpupool::pinned_memory_stats();
     nb::dict d;

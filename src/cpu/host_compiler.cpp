@@ -26,10 +26,20 @@ constexpr const char* host_flags = "-O2 -std=c++17 -shared -fPIC -w";
 
 std::atomic<std::size_t> compilations{0};
 
+int run(const std::string& command, std::string& output);
+
+// GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++ that runs.
 std::string compiler() {
   for (const char* name : {"GPUPOOL_CXX", "CXX"})
     if (const char* v = std::getenv(name); v != nullptr && *v != '\0') return v;
-  return "c++";
+  static const std::string found = [] {
+    for (const char* candidate : {"c++", "g++", "clang++"}) {
+      std::string ignored;
+      if (run(std::string(candidate) + " --version", ignored) == 0) return std::string(candidate);
+    }
+    return std::string("c++");
+  }();
+  return found;
 }
 
 // Runs `command`, returns its exit status and what it printed (stdout and stderr).

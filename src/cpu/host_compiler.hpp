@@ -26,7 +26,7 @@ class host_kernel {
 };
 
 /// Compiles (or loads from the caches) `k` for the argument pattern `is_array`. The compiler is
-/// GPUPOOL_CXX, else CXX, else `c++`.
+/// GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++ that runs.
 /// @throw compile_error with the compiler's log; gpupool::error if the compiler cannot be run.
 std::shared_ptr<const host_kernel> compile_for_host(const elementwise_kernel& k,
                                                     const std::vector<bool>& is_array);
