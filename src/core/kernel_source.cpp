@@ -125,6 +125,62 @@ std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is
   return s.str();
 }
 
+namespace {
+// NVRTC compiles without the standard headers: built-in type names only.
+const char* cuda_type(dtype t) {
+  switch (t) {
+    case dtype::float32:
+      return "float";
+    case dtype::float64:
+      return "double";
+    case dtype::int32:
+      return "int";
+    case dtype::int64:
+      return "long long";
+  }
+  return "void";
+}
+constexpr int cuda_lines_before_parameters = 2;
+}  // namespace
+
+int cuda_body_first_line(const elementwise_kernel& k) {
+  // parameters (one a line), output, count, loop head (3 lines), loads, output local, brace.
+  return cuda_lines_before_parameters + static_cast<int>(k.inputs().size()) + 2 + 3 +
+         static_cast<int>(k.inputs().size()) + 2 + 1;
+}
+
+std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array) {
+  std::ostringstream s;
+  s << "// gpupool elementwise kernel '" << k.name() << "' (generated, CUDA)\n"
+    << "extern \"C\" __global__ void " << kernel_entry_point << "(\n";
+  std::ostringstream loads;
+  for (std::size_t i = 0; i < k.inputs().size(); ++i) {
+    const auto& p = k.inputs()[i];
+    const char* t = cuda_type(p.type);
+    if (is_array[i]) {
+      s << "    const " << t << "* __restrict__ gpupool_in" << i << ",\n";
+      loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i << "[gpupool_i];\n";
+    } else {
+      s << "    const " << t << " gpupool_in" << i << ",\n";
+      loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i << ";\n";
+    }
+  }
+  const char* out_t = cuda_type(k.output().type);
+  s << "    " << out_t << "* __restrict__ gpupool_out,\n"
+    << "    unsigned long long gpupool_n) {\n"
+    << "  for (unsigned long long gpupool_i =\n"
+    << "           blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;\n"
+    << "       gpupool_i < gpupool_n; gpupool_i += (unsigned long long)gridDim.x * blockDim.x) {\n"
+    << loads.str() << "    " << out_t << ' ' << k.output().name << "{};\n"
+    << "    {\n"
+    << k.body() << "\n;\n"
+    << "    }\n"
+    << "    gpupool_out[gpupool_i] = " << k.output().name << ";\n"
+    << "  }\n"
+    << "}\n";
+  return s.str();
+}
+
 std::uint64_t stable_hash(std::string_view text) noexcept {
   std::uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : text) {

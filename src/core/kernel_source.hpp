@@ -21,6 +21,12 @@ inline constexpr const char* kernel_entry_point = "gpupool_elementwise";
 std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
 int host_body_first_line(const elementwise_kernel& k);
 
+/// CUDA C++ (for NVRTC) for the same call: `extern "C" __global__ void gpupool_elementwise(...)`
+/// taking, per input, a device array (`const T*`) or the scalar by value, then the output array
+/// and the element count; a grid-stride loop over the elements.
+std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
+int cuda_body_first_line(const elementwise_kernel& k);
+
 /// FNV-1a, 64 bits: a hash that is the same in every process (cache file names).
 std::uint64_t stable_hash(std::string_view text) noexcept;
 std::string hex(std::uint64_t value);

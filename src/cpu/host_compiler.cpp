@@ -1,11 +1,10 @@
 #include "cpu/host_compiler.hpp"
 
 #include <dlfcn.h>
-#include <sys/stat.h>
 #include <sys/utsname.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -13,18 +12,16 @@
 #include <map>
 #include <mutex>
 #include <regex>
-#include <sstream>
 #include <string>
-#include <thread>
 
+#include "core/compile_once.hpp"
+#include "core/kernel_cache.hpp"
 #include "core/kernel_source.hpp"
 
 namespace gpupool::detail {
 namespace {
 
 constexpr const char* host_flags = "-O2 -std=c++17 -shared -fPIC -w";
-
-std::atomic<std::size_t> compilations{0};
 
 int run(const std::string& command, std::string& output);
 
@@ -72,12 +69,6 @@ std::string machine() {
   return ::uname(&u) == 0 ? u.machine : "unknown";
 }
 
-void make_directories(const std::string& path) {
-  for (std::size_t at = 1; at != std::string::npos; at = path.find('/', at + 1))
-    ::mkdir(path.substr(0, at).c_str(), 0755);
-  ::mkdir(path.c_str(), 0755);
-}
-
 // The body line of the compiler's first error, or 0.
 int error_line(const std::string& log, const std::string& source_path, int body_first_line) {
   const std::regex pattern(
@@ -106,11 +97,9 @@ std::shared_ptr<const host_kernel> build(const elementwise_kernel& k, const std:
   const std::string library = directory + "/" + key + ".so";
   if (auto cached = load(library)) return cached;  // another process compiled it already
 
-  make_directories(directory);
-  std::ostringstream unique;
-  unique << directory << "/" << key << "." << ::getpid() << "." << std::this_thread::get_id();
-  const std::string source_path = unique.str() + ".cpp";
-  const std::string temporary = unique.str() + ".so";
+  const std::string unique = directory + "/" + key + "." + unique_suffix();
+  const std::string source_path = unique + ".cpp";
+  const std::string temporary = unique + ".so";
   {
     std::ofstream out(source_path);
     if (!(out << source)) throw error("gpupool: cannot write " + source_path);
@@ -128,12 +117,8 @@ std::shared_ptr<const host_kernel> build(const elementwise_kernel& k, const std:
                         log, line);
   }
   std::remove(source_path.c_str());
-  // Publish atomically: a concurrent process sees the whole library or none.
-  if (std::rename(temporary.c_str(), library.c_str()) != 0) {
-    std::remove(temporary.c_str());
-    throw error("gpupool: cannot store the compiled kernel in " + directory);
-  }
-  ++compilations;
+  publish(temporary, library);  // a concurrent process sees the whole library or none
+  count_compilation();
   auto loaded = load(library);
   if (!loaded) throw error("gpupool: cannot load " + library + ": " + ::dlerror());
   return loaded;
@@ -145,54 +130,16 @@ host_kernel::~host_kernel() {
   ::dlclose(library_);
 }
 
-std::size_t host_compilations() noexcept {
-  return compilations.load();
-}
-
-}  // namespace gpupool::detail
-
-namespace gpupool {
-std::size_t kernels_compiled() noexcept {
-  return detail::host_compilations();
-}
-}  // namespace gpupool
-
-namespace gpupool::detail {
-
 std::shared_ptr<const host_kernel> compile_for_host(const elementwise_kernel& k,
                                                     const std::vector<bool>& is_array) {
   const std::string source = host_source(k, is_array);
   const std::string cxx = compiler();
   const std::string key = hex(
       stable_hash(source + '\n' + host_flags + '\n' + compiler_identity(cxx) + '\n' + machine()));
-  const std::string directory = kernel_cache_directory() + "/host";
+  const std::string directory = cache_folder("host");
 
-  // One compilation per kernel per process, however many threads ask for it at once.
-  using pending = std::shared_future<std::shared_ptr<const host_kernel>>;
-  static std::mutex m;
-  static std::map<std::string, pending> compiled;
-  std::promise<std::shared_ptr<const host_kernel>> mine;
-  pending result;
-  bool builder = false;
-  {
-    std::lock_guard lock(m);
-    auto [it, inserted] = compiled.try_emplace(directory + "/" + key, pending{});
-    if (inserted) {
-      it->second = mine.get_future().share();
-      builder = true;
-    }
-    result = it->second;
-  }
-  if (builder) {
-    try {
-      mine.set_value(build(k, source, cxx, directory, key));
-    } catch (...) {
-      mine.set_exception(std::current_exception());
-      std::lock_guard lock(m);
-      compiled.erase(directory + "/" + key);  // let a later call try again
-    }
-  }
-  return result.get();
+  static compile_once<std::shared_ptr<const host_kernel>> compiled;
+  return compiled.get(directory + "/" + key, [&] { return build(k, source, cxx, directory, key); });
 }
 
 }  // namespace gpupool::detail

@@ -31,7 +31,4 @@ class host_kernel {
 std::shared_ptr<const host_kernel> compile_for_host(const elementwise_kernel& k,
                                                     const std::vector<bool>& is_array);
 
-/// How many kernels this process compiled (not loaded from a cache), for tests and stats.
-std::size_t host_compilations() noexcept;
-
 }  // namespace gpupool::detail

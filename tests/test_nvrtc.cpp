@@ -1,0 +1,71 @@
+// NVRTC compiles the generated CUDA source on any machine with the toolkit (no GPU needed):
+// a CUBIN image for the architecture asked for, a syntax error with NVRTC's log and the body's
+// line, and a disk cache that a fresh process (a fresh cache key) loads without compiling.
+// White-box: these call the CUDA backend's compiler directly.
+#include <gtest/gtest.h>
+
+#include <stdlib.h>
+
+#include <filesystem>
+#include <string>
+
+#include "cuda/nvrtc_compiler.hpp"
+#include "gpupool/gpupool.hpp"
+
+namespace gpupool {
+namespace {
+
+class NvrtcTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string reason;
+    if (!detail::cuda::nvrtc_available(&reason)) GTEST_SKIP() << reason;
+    char dir[] = "/tmp/gpupool-nvrtc-cache-XXXXXX";
+    ASSERT_NE(::mkdtemp(dir), nullptr);
+    cache_ = dir;
+    ::setenv("GPUPOOL_CACHE_DIR", cache_.c_str(), 1);
+  }
+  std::string cache_;
+};
+
+TEST_F(NvrtcTest, CompilesACubinForTheArchitecture) {
+  elementwise_kernel k("float64 x, float64 a", "float64 y", "y = a * x * x + sin(x);", "poly");
+  const std::size_t before = kernels_compiled();
+  auto cubin = detail::cuda::compile_cubin(k, {true, false}, 9, 0);
+  ASSERT_GT(cubin->size(), 64u);
+  EXPECT_EQ(cubin->substr(0, 4), std::string("\x7f"
+                                             "ELF"));
+  EXPECT_EQ(kernels_compiled(), before + 1);
+  // Asked again in this process: no second compilation.
+  auto again = detail::cuda::compile_cubin(k, {true, false}, 9, 0);
+  EXPECT_EQ(*again, *cubin);
+  EXPECT_EQ(kernels_compiled(), before + 1);
+}
+
+TEST_F(NvrtcTest, ASyntaxErrorCarriesTheLogAndTheLine) {
+  elementwise_kernel k("float32 x", "float32 y", "float t = x;\ny = t +* ;", "broken");
+  try {
+    (void)detail::cuda::compile_cubin(k, {true}, 9, 0);
+    FAIL() << "a broken kernel compiled";
+  } catch (const compile_error& e) {
+    EXPECT_EQ(e.line(), 2) << e.log();
+    EXPECT_NE(e.log().find("error"), std::string::npos);
+  }
+}
+
+TEST_F(NvrtcTest, AnotherCacheFolderWithTheImageLoadsWithoutCompiling) {
+  elementwise_kernel k("int32 x", "int32 y", "y = x * 7 + 3;", "seven");
+  auto first = detail::cuda::compile_cubin(k, {true}, 9, 0);
+  // A copy of the cache elsewhere stands for a second process: nothing compiled there yet.
+  char dir[] = "/tmp/gpupool-nvrtc-copy-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::filesystem::copy(cache_, dir, std::filesystem::copy_options::recursive);
+  ::setenv("GPUPOOL_CACHE_DIR", dir, 1);
+  const std::size_t before = kernels_compiled();
+  auto loaded = detail::cuda::compile_cubin(k, {true}, 9, 0);
+  EXPECT_EQ(kernels_compiled(), before);
+  EXPECT_EQ(*loaded, *first);
+}
+
+}  // namespace
+}  // namespace gpupool
