@@ -181,6 +181,29 @@ std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is
   return s.str();
 }
 
+int body_line_of_first_error(std::string_view log, std::string_view prefix, int body_first_line) {
+  std::size_t start = 0;
+  while (start < log.size()) {
+    std::size_t end = log.find('\n', start);
+    if (end == std::string_view::npos) end = log.size();
+    const std::string_view line = log.substr(start, end - start);
+    start = end + 1;
+    const std::size_t at = line.find(prefix);
+    if (at == std::string_view::npos || line.find("error") == std::string_view::npos) continue;
+    int number = 0;
+    bool digits = false;
+    for (std::size_t i = at + prefix.size();
+         i < line.size() && std::isdigit(static_cast<unsigned char>(line[i])); ++i) {
+      number = number * 10 + (line[i] - '0');
+      digits = true;
+    }
+    if (!digits) continue;
+    const int relative = number - body_first_line + 1;
+    return relative >= 1 ? relative : 0;
+  }
+  return 0;
+}
+
 std::uint64_t stable_hash(std::string_view text) noexcept {
   std::uint64_t h = 1469598103934665603ULL;
   for (unsigned char c : text) {

@@ -27,6 +27,11 @@ int host_body_first_line(const elementwise_kernel& k);
 std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
 int cuda_body_first_line(const elementwise_kernel& k);
 
+/// In a compiler's log, the line number written right after `prefix` on the first line that
+/// reports an error (e.g. prefix "k.cu(" in "k.cu(12): error: ..."), made relative to the body
+/// (1 is its first line); 0 if there is none or it lies outside the body.
+int body_line_of_first_error(std::string_view log, std::string_view prefix, int body_first_line);
+
 /// FNV-1a, 64 bits: a hash that is the same in every process (cache file names).
 std::uint64_t stable_hash(std::string_view text) noexcept;
 std::string hex(std::uint64_t value);

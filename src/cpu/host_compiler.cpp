@@ -11,7 +11,6 @@
 #include <future>
 #include <map>
 #include <mutex>
-#include <regex>
 #include <string>
 
 #include "core/compile_once.hpp"
@@ -69,17 +68,6 @@ std::string machine() {
   return ::uname(&u) == 0 ? u.machine : "unknown";
 }
 
-// The body line of the compiler's first error, or 0.
-int error_line(const std::string& log, const std::string& source_path, int body_first_line) {
-  const std::regex pattern(
-      std::regex_replace(source_path, std::regex(R"([.^$|()\[\]{}*+?\\])"), R"(\$&)") +
-      R"(:(\d+):\d+: (fatal )?error)");
-  std::smatch m;
-  if (!std::regex_search(log, m, pattern)) return 0;
-  const int line = std::stoi(m[1]) - body_first_line + 1;
-  return line >= 1 ? line : 0;
-}
-
 std::shared_ptr<const host_kernel> load(const std::string& library_path) {
   void* library = ::dlopen(library_path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (library == nullptr) return nullptr;
@@ -108,7 +96,7 @@ std::shared_ptr<const host_kernel> build(const elementwise_kernel& k, const std:
   const int status =
       run(cxx + " " + host_flags + " -o '" + temporary + "' '" + source_path + "'", log);
   if (status != 0) {
-    const int line = error_line(log, source_path, host_body_first_line(k));
+    const int line = body_line_of_first_error(log, source_path + ":", host_body_first_line(k));
     std::remove(source_path.c_str());
     std::remove(temporary.c_str());
     throw compile_error("gpupool: kernel '" + k.name() + "' does not compile" +

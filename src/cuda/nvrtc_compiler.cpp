@@ -4,7 +4,6 @@
 #include <nvrtc.h>
 
 #include <mutex>
-#include <regex>
 #include <string>
 
 #include "core/compile_once.hpp"
@@ -69,14 +68,6 @@ void check(nvrtcResult r, const char* call) {
     throw error(std::string("gpupool: ") + call + " failed: " + api().error_string(r));
 }
 
-// The body line of NVRTC's first error ("name.cu(12): error: ..."), or 0.
-int error_line(const std::string& log, int body_first_line) {
-  std::smatch m;
-  if (!std::regex_search(log, m, std::regex(R"(\((\d+)\): (catastrophic )?error)"))) return 0;
-  const int line = std::stoi(m[1]) - body_first_line + 1;
-  return line >= 1 ? line : 0;
-}
-
 std::shared_ptr<const std::string> build(const elementwise_kernel& k, const std::string& source,
                                          const std::vector<std::string>& options,
                                          const std::string& path) {
@@ -102,7 +93,7 @@ std::shared_ptr<const std::string> build(const elementwise_kernel& k, const std:
   if (log_size > 0) check(nvrtc.log(program, log.data()), "nvrtcGetProgramLog");
   while (!log.empty() && log.back() == '\0') log.pop_back();
   if (compiled != NVRTC_SUCCESS) {
-    const int line = error_line(log, cuda_body_first_line(k));
+    const int line = body_line_of_first_error(log, k.name() + ".cu(", cuda_body_first_line(k));
     throw compile_error("gpupool: kernel '" + k.name() + "' does not compile for the GPU" +
                             (line > 0 ? " (body line " + std::to_string(line) + ")" : "") + ":\n" +
                             log,
