@@ -79,6 +79,9 @@ int run_info(const pool_flags& flags) {
   std::printf("lanes per device: %d (%d in all)\n", ex.lanes_per_device(), ex.lane_count());
   std::printf("slots per lane:   %d\n", ex.slots_per_lane());
   std::printf("chunk bytes:      %zu\n", ex.chunk_bytes());
+  const auto pinned = gpupool::pinned_memory_stats();
+  std::printf("pinned cache:     up to %.1f GiB\n", gib(pinned.cache_limit));
+  std::printf("kernel cache:     %s\n", gpupool::kernel_cache_directory().c_str());
   std::printf("GPUPOOL_BACKEND=%s CUDA_VISIBLE_DEVICES=%s CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
               env_or("GPUPOOL_BACKEND", "(unset)"), env_or("CUDA_VISIBLE_DEVICES", "(unset)"),
               env_or("CUDA_DEVICE_MAX_CONNECTIONS", "(unset)"));
