@@ -118,9 +118,27 @@ void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
                  demo.trace_path.c_str(), t.records().size());
   }
   if (!demo.timeline_path.empty()) {
-    auto out = open(demo.timeline_path);
-    t.write_svg(out);
-    std::fprintf(stderr, "timeline: %s\n", demo.timeline_path.c_str());
+    const std::string& path = demo.timeline_path;
+    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".png") == 0) {
+      // PNG through the Python package's matplotlib drawing of the same records.
+      const std::string records = path + ".json";
+      {
+        auto out = open(records);
+        t.write_records_json(out);
+      }
+      const std::string command =
+          "python3 -m gpupool.plot timeline \"" + records + "\" \"" + path + "\"";
+      if (std::system(command.c_str()) != 0)
+        throw std::runtime_error(
+            "drawing a PNG timeline needs the gpupool Python package with "
+            "matplotlib (" +
+            command + " failed); ask for an .svg instead");
+      std::remove(records.c_str());
+    } else {
+      auto out = open(path);
+      t.write_svg(out);
+    }
+    std::fprintf(stderr, "timeline: %s\n", path.c_str());
   }
   if (demo.stats) {
     std::ostringstream table;
@@ -228,7 +246,8 @@ int main(int argc, char** argv) {
   demo_cmd->add_flag("--json", demo.json, "print one JSON object instead of the report");
   demo_cmd->add_option("--trace", demo.trace_path,
                        "write the last run's per-task trace here (Chrome trace JSON)");
-  demo_cmd->add_option("--timeline", demo.timeline_path, "draw the last run's timeline here (SVG)");
+  demo_cmd->add_option("--timeline", demo.timeline_path,
+                       "draw the last run's timeline here (.svg; .png needs the Python package)");
   demo_cmd->add_flag("--stats", demo.stats, "print the last run's per-lane stats");
 
   gpupool_cli::bench_flags bench;

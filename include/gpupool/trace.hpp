@@ -81,6 +81,9 @@ class trace {
   void write_svg(std::ostream& out) const;
   /// The stats as an aligned text table.
   void write_stats_table(std::ostream& out) const;
+  /// The records as a JSON list of objects (the fields of task_record; stages as [begin, end]
+  /// or null), with the backend: what `python -m gpupool.plot timeline` draws.
+  void write_records_json(std::ostream& out) const;
 
  private:
   backend_kind backend_ = backend_kind::cpu;

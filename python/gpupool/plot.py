@@ -1,7 +1,9 @@
-"""Draws `gpupool bench` results: ``python -m gpupool.plot bench.json out.png``.
+"""Draws what the command-line tool measured, as PNG (matplotlib):
 
-One line per lane count: GB/s of input against chunk size, with the copy engines' limit (both
-directions at once) as a dashed line."""
+    python -m gpupool.plot bench.json out.png          # `gpupool bench --json`: GB/s per lane
+                                                       # count against chunk size, copy limit dashed
+    python -m gpupool.plot timeline records.json out.png   # a trace's records (Trace.svg's picture)
+"""
 
 import json
 import sys
@@ -45,8 +47,18 @@ def _human(n):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else argv
+    if len(argv) == 3 and argv[0] == "timeline":
+        from ._timeline import draw_png
+
+        with open(argv[1], encoding="utf-8") as f:
+            trace = json.load(f)
+        records = [{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}
+                   for r in trace["records"]]
+        draw_png(records, argv[2], backend=trace["backend"])
+        return
     if len(argv) != 2:
-        raise SystemExit("usage: python -m gpupool.plot bench.json out.png")
+        raise SystemExit("usage: python -m gpupool.plot bench.json out.png\n"
+                         "       python -m gpupool.plot timeline records.json out.png")
     with open(argv[0], encoding="utf-8") as f:
         plot_bench(json.load(f), argv[1])
 

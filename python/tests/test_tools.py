@@ -29,3 +29,15 @@ def test_bench_plot_is_a_png(tmp_path):
     (tmp_path / "bench.json").write_text(json.dumps(results))
     plot_bench(json.loads((tmp_path / "bench.json").read_text()), str(tmp_path / "bench.png"))
     assert (tmp_path / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_timeline_png_from_records_json(executor, tmp_path):
+    pytest.importorskip("matplotlib")
+    from gpupool.plot import main
+
+    with executor.trace() as t:
+        list(executor.map(gpupool.kernels.square, [np.ones(50_000)] * 4))
+    (tmp_path / "records.json").write_text(
+        json.dumps({"backend": executor.backend, "records": t.records()}))
+    main(["timeline", str(tmp_path / "records.json"), str(tmp_path / "timeline.png")])
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

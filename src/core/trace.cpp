@@ -191,6 +191,28 @@ void trace::write_chrome_json(std::ostream& out) const {
   out << "\n]}\n";
 }
 
+void trace::write_records_json(std::ostream& out) const {
+  auto span = [](const span_us& s) {
+    if (!s.present()) return std::string("null");
+    char buf[80];
+    std::snprintf(buf, sizeof buf, "[%.3f, %.3f]", s.begin, s.end);
+    return std::string(buf);
+  };
+  out << "{\"backend\": " << json_string(to_string(backend_)) << ", \"records\": [";
+  for (std::size_t i = 0; i < records_.size(); ++i) {
+    const task_record& r = records_[i];
+    out << (i ? ",\n" : "\n") << "{\"id\": " << r.id << ", \"name\": " << json_string(r.name)
+        << ", \"device\": " << r.device << ", \"lane\": " << r.lane
+        << ", \"submitted\": " << number(r.submitted) << ", \"started\": " << number(r.started)
+        << ", \"stage_in\": " << span(r.stage_in) << ", \"upload\": " << span(r.upload)
+        << ", \"kernel\": " << span(r.kernel) << ", \"download\": " << span(r.download)
+        << ", \"stage_out\": " << span(r.stage_out) << ", \"done\": " << number(r.done)
+        << ", \"bytes_in\": " << r.bytes_in << ", \"bytes_out\": " << r.bytes_out
+        << ", \"failed\": " << (r.failed ? "true" : "false") << "}";
+  }
+  out << "\n]}\n";
+}
+
 void trace::write_stats_table(std::ostream& out) const {
   char line[256];
   std::snprintf(line, sizeof line, "%-8s %-6s %7s %12s %12s %10s %10s %10s %10s %8s\n", "device",
