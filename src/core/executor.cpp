@@ -183,6 +183,24 @@ struct executor::impl {
     item.trace_id = next_id.fetch_add(1, std::memory_order_relaxed);
     item.submitted_us = detail::clock_us(epoch);
   }
+
+  // Splits `job` over `count` elements into pieces of at most chunk_bytes of its widest array
+  // and queues them for every lane.
+  template <class Piece, class Job>
+  void enqueue_pieces(const std::shared_ptr<Job>& job, std::size_t count,
+                      std::size_t widest_element) {
+    const std::size_t per_piece = chunk_bytes / widest_element;
+    const std::size_t pieces = (count + per_piece - 1) / per_piece;
+    job->set_piece_count(pieces);
+    std::vector<detail::work_item_ptr> items;
+    items.reserve(pieces);
+    for (std::size_t p = 0; p < pieces; ++p) {
+      const std::size_t offset = p * per_piece;
+      items.push_back(std::make_unique<Piece>(job, offset, std::min(per_piece, count - offset)));
+      stamp(*items.back());
+    }
+    if (!queue.push_all(items)) throw std::runtime_error(shut_down_message);
+  }
 };
 
 executor::executor(executor_options options) : impl_(std::make_unique<impl>(options)) {}
@@ -293,18 +311,7 @@ void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
 
 void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job) {
   require_open();
-  const std::size_t per_piece = impl_->chunk_bytes / size_of(job->type());
-  const std::size_t pieces = (job->count() + per_piece - 1) / per_piece;
-  job->set_piece_count(pieces);
-  std::vector<detail::work_item_ptr> items;
-  items.reserve(pieces);
-  for (std::size_t p = 0; p < pieces; ++p) {
-    const std::size_t offset = p * per_piece;
-    items.push_back(std::make_unique<detail::elementwise_piece>(
-        job, offset, std::min(per_piece, job->count() - offset)));
-    impl_->stamp(*items.back());
-  }
-  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
+  impl_->enqueue_pieces<detail::elementwise_piece>(job, job->count(), size_of(job->type()));
 }
 
 future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, const void* y,
@@ -390,18 +397,7 @@ future<void> executor::launch_elementwise(const elementwise_kernel& k,
   }
   auto job = std::make_shared<detail::user_kernel_job>(
       k.name(), std::move(compiled), std::move(operands), out, size_of(out_type), count, state);
-  const std::size_t per_piece = impl_->chunk_bytes / widest;
-  const std::size_t pieces = (count + per_piece - 1) / per_piece;
-  job->set_piece_count(pieces);
-  std::vector<detail::work_item_ptr> items;
-  items.reserve(pieces);
-  for (std::size_t p = 0; p < pieces; ++p) {
-    const std::size_t offset = p * per_piece;
-    items.push_back(std::make_unique<detail::user_kernel_piece>(
-        job, offset, std::min(per_piece, count - offset)));
-    impl_->stamp(*items.back());
-  }
-  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
+  impl_->enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
   return future<void>(std::move(state));
 }
 
