@@ -67,18 +67,27 @@ elementwise_kernel::elementwise_kernel(const std::string& inputs, const std::str
 namespace detail {
 namespace {
 
-const char* host_type(dtype t) {
+// A dtype's C++ spelling: with <cstdint> for the host, built-in names only for NVRTC (which
+// compiles without the standard headers).
+const char* cpp_type(dtype t, bool builtin_names_only) {
   switch (t) {
     case dtype::float32:
       return "float";
     case dtype::float64:
       return "double";
     case dtype::int32:
-      return "std::int32_t";
+      return builtin_names_only ? "int" : "std::int32_t";
     case dtype::int64:
-      return "std::int64_t";
+      return builtin_names_only ? "long long" : "std::int64_t";
   }
   return "void";
+}
+
+const char* host_type(dtype t) {
+  return cpp_type(t, false);
+}
+const char* cuda_type(dtype t) {
+  return cpp_type(t, true);
 }
 
 // Lines of generated code before the body (kept in step with host_source).
@@ -126,20 +135,6 @@ std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is
 }
 
 namespace {
-// NVRTC compiles without the standard headers: built-in type names only.
-const char* cuda_type(dtype t) {
-  switch (t) {
-    case dtype::float32:
-      return "float";
-    case dtype::float64:
-      return "double";
-    case dtype::int32:
-      return "int";
-    case dtype::int64:
-      return "long long";
-  }
-  return "void";
-}
 constexpr int cuda_lines_before_parameters = 2;
 }  // namespace
 
