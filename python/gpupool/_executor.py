@@ -241,7 +241,7 @@ class Executor(_futures.Executor):
         with self._lock:
             self._check_open()
             if isinstance(kernel, ElementwiseKernel):
-                pending = self._core.launch_elementwise(kernel, list(args))
+                pending = self._core.launch_elementwise(kernel, _elementwise_arguments(args))
             else:
                 pending = self._kernel_futures(
                     kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
@@ -326,17 +326,34 @@ def _framework_streams(cupy, torch, stream, ordinal):
     return cupy_stream, torch_stream
 
 
+def _as_number(value):
+    """`value` as a Python number if it is one (NumPy scalars and 0-d arrays included), else
+    None."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, numbers.Number):
+        return value.item() if hasattr(value, "item") else value
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return value.item()
+    return None
+
+
+def _elementwise_arguments(args):
+    """One call's arguments: numbers as Python numbers, arrays as they are."""
+    return [value if (number := _as_number(value)) is None else number for value in args]
+
+
 def _elementwise_calls(iterables):
     """The argument lists of a map over an elementwise kernel: numbers are broadcast to every
     call, anything else is an iterable with one value (an array, or a number) per call."""
-    columns = [None if isinstance(it, numbers.Number) else list(it) for it in iterables]
+    columns = [None if _as_number(it) is not None else list(it) for it in iterables]
     lengths = {len(c) for c in columns if c is not None}
     if not lengths:
         raise TypeError("gpupool: give at least one iterable of arrays")
     if len(lengths) > 1:
         raise ValueError("gpupool: the iterables differ in length")
     count = lengths.pop()
-    return [[it if c is None else c[i] for it, c in zip(iterables, columns)]
+    return [_elementwise_arguments([it if c is None else c[i] for it, c in zip(iterables, columns)])
             for i in range(count)]
 
 

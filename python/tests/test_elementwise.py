@@ -90,3 +90,12 @@ def test_a_second_process_loads_the_kernel_without_compiling(tmp_path):
     print(f"first call with compiling: {float(first_s) * 1e3:.1f} ms; "
           f"from the disk cache: {float(second_s) * 1e3:.1f} ms")
     assert list((tmp_path / "cache" / "host").glob("*.so"))
+
+
+def test_numpy_scalars_and_zero_d_arrays_are_broadcast_numbers(cpu_executor):
+    k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = a * x;", "times")
+    x = np.arange(5.0)
+    for scalar in (np.float64(2.0), np.int64(2), np.array(2.0), 2):
+        (out,) = cpu_executor.map(k, [x], scalar)
+        assert out.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0], scalar
+    assert cpu_executor.submit(k, x, np.float32(3.0)).result().tolist() == [0, 3, 6, 9, 12]
