@@ -90,6 +90,18 @@ const char* cuda_type(dtype t) {
   return cpp_type(t, true);
 }
 
+// The end of both sources' element loop: the output local, the user's body in its own scope,
+// the store, and the closing braces. The body starts on the third line this writes.
+void write_element_body(std::ostream& s, const elementwise_kernel& k, const char* out_t) {
+  s << "    " << out_t << ' ' << k.output().name << "{};\n"
+    << "    {\n"
+    << k.body() << "\n;\n"
+    << "    }\n"
+    << "    gpupool_out[gpupool_i] = " << k.output().name << ";\n"
+    << "  }\n"
+    << "}\n";
+}
+
 // Lines of generated code before the body (kept in step with host_source).
 constexpr int host_lines_before_inputs = 8;
 
@@ -124,13 +136,8 @@ std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is
   s << "  " << out_t << "* const gpupool_out = static_cast<" << out_t << "*>(gpupool_args["
     << k.inputs().size() << "]);\n"
     << "  for (std::size_t gpupool_i = 0; gpupool_i < gpupool_n; ++gpupool_i) {\n"
-    << loads.str() << "    " << out_t << ' ' << k.output().name << "{};\n"
-    << "    {\n"
-    << k.body() << "\n;\n"
-    << "    }\n"
-    << "    gpupool_out[gpupool_i] = " << k.output().name << ";\n"
-    << "  }\n"
-    << "}\n";
+    << loads.str();
+  write_element_body(s, k, out_t);
   return s.str();
 }
 
@@ -166,13 +173,8 @@ std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is
     << "  for (unsigned long long gpupool_i =\n"
     << "           blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;\n"
     << "       gpupool_i < gpupool_n; gpupool_i += (unsigned long long)gridDim.x * blockDim.x) {\n"
-    << loads.str() << "    " << out_t << ' ' << k.output().name << "{};\n"
-    << "    {\n"
-    << k.body() << "\n;\n"
-    << "    }\n"
-    << "    gpupool_out[gpupool_i] = " << k.output().name << ";\n"
-    << "  }\n"
-    << "}\n";
+    << loads.str();
+  write_element_body(s, k, out_t);
   return s.str();
 }
 
