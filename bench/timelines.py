@@ -1,6 +1,8 @@
 """W2 (200 x 1,000,000 float64 squared, NumPy in and out) through Executor.map with tracing:
 
-- the cost of tracing: W2 timed with tracing off and on, alternating, medians compared;
+- the cost of tracing: W2 timed in pairs, tracing off and on (which goes first alternates), the
+  median of the pairs' time ratios with a bootstrap 90% confidence interval - pairing cancels the
+  machine's drift, which is larger than the cost being measured;
 - timelines of W2 with 1 lane and with 4 lanes, as PNG pictures (and the 4-lane Chrome trace).
 
 Usage: python bench/timelines.py OUT_DIR [--repeat N]
@@ -19,7 +21,7 @@ import gpupool
 def main():
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("out")
-    parser.add_argument("--repeat", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=40, help="pairs of runs for the cost")
     parser.add_argument("--chunks", type=int, default=200)
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
@@ -41,19 +43,27 @@ def main():
 
     with gpupool.Executor() as ex:
         check(run(ex)[0])
-        off, on = [], []
-        for _ in range(args.repeat):
-            out, seconds = run(ex)
-            off.append(seconds)
-            with ex.trace():
-                traced, seconds = run(ex)
-            on.append(seconds)
-            check(out)
-            check(traced)
-            del out, traced
-        m_off, m_on = statistics.median(off), statistics.median(on)
-        print(f"W2 tracing off: {gigabytes / m_off:.2f} GB/s; on: {gigabytes / m_on:.2f} GB/s; "
-              f"cost {100 * (m_on / m_off - 1):+.1f}% ({args.repeat} runs each, alternating)")
+        ratios, off = [], []
+        for i in range(args.repeat):
+            seconds = {}
+            for traced in ((False, True) if i % 2 == 0 else (True, False)):
+                if traced:
+                    with ex.trace():
+                        out, seconds[traced] = run(ex)
+                else:
+                    out, seconds[traced] = run(ex)
+                if i < 2:  # the results are checked; not every time, to keep the run short
+                    check(out)
+                del out
+            ratios.append(seconds[True] / seconds[False])
+            off.append(seconds[False])
+        median = statistics.median(ratios)
+        resampled = np.median(rng.choice(ratios, (4000, len(ratios))), axis=1)
+        low, high = np.percentile(resampled, [5, 95])
+        print(f"W2 tracing cost: {100 * (median - 1):+.2f}% of the run time (median of "
+              f"{len(ratios)} paired runs; 90% CI {100 * (low - 1):+.2f}% .. "
+              f"{100 * (high - 1):+.2f}%; untraced W2 {gigabytes / statistics.median(off):.2f} "
+              "GB/s)")
 
     for lanes in (1, 4):
         with gpupool.Executor(threads_per_gpu=lanes) as ex:

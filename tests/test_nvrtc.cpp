@@ -67,5 +67,68 @@ TEST_F(NvrtcTest, AnotherCacheFolderWithTheImageLoadsWithoutCompiling) {
   EXPECT_EQ(*loaded, *first);
 }
 
+TEST_F(NvrtcTest, TheImageHoldsTheBatchEntryPoint) {
+  elementwise_kernel k("float32 x, int64 b", "float32 y", "y = x + b;", "with_batch");
+  auto cubin = detail::cuda::compile_cubin(k, {true, false}, 9, 0);
+  EXPECT_NE(cubin->find("gpupool_elementwise_batch"), std::string::npos);
+  EXPECT_NE(cubin->find("gpupool_elementwise"), std::string::npos);
+}
+
+TEST_F(NvrtcTest, RawKernelsGetTheirEntrysLoweredName) {
+  raw_kernel plain(
+      "extern \"C\" __global__ void k1(float* out, unsigned long long n) {"
+      " if (n) out[0] = 1; }",
+      "k1", "", "float32* out");
+  EXPECT_EQ(detail::cuda::compile_raw_cubin(plain, 9, 0)->entry, "k1");
+  raw_kernel mangled(
+      "namespace ns { __global__ void k2(float* out, unsigned long long n) {"
+      " if (n) out[0] = 2; } }",
+      "ns::k2", "", "float32* out");
+  const auto compiled = detail::cuda::compile_raw_cubin(mangled, 9, 0);
+  EXPECT_EQ(compiled->entry.rfind("_Z", 0), 0u) << compiled->entry;
+  EXPECT_NE(compiled->image.find(compiled->entry), std::string::npos);
+  // From the disk cache in "another process": the same name, no compilation.
+  char dir[] = "/tmp/gpupool-nvrtc-raw-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir), nullptr);
+  std::filesystem::copy(cache_, dir, std::filesystem::copy_options::recursive);
+  ::setenv("GPUPOOL_CACHE_DIR", dir, 1);
+  raw_kernel again(
+      "namespace ns { __global__ void k2(float* out, unsigned long long n) {"
+      " if (n) out[0] = 2; } }",
+      "ns::k2", "", "float32* out");
+  const std::size_t before = kernels_compiled();
+  EXPECT_EQ(detail::cuda::compile_raw_cubin(again, 9, 0)->entry, compiled->entry);
+  EXPECT_EQ(kernels_compiled(), before);
+}
+
+TEST_F(NvrtcTest, RawKernelErrorsPointAtTheUsersLine) {
+  raw_kernel broken(
+      "__global__ void k3(float* out, unsigned long long n) {\n"
+      "  out[0] = nope;\n}\n",
+      "k3", "", "float32* out");
+  try {
+    (void)detail::cuda::compile_raw_cubin(broken, 9, 0);
+    FAIL() << "compiled";
+  } catch (const compile_error& e) {
+    EXPECT_EQ(e.line(), 2) << e.log();
+  }
+  raw_kernel missing("__global__ void k4(float* out, unsigned long long n) {}", "k5", "",
+                     "float32* out");
+  EXPECT_THROW((void)detail::cuda::compile_raw_cubin(missing, 9, 0), compile_error);
+}
+
+TEST(RawKernelSignature, ArraysAreMarkedAndBadDeclarationsRefused) {
+  raw_kernel k("x", "f", "float32* x, float64 a, int64 *b", "float32 * y");
+  ASSERT_EQ(k.inputs().size(), 3u);
+  EXPECT_TRUE(k.inputs()[0].array);
+  EXPECT_FALSE(k.inputs()[1].array);
+  EXPECT_TRUE(k.inputs()[2].array);
+  EXPECT_TRUE(k.output().array);
+  EXPECT_THROW(raw_kernel("x", "f", "float32* x", "float32* x"), std::invalid_argument);
+  EXPECT_THROW(raw_kernel("", "f", "", "float32* y"), std::invalid_argument);
+  EXPECT_THROW(raw_kernel("x", "f", "", "float32* y", launch_shape{0, 0}), std::invalid_argument);
+  EXPECT_THROW(elementwise_kernel("float32* x", "float32 y", "y = x;"), std::invalid_argument);
+}
+
 }  // namespace
 }  // namespace gpupool

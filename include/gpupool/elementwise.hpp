@@ -4,6 +4,8 @@
 //   gpupool::elementwise_kernel k("float64 x, float64 a", "float64 y", "y = a * x * x + sin(x)");
 //
 // Each input is an array (of the output's length) or a scalar broadcast to every element.
+//
+// Raw kernels bring their own CUDA source and entry point instead of a body (see raw_kernel).
 #pragma once
 
 #include <cstdint>
@@ -35,6 +37,9 @@ class compile_error : public error {
 struct kernel_parameter {
   std::string name;
   dtype type = dtype::float64;
+  /// Raw kernels only: declared as an array ("float32* x"). Elementwise kernels decide arrays
+  /// and scalars at each call.
+  bool array = false;
 };
 
 /// An elementwise kernel: a signature and a body. Cheap to copy; compiled on first use, once per
@@ -61,8 +66,54 @@ class elementwise_kernel {
   std::string name_;
 };
 
+/// How a raw kernel is launched over the `n` elements of one call: `block` threads per block and
+/// `grid` blocks, or (grid 0) enough blocks for one thread per element.
+struct launch_shape {
+  unsigned block = 256;
+  unsigned grid = 0;
+};
+
+/// A kernel from CUDA source, for users who already have one. The entry point follows the
+/// elementwise calling convention:
+///
+///   __global__ void entry(<inputs>, U* out, unsigned long long n)
+///
+/// where an input declared "float32* x" arrives as a device array (`const float*`) and one
+/// declared "float32 a" as a scalar by value; `out` and every array hold `n` elements. `map` and
+/// `transform` split long arrays into pieces and launch once per piece (with `n` the piece's
+/// length), so the kernel must compute out[i] from the inputs' element i. Inside a task,
+/// `lane::run` launches it once over whole device arrays. The entry may be `extern "C"` or a C++
+/// name. Compiled with NVRTC for each device's architecture, cached like elementwise kernels; the
+/// CPU backend cannot run it and says so.
+class raw_kernel {
+ public:
+  /// @param source  CUDA C++ source defining `entry` (no host code; standard headers are not
+  ///                available, NVRTC's built-ins are)
+  /// @param entry   the kernel's name
+  /// @param inputs  comma-separated "type* name" (array) or "type name" (scalar) pairs
+  /// @param output  one "type* name" (or "type name") pair: the output array
+  /// @throw std::invalid_argument for a malformed signature, empty source or bad shape.
+  raw_kernel(std::string source, std::string entry, const std::string& inputs,
+             const std::string& output, launch_shape shape = {});
+
+  [[nodiscard]] const std::string& source() const noexcept { return source_; }
+  [[nodiscard]] const std::string& entry() const noexcept { return entry_; }
+  [[nodiscard]] const std::string& name() const noexcept { return entry_; }
+  [[nodiscard]] const std::vector<kernel_parameter>& inputs() const noexcept { return inputs_; }
+  [[nodiscard]] const kernel_parameter& output() const noexcept { return output_; }
+  [[nodiscard]] launch_shape shape() const noexcept { return shape_; }
+
+ private:
+  std::string source_;
+  std::string entry_;
+  std::vector<kernel_parameter> inputs_;
+  kernel_parameter output_;
+  launch_shape shape_;
+};
+
 /// One input of a call: an array of the output's length, or a scalar. Arrays are read in place
-/// and must stay alive until the call's future is ready.
+/// and must stay alive until the call's future is ready. (Host memory for `transform`; device
+/// memory for `lane::run` and `executor::map_on_device`, where a device_array converts too.)
 class kernel_argument {
  public:
   template <class T>
@@ -92,6 +143,15 @@ class kernel_argument {
   bool is_array_ = false;
   double value_ = 0.0;
   std::int64_t integer_ = 0;
+};
+
+/// One call of a compiled kernel over arrays already in one device's memory (see
+/// executor::map_on_device): device arrays and scalars in; `count` elements of the output's type
+/// written to `out`, device memory of `count` elements.
+struct device_call {
+  std::vector<kernel_argument> inputs;
+  void* out = nullptr;
+  std::size_t count = 0;
 };
 
 /// How many kernels this process compiled (rather than found in a cache). Thread-safe.

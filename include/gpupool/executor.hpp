@@ -159,6 +159,31 @@ class executor {
                                   const std::vector<kernel_argument>& inputs, dtype out_type,
                                   void* out, std::size_t count);
 
+  /// A raw CUDA kernel over host arrays, streamed in pieces like the above (one launch per
+  /// piece). Array arguments must be given where the kernel declares arrays.
+  /// @throw compile_error; std::invalid_argument for bad calls; backend_unavailable on the CPU
+  ///        backend, which cannot run CUDA source.
+  template <class T>
+  future<void> transform(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                         std::span<T> out) {
+    return launch_raw(k, inputs, dtype_of<T>(), out.data(), out.size());
+  }
+  future<void> launch_raw(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                          dtype out_type, void* out, std::size_t count);
+
+  /// Runs a compiled kernel over many calls whose arrays already live on device `device`
+  /// (device pointers; host memory on the CPU backend). Every call is checked before anything
+  /// runs, the kernel compiled once, and the calls shared out in batches among the device's
+  /// lanes: on CUDA an elementwise kernel runs each batch as one launch, so thousands of small
+  /// arrays cost a few launches, not thousands. The future is ready once every call is done.
+  /// Arrays must stay alive, and not be written by other work, until then.
+  /// @throw std::invalid_argument naming the bad call; compile_error; std::out_of_range for an
+  ///        unknown device.
+  future<void> map_on_device(int device, const elementwise_kernel& k,
+                             const std::vector<device_call>& calls);
+  future<void> map_on_device(int device, const raw_kernel& k,
+                             const std::vector<device_call>& calls);
+
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
   /// futures throw cancelled_error); otherwise they run. Returns once every lane has stopped;
   /// every future is then resolved. Idempotent.

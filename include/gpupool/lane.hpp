@@ -6,7 +6,9 @@
 #include <span>
 #include <stdexcept>
 #include <utility>
+#include <vector>
 
+#include "gpupool/elementwise.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool {
@@ -41,6 +43,10 @@ class device_array {
   [[nodiscard]] std::size_t size() const noexcept { return size_; }
   [[nodiscard]] std::size_t size_bytes() const noexcept { return size_ * sizeof(T); }
   [[nodiscard]] bool empty() const noexcept { return size_ == 0; }
+  /// As an argument of a compiled kernel run on this array's lane (`lane::run`).
+  operator kernel_argument() const noexcept {  // NOLINT: implicit on purpose
+    return kernel_argument(std::span<const T>(data_, size_));
+  }
 
  private:
   friend class lane;
@@ -112,6 +118,21 @@ class lane {
     apply_bytes(k, dtype_of<T>(), x.data(), y.data(), y.data(), y.size());
   }
 
+  /// Runs a compiled kernel once over arrays already on this lane's device: every array input
+  /// (a device_array, or a span over device memory) has `out`'s length; scalars are broadcast.
+  /// The kernel is compiled for this device on first use (cached in memory and on disk).
+  /// @throw compile_error; std::invalid_argument for wrong argument counts, types or sizes;
+  ///        backend_unavailable for a raw kernel on the CPU backend.
+  template <class T>
+  void run(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+           device_array<T>& out) {
+    run_bytes(k, inputs, dtype_of<T>(), out.data(), out.size());
+  }
+  template <class T>
+  void run(const raw_kernel& k, const std::vector<kernel_argument>& inputs, device_array<T>& out) {
+    run_bytes(k, inputs, dtype_of<T>(), out.data(), out.size());
+  }
+
   /// Waits until everything enqueued on this lane's stream has finished.
   virtual void synchronize() = 0;
 
@@ -122,6 +143,11 @@ class lane {
   virtual void download_bytes(void* host_dst, const void* device_src, std::size_t bytes) = 0;
   virtual void apply_bytes(const kernel& k, dtype t, const void* x, const void* y, void* out,
                            std::size_t count) = 0;
+  /// `out` holds `count` elements of `out_type` in device memory.
+  virtual void run_bytes(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+                         dtype out_type, void* out, std::size_t count) = 0;
+  virtual void run_bytes(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                         dtype out_type, void* out, std::size_t count) = 0;
 
  protected:
   lane() = default;

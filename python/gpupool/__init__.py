@@ -20,7 +20,7 @@ from ._ext import (
     __version__,
 )
 from ._pinned import empty_pinned, is_pinned, pinned_array, zeros_pinned
-from ._ext import ElementwiseKernel
+from ._ext import ElementwiseKernel, RawKernel
 from ._ext import cuda_availability as _cuda_availability
 
 
@@ -34,8 +34,28 @@ def elementwise(inputs: str, output: str, body: str, name: str = "elementwise") 
     with the GIL released. Compiled once per process on first use and cached on disk
     (GPUPOOL_CACHE_DIR, default ~/.cache/gpupool); a syntax error raises gpupool.CompileError
     with the compiler's log and the body's line. The CPU backend compiles with the host's C++
-    compiler (GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++)."""
+    compiler (GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++).
+
+    Arguments may also be device arrays (CuPy, PyTorch, CUDA Array Interface): the kernel then
+    runs where they are, with no host copy, and many small arrays share a few launches."""
     return ElementwiseKernel(inputs, output, body, name)
+
+
+def raw_kernel(source: str, entry: str, inputs: str, output: str, *, block: int = 256,
+               grid: int = 0) -> RawKernel:
+    """A kernel from CUDA source, for users who already have one:
+
+        k = gpupool.raw_kernel(source, "saxpy", "float32* x, float32 a, float32* y", "float32* out")
+        results = list(ex.map(k, xs, 2.0, ys))
+
+    The entry point (``extern "C"`` or a C++ name) takes, in order, each input - a device array
+    (``const float*``) where declared ``type* name``, the number by value where declared
+    ``type name`` - then the output array and ``unsigned long long n``, the element count. Host
+    arrays are streamed in pieces with one launch per piece, so ``out[i]`` must depend on the
+    inputs' element ``i``. ``block`` threads per block; ``grid`` blocks, or 0 for one thread per
+    element. Compiled with NVRTC for each GPU's architecture and cached like elementwise kernels;
+    on the CPU backend a call raises BackendUnavailableError (a GPU is needed)."""
+    return RawKernel(source, entry, inputs, output, block, grid)
 
 
 def cuda_available():
@@ -56,6 +76,8 @@ __all__ = [
     "cuda_available",
     "elementwise",
     "ElementwiseKernel",
+    "raw_kernel",
+    "RawKernel",
     "current_lane",
     "empty_pinned",
     "is_pinned",

@@ -108,3 +108,164 @@ def launch(core, kernel, xs, ys):
             vx.dtype.name, vout.device if vx.count else 0, out,
             (vx.obj, vy.obj if vy is not None else None)))
     return futures
+
+
+def _describe(obj, where, streams):
+    """(address, element count, dtype name, ordinal, shape) of one device array; notes the
+    stream its producer may still be writing on in `streams`."""
+    cupy = sys.modules.get("cupy")
+    if cupy is not None and type(obj) is cupy.ndarray:
+        # CuPy's own attributes are much cheaper than building its interface dict per array.
+        if not obj.flags.c_contiguous:
+            raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
+        name = obj.dtype.name
+        if name not in SUPPORTED:
+            raise TypeError(f"gpupool: {where} has unsupported dtype {name}; "
+                            "expected float32, float64, int32 or int64")
+        streams.add(("cupy", cupy.cuda.get_current_stream()))
+        return obj.data.ptr, obj.size, name, obj.device.id, obj.shape
+    view = DeviceArray(obj, where)
+    if view.stream not in (None, 0):
+        streams.add(("cai", view.stream))
+    return view.pointer, view.count, view.dtype.name, view.device, view.shape
+
+
+def _wait_for(streams):
+    for kind, stream in streams:
+        if kind == "cupy":
+            stream.synchronize()
+        else:
+            _ext.wait_for_stream(stream)
+
+
+def _allocate_flat(kind_of, ordinal, count, dtype):
+    """One device buffer of `count` elements, of the same kind (CuPy or PyTorch) as `kind_of`."""
+    module = type(kind_of).__module__.split(".")[0]
+    if module == "torch":
+        torch = sys.modules["torch"]
+        return torch.empty(count, dtype=getattr(torch, dtype), device=f"cuda:{ordinal}")
+    cupy = sys.modules.get("cupy")
+    if cupy is None:
+        raise TypeError("gpupool: results for this kind of device array are made with CuPy; "
+                        "import cupy")
+    with cupy.cuda.Device(ordinal):
+        return cupy.empty(count, dtype)
+
+
+class CompiledMap:
+    """The outputs of a compiled kernel over device-array calls, and the futures of the
+    per-device batches that fill them."""
+
+    def __init__(self, futures, outputs):
+        self._futures = futures
+        self.outputs = outputs
+
+    def results(self, deadline):
+        import time
+
+        try:
+            for future in self._futures:
+                remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
+                future.result(remaining)
+        except TimeoutError as exc:
+            import concurrent.futures
+
+            raise concurrent.futures.TimeoutError() from exc
+        finally:
+            for future in self._futures:
+                if not future.done():
+                    future.cancel()
+        yield from self.outputs
+
+    def single(self):
+        return _SingleResult(self._futures[0], self.outputs[0])
+
+
+class _SingleResult:
+    """An ArrayFuture-like view of a one-call map: its result is that call's output."""
+
+    def __init__(self, future, output):
+        self._future = future
+        self._output = output
+
+    def result(self, timeout=None):
+        self._future.result(timeout)
+        return self._output
+
+    def done(self):
+        return self._future.done()
+
+    def cancel(self):
+        return self._future.cancel()
+
+    def cancelled(self):
+        return self._future.cancelled()
+
+    def add_done_callback(self, callback):
+        self._future.add_done_callback(lambda _: callback(self))
+
+
+def map_compiled(core, kernel, calls):
+    """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
+    device, calls grouped by device, each group one batched map there. Every call is checked
+    before anything runs. Outputs are new arrays of the first array's kind, shape and device
+    (views into one buffer per device)."""
+    out_dtype = kernel.output[0]
+    streams = set()
+    groups = {}  # ordinal -> [call index]
+    described = []
+    for c, args in enumerate(calls):
+        row, first = [], None
+        for i, a in enumerate(args):
+            if isinstance(a, (int, float)):
+                row.append(a)
+                continue
+            if not is_device_array(a):
+                raise TypeError(f"gpupool: call {c} argument {i} is not a device array while "
+                                "others are; pass host arrays and device arrays in separate maps")
+            address, count, dtype, ordinal, shape = _describe(a, f"call {c} argument {i}", streams)
+            if first is None:
+                first = (a, count, ordinal, shape)
+            elif count and ordinal != first[2]:
+                raise ValueError(f"gpupool: call {c} has arrays on GPUs {first[2]} and {ordinal}")
+            row.append((address, count, dtype))
+        if first is None:
+            raise TypeError(f"gpupool: call {c} of kernel '{kernel.name}' has no array")
+        described.append((row, first))
+        groups.setdefault(max(first[2], 0), []).append(c)  # empty arrays may not know theirs
+
+    outputs = [None] * len(calls)
+    futures = []
+    for ordinal, members in groups.items():
+        total = sum(described[c][1][1] for c in members)
+        anchor = described[members[0]][1][0]
+        target = ordinal
+        flat = _allocate_flat(anchor, target, max(total, 1), out_dtype)
+        base = flat.data.ptr if hasattr(flat, "data") and hasattr(flat.data, "ptr") \
+            else flat.data_ptr()
+        itemsize = np.dtype(out_dtype).itemsize
+        rows, outs, counts, offset = [], [], [], 0
+        for c in members:
+            row, (_, count, _, shape) = described[c]
+            view = flat[offset:offset + count]
+            outputs[c] = view if len(shape) == 1 else view.reshape(shape)
+            rows.append(row)
+            outs.append(base + offset * itemsize)
+            counts.append(count)
+            offset += count
+        # The outputs come from the framework's pool on its current stream: wait for that too.
+        if type(flat).__module__.split(".")[0] == "cupy":
+            streams.add(("cupy", sys.modules["cupy"].cuda.get_current_stream()))
+        futures.append((target, members, rows, outs, counts))
+    _wait_for(streams)
+    keep_alive = tuple(calls)
+    started = []
+    try:
+        for target, members, rows, outs, counts in futures:
+            started.append(core.map_on_device(kernel, target, rows, outs, counts,
+                                              [outputs[c] for c in members], keep_alive))
+    except BaseException:
+        for future in started:
+            future.cancel()
+        raise
+    return CompiledMap(started, outputs)

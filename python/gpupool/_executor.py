@@ -9,7 +9,9 @@ import threading
 import time
 
 from . import _device, _ext
-from ._ext import ElementwiseKernel, Kernel
+from ._ext import ElementwiseKernel, Kernel, RawKernel
+
+_COMPILED = (ElementwiseKernel, RawKernel)
 
 __all__ = ["Executor", "current_lane"]
 
@@ -134,14 +136,21 @@ class Executor(_futures.Executor):
         back; it stays silent when standard error is not a terminal."""
         del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
-        if isinstance(fn, ElementwiseKernel):
+        if isinstance(fn, _COMPILED):
             calls = _elementwise_calls(iterables)
             with self._lock:
                 self._check_open()
+                if calls and any(_device.is_device_array(a) for a in calls[0]):
+                    if self.backend != "cuda":
+                        raise TypeError("gpupool: device arrays need the CUDA backend")
+                    results = _device.map_compiled(self._core, fn, calls).results(deadline)
+                    if progress:
+                        results = _with_progress(results, len(calls), fn.name)
+                    return results
                 pending = []
                 try:
                     for args in calls:
-                        pending.append(self._core.launch_elementwise(fn, args))
+                        pending.append(self._core.launch_compiled(fn, args))
                 except BaseException:
                     for started in pending:
                         started.cancel()
@@ -203,7 +212,7 @@ class Executor(_futures.Executor):
         return self._core.map_kernel(kernel, xs, ys)
 
     def _submit(self, device, fn, args, kwargs):
-        if isinstance(fn, (Kernel, ElementwiseKernel)):
+        if isinstance(fn, (Kernel, *_COMPILED)):
             return self._submit_kernel(device, fn, args, kwargs)
         future = _futures.Future()
         bind = self._bind_frameworks
@@ -240,8 +249,14 @@ class Executor(_futures.Executor):
             raise TypeError(f"gpupool: kernel '{kernel.name}' takes {kernel.arity} array(s)")
         with self._lock:
             self._check_open()
-            if isinstance(kernel, ElementwiseKernel):
-                pending = self._core.launch_elementwise(kernel, _elementwise_arguments(args))
+            if isinstance(kernel, _COMPILED):
+                arguments = _elementwise_arguments(args)
+                if any(_device.is_device_array(a) for a in arguments):
+                    if self.backend != "cuda":
+                        raise TypeError("gpupool: device arrays need the CUDA backend")
+                    pending = _device.map_compiled(self._core, kernel, [arguments]).single()
+                else:
+                    pending = self._core.launch_compiled(kernel, arguments)
             else:
                 pending = self._kernel_futures(
                     kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]

@@ -1,6 +1,7 @@
 """gpupool's C++ core (internal; use the gpupool package)"""
 
 from collections.abc import Callable, Sequence
+from typing import overload
 
 import numpy
 from numpy.typing import NDArray
@@ -56,6 +57,37 @@ class ElementwiseKernel:
 
     @property
     def body(self) -> str: ...
+
+    @property
+    def inputs(self) -> list: ...
+
+    @property
+    def output(self) -> tuple: ...
+
+    def __repr__(self) -> str: ...
+
+class LaunchShape:
+    """How a raw kernel is launched."""
+
+    @property
+    def block(self) -> int: ...
+
+    @property
+    def grid(self) -> int: ...
+
+class RawKernel:
+    """A kernel from CUDA source with a named entry point."""
+
+    def __init__(self, source: str, entry: str, inputs: str, output: str, block: int = 256, grid: int = 0) -> None: ...
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def source(self) -> str: ...
+
+    @property
+    def shape(self) -> LaunchShape: ...
 
     @property
     def inputs(self) -> list: ...
@@ -149,7 +181,17 @@ class Executor:
 
     def map_kernel(self, kernel: Kernel, xs: Sequence, ys: Sequence | None = None) -> list[ArrayFuture]: ...
 
-    def launch_elementwise(self, kernel: ElementwiseKernel, args: Sequence) -> ArrayFuture: ...
+    @overload
+    def launch_compiled(self, kernel: ElementwiseKernel, args: Sequence) -> ArrayFuture: ...
+
+    @overload
+    def launch_compiled(self, kernel: RawKernel, args: Sequence) -> ArrayFuture: ...
+
+    @overload
+    def map_on_device(self, kernel: ElementwiseKernel, ordinal: int, calls: list, outs: Sequence[int], counts: Sequence[int], result: object, keep_alive: object) -> ArrayFuture: ...
+
+    @overload
+    def map_on_device(self, kernel: RawKernel, ordinal: int, calls: list, outs: Sequence[int], counts: Sequence[int], result: object, keep_alive: object) -> ArrayFuture: ...
 
     def launch_device(self, kernel: Kernel, x: int, y: int, out: int, count: int, dtype: str, ordinal: int, result: object, keep_alive: object) -> ArrayFuture: ...
 

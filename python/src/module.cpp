@@ -5,6 +5,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
@@ -15,6 +16,7 @@
 #include <sstream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -404,8 +406,10 @@ class py_executor {
 
   // Runs a run-time compiled kernel over host arrays (and broadcast scalars): one call, whose
   // result is a new NumPy array (in pinned memory) shaped like the first array argument.
-  std::unique_ptr<array_future> launch_elementwise(const gpupool::elementwise_kernel& k,
-                                                   nb::sequence args) {
+  // A compiled kernel (elementwise or raw) over host arrays and numbers; the result is a new
+  // array in pinned memory shaped like the first array argument.
+  template <class K>
+  std::unique_ptr<array_future> launch_compiled(const K& k, nb::sequence args) {
     const std::size_t n = nb::len(args);
     if (n != k.inputs().size())
       throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
@@ -431,17 +435,60 @@ class py_executor {
       }
     }
     if (first == nullptr)
-      throw nb::type_error("gpupool: pass at least one array to an elementwise kernel");
+      throw nb::type_error(
+          ("gpupool: pass at least one array to kernel '" + k.name() + "'").c_str());
     const std::size_t count = first->size();
     const auto out_type = k.output().type;
     auto result = std::make_unique<pinned_block>(count * gpupool::size_of(out_type));
     gpupool::future<void> f;
     {
       nb::gil_scoped_release nogil;  // compiling can take a while
-      f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
+      if constexpr (std::is_same_v<K, gpupool::raw_kernel>)
+        f = get().launch_raw(k, arguments, out_type, result->data(), count);
+      else
+        f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
     }
     return std::make_unique<array_future>(std::move(f), std::move(result), dlpack_of(out_type),
                                           shape_of(*first), nb::borrow(args), nb::none());
+  }
+
+  // A compiled kernel over many calls on arrays already on GPU `ordinal`. `calls[i]` lists the
+  // call's arguments: numbers, or (address, element count, dtype name) for device arrays;
+  // `outs[i]` is the address of its output of `counts[i]` elements. One future for all calls;
+  // its result is `result` (the output arrays, made by the caller).
+  template <class K>
+  std::unique_ptr<array_future> map_on_device(const K& k, int ordinal, nb::list calls,
+                                              const std::vector<std::uintptr_t>& outs,
+                                              const std::vector<std::size_t>& counts,
+                                              nb::object result, nb::object keep_alive) {
+    const int device = device_of_ordinal(ordinal);
+    if (outs.size() != nb::len(calls) || counts.size() != outs.size())
+      throw nb::value_error("gpupool: calls, outputs and counts differ in number");
+    std::vector<gpupool::device_call> work(outs.size());
+    for (std::size_t c = 0; c < work.size(); ++c) {
+      nb::list args = nb::borrow<nb::list>(calls[c]);
+      auto& inputs = work[c].inputs;
+      inputs.reserve(nb::len(args));
+      for (nb::handle a : args) {
+        if (PyFloat_Check(a.ptr())) {
+          inputs.emplace_back(nb::cast<double>(a));
+        } else if (PyLong_Check(a.ptr())) {
+          inputs.emplace_back(nb::cast<long>(a));
+        } else {
+          auto [address, count, type] =
+              nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string>>(a);
+          inputs.push_back(device_argument(address, count, dtype_from_name(type)));
+        }
+      }
+      work[c].out = reinterpret_cast<void*>(outs[c]);
+      work[c].count = counts[c];
+    }
+    gpupool::future<void> f;
+    {
+      nb::gil_scoped_release nogil;
+      f = get().map_on_device(device, k, work);
+    }
+    return std::make_unique<array_future>(std::move(f), std::move(result), std::move(keep_alive));
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -451,13 +498,7 @@ class py_executor {
                                               std::size_t count, const std::string& type,
                                               int ordinal, nb::object result,
                                               nb::object keep_alive) {
-    int device = -1;
-    for (const auto& d : get().devices())
-      if (d.ordinal == ordinal) device = d.id;
-    if (device < 0)
-      throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
-                             ", which this executor does not use")
-                                .c_str());
+    const int device = device_of_ordinal(ordinal);
     if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
     const gpupool::dtype t = dtype_from_name(type);
     auto f = get().submit_to(device, [=](gpupool::lane& l) {
@@ -475,6 +516,29 @@ class py_executor {
   }
 
  private:
+  int device_of_ordinal(int ordinal) {
+    for (const auto& d : get().devices())
+      if (d.ordinal == ordinal) return d.id;
+    throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
+                           ", which this executor does not use")
+                              .c_str());
+  }
+
+  static gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
+                                                  gpupool::dtype t) {
+    switch (t) {
+      case gpupool::dtype::float32:
+        return std::span<const float>(reinterpret_cast<const float*>(address), count);
+      case gpupool::dtype::float64:
+        return std::span<const double>(reinterpret_cast<const double*>(address), count);
+      case gpupool::dtype::int32:
+        return std::span<const std::int32_t>(reinterpret_cast<const std::int32_t*>(address), count);
+      case gpupool::dtype::int64:
+        break;
+    }
+    return std::span<const std::int64_t>(reinterpret_cast<const std::int64_t*>(address), count);
+  }
+
   template <class T>
   gpupool::future<void> launch_typed(const gpupool::kernel& k, const input_array& x,
                                      const input_array* y, void* out) {
@@ -680,6 +744,37 @@ NB_MODULE(_ext, m) {
         return "gpupool.elementwise('" + k.name() + "')";
       });
 
+  nb::class_<gpupool::launch_shape>(m, "LaunchShape", "How a raw kernel is launched.")
+      .def_ro("block", &gpupool::launch_shape::block)
+      .def_ro("grid", &gpupool::launch_shape::grid);
+
+  nb::class_<gpupool::raw_kernel>(m, "RawKernel",
+                                  "A kernel from CUDA source with a named entry point.")
+      .def(
+          "__init__",
+          [](gpupool::raw_kernel* self, std::string source, std::string entry,
+             const std::string& inputs, const std::string& output, unsigned block, unsigned grid) {
+            new (self) gpupool::raw_kernel(std::move(source), std::move(entry), inputs, output,
+                                           gpupool::launch_shape{block, grid});
+          },
+          "source"_a, "entry"_a, "inputs"_a, "output"_a, "block"_a = 256u, "grid"_a = 0u)
+      .def_prop_ro("name", &gpupool::raw_kernel::name)
+      .def_prop_ro("source", &gpupool::raw_kernel::source)
+      .def_prop_ro("shape", &gpupool::raw_kernel::shape)
+      .def_prop_ro("inputs",
+                   [](const gpupool::raw_kernel& k) {
+                     nb::list out;
+                     for (const auto& p : k.inputs())
+                       out.append(nb::make_tuple(gpupool::to_string(p.type), p.name, p.array));
+                     return out;
+                   })
+      .def_prop_ro("output",
+                   [](const gpupool::raw_kernel& k) {
+                     return nb::make_tuple(gpupool::to_string(k.output().type), k.output().name);
+                   })
+      .def("__repr__",
+           [](const gpupool::raw_kernel& k) { return "gpupool.raw_kernel('" + k.name() + "')"; });
+
   nb::class_<array_future>(m, "ArrayFuture", "The result of a built-in kernel over one array.")
       .def("result", &array_future::result, "timeout"_a = nb::none())
       .def("done", &array_future::done)
@@ -791,7 +886,14 @@ NB_MODULE(_ext, m) {
       .def("submit_call", &py_executor::submit_call, "call"_a, "on_error"_a,
            "device"_a = nb::none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a = nb::none())
-      .def("launch_elementwise", &py_executor::launch_elementwise, "kernel"_a, "args"_a)
+      .def("launch_compiled", &py_executor::launch_compiled<gpupool::elementwise_kernel>,
+           "kernel"_a, "args"_a)
+      .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
+           "args"_a)
+      .def("map_on_device", &py_executor::map_on_device<gpupool::elementwise_kernel>, "kernel"_a,
+           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
+      .def("map_on_device", &py_executor::map_on_device<gpupool::raw_kernel>, "kernel"_a,
+           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)

@@ -1,5 +1,6 @@
-"""gpupool.elementwise: one-line kernels compiled at run time, mapped over NumPy arrays in C++.
-These run on the CPU backend (host compiler); the CUDA backend's NVRTC path comes later."""
+"""gpupool.elementwise and gpupool.raw_kernel: kernels compiled at run time, mapped over NumPy
+arrays in C++ on every backend (host compiler on the CPU, NVRTC on CUDA), and over device arrays
+(CuPy, PyTorch) on the GPU."""
 
 import os
 import subprocess
@@ -12,8 +13,17 @@ import pytest
 
 
 @pytest.fixture
-def cpu_executor():
-    with gpupool.Executor(threads_per_gpu=2, backend="cpu", chunk_bytes=64 << 10) as ex:
+def cpu_executor(backend):
+    """Despite the name, on each backend: the CPU everywhere, CUDA where a GPU is usable."""
+    with gpupool.Executor(threads_per_gpu=2, backend=backend, chunk_bytes=64 << 10) as ex:
+        yield ex
+
+
+@pytest.fixture
+def gpu_executor():
+    if not gpupool.cuda_available()[0]:
+        pytest.skip("no usable GPU")
+    with gpupool.Executor(threads_per_gpu=4, backend="cuda") as ex:
         yield ex
 
 
@@ -33,14 +43,15 @@ def test_results_equal_numpy(cpu_executor, dtype):
         if dtype.startswith("int"):
             assert np.array_equal(o, want)
         else:
-            assert np.allclose(o, want, rtol=1e-5 if dtype == "float32" else 1e-12)
+            # (the GPU may fuse a multiply and an add into one rounding)
+            assert np.allclose(o, want, rtol=1e-5 if dtype == "float32" else 1e-12, atol=1e-5)
 
 
 def test_arrays_and_scalars_mix_and_submit_works(cpu_executor):
     k = gpupool.elementwise("float64 x, float64 w", "float64 y", "y = w * x + sin(x);", "mix")
     x = np.linspace(-3, 3, 10_000)
     w = np.random.default_rng(2).random(10_000)
-    assert np.allclose(cpu_executor.submit(k, x, w).result(), w * x + np.sin(x))
+    assert np.allclose(cpu_executor.submit(k, x, w).result(), w * x + np.sin(x), rtol=1e-12)
     (out,) = cpu_executor.map(k, [x], 0.5)
     assert np.allclose(out, 0.5 * x + np.sin(x))
     m = x.reshape(100, 100)
@@ -99,3 +110,86 @@ def test_numpy_scalars_and_zero_d_arrays_are_broadcast_numbers(cpu_executor):
         (out,) = cpu_executor.map(k, [x], scalar)
         assert out.tolist() == [0.0, 2.0, 4.0, 6.0, 8.0], scalar
     assert cpu_executor.submit(k, x, np.float32(3.0)).result().tolist() == [0, 3, 6, 9, 12]
+
+
+SAXPY = r"""
+extern "C" __global__ void saxpy(const float* x, float a, const float* y, float* out,
+                                 unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    out[i] = a * x[i] + y[i];
+}
+"""
+
+
+def test_raw_kernels_run_on_the_gpu_and_say_why_not_on_the_cpu(cpu_executor):
+    k = gpupool.raw_kernel(SAXPY, "saxpy", "float32* x, float32 a, float32* y", "float32* out")
+    assert k.name == "saxpy" and k.inputs[0] == ("float32", "x", True)
+    rng = np.random.default_rng(3)
+    xs = [rng.random(n, dtype=np.float32) for n in (5, 100_000)]
+    ys = [rng.random(n, dtype=np.float32) for n in (5, 100_000)]
+    if cpu_executor.backend == "cpu":
+        with pytest.raises(gpupool.BackendUnavailableError, match="needs a GPU"):
+            cpu_executor.map(k, xs, 2.0, ys)
+        return
+    for out, x, y in zip(cpu_executor.map(k, xs, 2.0, ys), xs, ys):
+        assert np.allclose(out, 2.0 * x + y, rtol=1e-6)
+    with pytest.raises(ValueError, match="must be an array"):
+        cpu_executor.map(k, xs, 2.0, 3.0)
+
+
+def test_raw_kernel_signatures_are_checked():
+    with pytest.raises(ValueError, match="exactly one output"):
+        gpupool.raw_kernel(SAXPY, "saxpy", "float32* x", "float32* a, float32* b")
+    with pytest.raises(ValueError, match="block"):
+        gpupool.raw_kernel(SAXPY, "saxpy", "float32* x", "float32* y", block=4096)
+
+
+FMA_CHAIN = "float v = x;\nfor (int i = 0; i < 64; ++i) v = v * a + b;\ny = v;"
+
+
+def _fma_chain(x, a, b):
+    v = x.astype(np.float64)
+    for _ in range(64):
+        v = v * a + b
+    return v
+
+
+@pytest.mark.gpu
+def test_many_small_cupy_arrays_stay_on_the_gpu(gpu_executor):
+    cp = pytest.importorskip("cupy")
+    k = gpupool.elementwise("float32 x, float32 a, float32 b", "float32 y", FMA_CHAIN, "chain")
+    rng = np.random.default_rng(9)
+    host = [rng.uniform(-1, 1, n).astype(np.float32) for n in [1, 7, 16384] * 100 + [0]]
+    chunks = [cp.asarray(h) for h in host]
+    out = list(gpu_executor.map(k, chunks, 0.99, 0.01))
+    assert len(out) == len(chunks)
+    for o, h in zip(out, host):
+        assert isinstance(o, cp.ndarray) and o.shape == h.shape and o.dtype == np.float32
+        assert np.allclose(cp.asnumpy(o), _fma_chain(h, 0.99, 0.01), rtol=1e-4, atol=1e-5)
+    # Shapes are kept, and one call through submit works too.
+    m = cp.asarray(rng.random((30, 40), dtype=np.float32))
+    got = gpu_executor.submit(k, m, 0.5, 0.0).result()
+    assert got.shape == (30, 40)
+    assert np.allclose(cp.asnumpy(got), _fma_chain(cp.asnumpy(m), 0.5, 0.0), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_raw_kernels_and_torch_tensors_on_the_gpu(gpu_executor):
+    torch = pytest.importorskip("torch")
+    k = gpupool.raw_kernel(SAXPY, "saxpy", "float32* x, float32 a, float32* y", "float32* out")
+    xs = [torch.rand(n, device="cuda") for n in (3, 5000, 70_000)]
+    ys = [torch.rand(n, device="cuda") for n in (3, 5000, 70_000)]
+    for out, x, y in zip(gpu_executor.map(k, xs, 3.0, ys), xs, ys):
+        assert isinstance(out, torch.Tensor) and out.device.type == "cuda"
+        assert torch.allclose(out, 3.0 * x + y)
+
+
+@pytest.mark.gpu
+def test_host_and_device_arrays_do_not_mix(gpu_executor):
+    cp = pytest.importorskip("cupy")
+    k = gpupool.elementwise("float64 x, float64 y", "float64 z", "z = x + y;", "plus")
+    with pytest.raises(TypeError, match="not a device array"):
+        gpu_executor.map(k, [cp.ones(4)], [np.ones(4)])
+    with pytest.raises(ValueError, match="elements"):
+        gpu_executor.map(k, [cp.ones(4)], [cp.ones(5)])

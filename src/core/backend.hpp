@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,7 +40,13 @@ class backend_timer {
 /// A user kernel compiled for one backend (and device architecture).
 class compiled_kernel {
  public:
+  explicit compiled_kernel(std::vector<bool> is_array) : is_array_(std::move(is_array)) {}
   virtual ~compiled_kernel() = default;
+  /// Per input: an array (true) or a scalar.
+  [[nodiscard]] const std::vector<bool>& is_array() const noexcept { return is_array_; }
+
+ private:
+  std::vector<bool> is_array_;
 };
 
 /// One lane's ordered queue of device work. Used only from its lane's thread.
@@ -64,6 +71,12 @@ class backend_stream {
   /// array or a pointer to the scalar's value (host memory, read before this returns), then the
   /// output device array.
   virtual void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) = 0;
+  /// Enqueues `rows` calls of `k` at once. `table` holds, per row, one 8-byte slot per input
+  /// (the device array's address, or the scalar's bytes from the slot's start), the output's
+  /// address and the element count. This default launches each row on its own; backends that
+  /// can run a whole table in one launch override it.
+  virtual void launch_compiled_batch(const compiled_kernel& k, const std::uint64_t* table,
+                                     std::size_t rows);
   virtual void synchronize() = 0;
 };
 
@@ -85,6 +98,10 @@ class backend {
   /// elsewhere. Cached; thread-safe. @throw compile_error with the compiler's log.
   [[nodiscard]] virtual std::shared_ptr<const compiled_kernel> compile(
       const elementwise_kernel& k, const std::vector<bool>& is_array, int ordinal) = 0;
+  /// Compiles a raw CUDA kernel for device `ordinal`. Cached; thread-safe.
+  /// @throw compile_error; backend_unavailable where CUDA kernels cannot run.
+  [[nodiscard]] virtual std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k,
+                                                                       int ordinal) = 0;
 };
 
 /// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else CUDA when a usable

@@ -19,6 +19,7 @@
 #include "core/elementwise_piece.hpp"
 #include "core/lane_worker.hpp"
 #include "core/task_queue.hpp"
+#include "core/user_call.hpp"
 #include "core/user_kernel_piece.hpp"
 
 namespace gpupool {
@@ -178,6 +179,17 @@ struct executor::impl {
   std::atomic<std::uint64_t> next_id{0};
   const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
+  void require_accepting() const {
+    if (!accepting.load()) throw std::runtime_error(shut_down_message);
+  }
+
+  // Run-time compiled kernels (elementwise or raw) over host arrays, and over device calls.
+  template <class K>
+  future<void> launch_user(const K& k, const std::vector<kernel_argument>& inputs, dtype out_type,
+                           void* out, std::size_t count);
+  template <class K>
+  future<void> map_user_on_device(int device, const K& k, const std::vector<device_call>& calls);
+
   // Stamps an item as it is queued: its place in submission order, and when.
   void stamp(detail::work_item& item) {
     item.trace_id = next_id.fetch_add(1, std::memory_order_relaxed);
@@ -327,78 +339,102 @@ future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, c
   return future<void>(std::move(state));
 }
 
-namespace {
-
-// Checks one argument against its parameter and makes it ready for the lanes.
-detail::user_operand operand_for(const kernel_argument& arg, const kernel_parameter& p,
-                                 std::size_t count) {
-  detail::user_operand op;
-  op.element_size = size_of(p.type);
-  if (arg.is_array()) {
-    if (arg.type() != p.type)
-      throw std::invalid_argument("gpupool: argument '" + p.name + "' is a " +
-                                  to_string(arg.type()) + " array, but the kernel declares " +
-                                  to_string(p.type));
-    if (arg.size() != count)
-      throw std::invalid_argument("gpupool: argument '" + p.name + "' has " +
-                                  std::to_string(arg.size()) + " elements, the output " +
-                                  std::to_string(count));
-    op.is_array = true;
-    op.data = static_cast<const char*>(arg.data());
-    return op;
-  }
-  auto store = [&](auto value) { std::memcpy(op.scalar, &value, sizeof value); };
-  switch (p.type) {
-    case dtype::float32:
-      store(static_cast<float>(arg.value()));
-      break;
-    case dtype::float64:
-      store(arg.value());
-      break;
-    case dtype::int32:
-      store(static_cast<std::int32_t>(arg.integer()));
-      break;
-    case dtype::int64:
-      store(arg.integer());
-      break;
-  }
-  return op;
-}
-
-}  // namespace
-
-future<void> executor::launch_elementwise(const elementwise_kernel& k,
-                                          const std::vector<kernel_argument>& inputs,
-                                          dtype out_type, void* out, std::size_t count) {
-  require_open();
-  if (inputs.size() != k.inputs().size())
-    throw std::invalid_argument("gpupool: kernel '" + k.name() + "' takes " +
-                                std::to_string(k.inputs().size()) + " input(s), but " +
-                                std::to_string(inputs.size()) + " were given");
-  if (out_type != k.output().type)
-    throw std::invalid_argument("gpupool: the output is " + std::string(to_string(out_type)) +
-                                ", but kernel '" + k.name() + "' declares " +
-                                to_string(k.output().type));
-  std::vector<detail::user_operand> operands;
-  std::vector<bool> is_array;
-  std::size_t widest = size_of(out_type);
-  for (std::size_t i = 0; i < inputs.size(); ++i) {
-    operands.push_back(operand_for(inputs[i], k.inputs()[i], count));
-    is_array.push_back(operands.back().is_array);
-    if (operands.back().is_array) widest = std::max(widest, operands.back().element_size);
-  }
-  auto compiled = impl_->owner->compile(k, is_array, impl_->ordinals.front());
-
+template <class K>
+future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_argument>& inputs,
+                                         dtype out_type, void* out, std::size_t count) {
+  require_accepting();
+  auto call = detail::prepare_call(k, inputs, out_type, count);
+  auto compiled = detail::compile_for(*owner, k, call, ordinals.front());
   auto state = std::make_shared<detail::shared_state<void>>();
   if (count == 0) {
     state->try_start();
     state->set_value();
     return future<void>(std::move(state));
   }
+  const std::size_t widest = call.widest;
   auto job = std::make_shared<detail::user_kernel_job>(
-      k.name(), std::move(compiled), std::move(operands), out, size_of(out_type), count, state);
-  impl_->enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
+      k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state);
+  enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
   return future<void>(std::move(state));
+}
+
+template <class K>
+future<void> executor::impl::map_user_on_device(int device, const K& k,
+                                                const std::vector<device_call>& calls) {
+  require_accepting();
+  const dtype out_type = k.output().type;
+  std::vector<detail::prepared_call> prepared;
+  prepared.reserve(calls.size());
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    try {
+      prepared.push_back(detail::prepare_call(k, calls[i].inputs, out_type, calls[i].count));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(std::string(e.what()) + " (call " + std::to_string(i) + ")");
+    }
+    if (calls[i].out == nullptr && calls[i].count > 0)
+      throw std::invalid_argument("gpupool: call " + std::to_string(i) + " has no output");
+    if (i > 0 && prepared[i].is_array != prepared[0].is_array)
+      throw std::invalid_argument("gpupool: kernel '" + k.name() + "': call " + std::to_string(i) +
+                                  " mixes arrays and scalars differently from call 0; pass "
+                                  "each pattern in its own map");
+  }
+  auto state = std::make_shared<detail::shared_state<void>>();
+  if (calls.empty()) {
+    state->try_start();
+    state->set_value();
+    return future<void>(std::move(state));
+  }
+  const int ordinal = ordinals[static_cast<std::size_t>(device)];
+  auto job = std::make_shared<detail::device_calls_job>(
+      k.name(), detail::compile_for(*owner, k, prepared[0], ordinal), state);
+
+  // Two batches per lane of the device keep every lane busy while letting each launch cover
+  // many calls (one launch per batch where the backend runs tables).
+  const std::size_t batches =
+      std::min(calls.size(), static_cast<std::size_t>(2 * lanes_per_device));
+  std::vector<detail::work_item_ptr> items;
+  items.reserve(batches);
+  for (std::size_t b = 0; b < batches; ++b) {
+    const std::size_t first = calls.size() * b / batches;
+    const std::size_t last = calls.size() * (b + 1) / batches;
+    std::vector<std::uint64_t> table;
+    std::size_t bytes_in = 0, bytes_out = 0;
+    for (std::size_t i = first; i < last; ++i) {
+      prepared[i].append_row(table, calls[i].out, calls[i].count);
+      for (const auto& op : prepared[i].operands)
+        if (op.is_array) bytes_in += calls[i].count * op.element_size;
+      bytes_out += calls[i].count * size_of(out_type);
+    }
+    items.push_back(std::make_unique<detail::device_batch_piece>(
+        job, std::move(table), last - first, bytes_in, bytes_out));
+    stamp(*items.back());
+  }
+  job->set_piece_count(items.size());
+  if (!queue.push_all(items, device)) throw std::runtime_error(shut_down_message);
+  return future<void>(std::move(state));
+}
+
+future<void> executor::launch_elementwise(const elementwise_kernel& k,
+                                          const std::vector<kernel_argument>& inputs,
+                                          dtype out_type, void* out, std::size_t count) {
+  return impl_->launch_user(k, inputs, out_type, out, count);
+}
+
+future<void> executor::launch_raw(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                                  dtype out_type, void* out, std::size_t count) {
+  return impl_->launch_user(k, inputs, out_type, out, count);
+}
+
+future<void> executor::map_on_device(int device, const elementwise_kernel& k,
+                                     const std::vector<device_call>& calls) {
+  check_device(device);
+  return impl_->map_user_on_device(device, k, calls);
+}
+
+future<void> executor::map_on_device(int device, const raw_kernel& k,
+                                     const std::vector<device_call>& calls) {
+  check_device(device);
+  return impl_->map_user_on_device(device, k, calls);
 }
 
 }  // namespace gpupool

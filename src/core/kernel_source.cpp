@@ -25,43 +25,80 @@ bool is_identifier(const std::string& s) {
   return s.rfind("gpupool_", 0) != 0;  // reserved for the generated code
 }
 
-std::vector<kernel_parameter> parse_parameters(const std::string& text, const std::string& where) {
+// "type name" pairs; with `allow_arrays`, "type* name" declares an array.
+std::vector<kernel_parameter> parse_parameters(const std::string& text, const std::string& where,
+                                               bool allow_arrays) {
   std::vector<kernel_parameter> out;
   std::stringstream list(text);
   std::string item;
   while (std::getline(list, item, ',')) {
-    std::stringstream words(item);
+    std::string spaced;
+    for (char c : item) spaced += c == '*' ? std::string(" * ") : std::string(1, c);
+    std::stringstream words(spaced);
     std::string type, name, extra;
     words >> type >> name;
+    const bool array = name == "*";
+    if (array) words >> name;
     if (type.empty() && name.empty()) continue;
-    if (name.empty() || (words >> extra))
+    if (array && !allow_arrays)
       throw std::invalid_argument("gpupool: '" + item + "' in " + where +
-                                  " is not a 'type name' pair");
+                                  ": elementwise parameters are plain 'type name' pairs; "
+                                  "arrays and scalars are told apart at each call");
+    if (name.empty() || name == "*" || (words >> extra))
+      throw std::invalid_argument("gpupool: '" + item + "' in " + where + " is not a 'type " +
+                                  (allow_arrays ? "[*] " : "") + "name' pair");
     if (!is_identifier(name))
       throw std::invalid_argument("gpupool: '" + name + "' in " + where +
                                   " is not a usable parameter name");
-    out.push_back({name, parse_type(type, where)});
+    out.push_back({name, parse_type(type, where), array});
   }
   return out;
+}
+
+void require_unique_names(const std::vector<kernel_parameter>& inputs,
+                          const kernel_parameter& output) {
+  std::set<std::string> names{output.name};
+  for (const auto& p : inputs)
+    if (!names.insert(p.name).second)
+      throw std::invalid_argument("gpupool: parameter '" + p.name + "' is declared twice");
+}
+
+kernel_parameter single_output(const std::string& text, bool allow_arrays) {
+  const auto outputs = parse_parameters(text, "the output", allow_arrays);
+  if (outputs.size() != 1) throw std::invalid_argument("gpupool: a kernel has exactly one output");
+  return outputs[0];
+}
+
+bool blank(const std::string& text) {
+  return text.find_first_not_of(" \t\r\n") == std::string::npos;
 }
 
 }  // namespace
 
 elementwise_kernel::elementwise_kernel(const std::string& inputs, const std::string& output,
                                        std::string body, std::string name)
-    : inputs_(parse_parameters(inputs, "the inputs")),
+    : inputs_(parse_parameters(inputs, "the inputs", false)),
+      output_(single_output(output, false)),
       body_(std::move(body)),
       name_(std::move(name)) {
-  const auto outputs = parse_parameters(output, "the output");
-  if (outputs.size() != 1)
-    throw std::invalid_argument("gpupool: an elementwise kernel has exactly one output");
-  output_ = outputs[0];
-  std::set<std::string> names{output_.name};
-  for (const auto& p : inputs_)
-    if (!names.insert(p.name).second)
-      throw std::invalid_argument("gpupool: parameter '" + p.name + "' is declared twice");
-  if (body_.find_first_not_of(" \t\r\n") == std::string::npos)
-    throw std::invalid_argument("gpupool: the kernel's body is empty");
+  require_unique_names(inputs_, output_);
+  if (blank(body_)) throw std::invalid_argument("gpupool: the kernel's body is empty");
+}
+
+raw_kernel::raw_kernel(std::string source, std::string entry, const std::string& inputs,
+                       const std::string& output, launch_shape shape)
+    : source_(std::move(source)),
+      entry_(std::move(entry)),
+      inputs_(parse_parameters(inputs, "the inputs", true)),
+      output_(single_output(output, true)),
+      shape_(shape) {
+  output_.array = true;
+  require_unique_names(inputs_, output_);
+  if (blank(source_)) throw std::invalid_argument("gpupool: the raw kernel's source is empty");
+  if (blank(entry_)) throw std::invalid_argument("gpupool: name the raw kernel's entry point");
+  if (shape_.block == 0 || shape_.block > 1024)
+    throw std::invalid_argument("gpupool: a raw kernel's block holds 1 to 1024 threads, not " +
+                                std::to_string(shape_.block));
 }
 
 namespace detail {
@@ -152,28 +189,45 @@ int cuda_body_first_line(const elementwise_kernel& k) {
 }
 
 std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array) {
-  std::ostringstream s;
+  const std::size_t n = k.inputs().size();
+  const char* out_t = cuda_type(k.output().type);
+  std::ostringstream s, loads, batch_inputs;
   s << "// gpupool elementwise kernel '" << k.name() << "' (generated, CUDA)\n"
     << "extern \"C\" __global__ void " << kernel_entry_point << "(\n";
-  std::ostringstream loads;
-  for (std::size_t i = 0; i < k.inputs().size(); ++i) {
+  for (std::size_t i = 0; i < n; ++i) {
     const auto& p = k.inputs()[i];
     const char* t = cuda_type(p.type);
     if (is_array[i]) {
       s << "    const " << t << "* __restrict__ gpupool_in" << i << ",\n";
       loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i << "[gpupool_i];\n";
+      batch_inputs << "  const " << t << "* __restrict__ const gpupool_in" << i << " = (const " << t
+                   << "*)gpupool_row[" << i << "];\n";
     } else {
       s << "    const " << t << " gpupool_in" << i << ",\n";
       loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i << ";\n";
+      batch_inputs << "  const " << t << " gpupool_in" << i << " = *(const " << t
+                   << "*)(gpupool_row + " << i << ");\n";
     }
   }
-  const char* out_t = cuda_type(k.output().type);
+  const std::string loop_and_loads =
+      "  for (unsigned long long gpupool_i =\n"
+      "           blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;\n"
+      "       gpupool_i < gpupool_n; gpupool_i += (unsigned long long)gridDim.x * blockDim.x) {\n" +
+      loads.str();
   s << "    " << out_t << "* __restrict__ gpupool_out,\n"
     << "    unsigned long long gpupool_n) {\n"
-    << "  for (unsigned long long gpupool_i =\n"
-    << "           blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;\n"
-    << "       gpupool_i < gpupool_n; gpupool_i += (unsigned long long)gridDim.x * blockDim.x) {\n"
-    << loads.str();
+    << loop_and_loads;
+  write_element_body(s, k, out_t);
+  // The same loop over many calls at once: block row y runs the call in row y of a table with,
+  // per call, one 8-byte slot per input (address or scalar), the output's address and the count.
+  s << "\nextern \"C\" __global__ void " << kernel_batch_entry_point
+    << "(const unsigned long long* __restrict__ gpupool_table) {\n"
+    << "  const unsigned long long* const gpupool_row = gpupool_table + blockIdx.y * " << (n + 2)
+    << "ull;\n"
+    << batch_inputs.str() << "  " << out_t << "* __restrict__ const gpupool_out = (" << out_t
+    << "*)gpupool_row[" << n << "];\n"
+    << "  const unsigned long long gpupool_n = gpupool_row[" << n + 1 << "];\n"
+    << loop_and_loads;
   write_element_body(s, k, out_t);
   return s.str();
 }

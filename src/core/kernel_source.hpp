@@ -13,6 +13,8 @@ namespace gpupool::detail {
 
 /// The name of the generated entry point, `extern "C"` in every backend's source.
 inline constexpr const char* kernel_entry_point = "gpupool_elementwise";
+/// The CUDA source's second entry point: many calls from a table in one launch.
+inline constexpr const char* kernel_batch_entry_point = "gpupool_elementwise_batch";
 
 /// Host C++ for `k` called with arrays where `is_array` is true and scalars elsewhere:
 /// `extern "C" void gpupool_elementwise(void* const* args, std::size_t n)`, where `args` holds
@@ -23,7 +25,9 @@ int host_body_first_line(const elementwise_kernel& k);
 
 /// CUDA C++ (for NVRTC) for the same call: `extern "C" __global__ void gpupool_elementwise(...)`
 /// taking, per input, a device array (`const T*`) or the scalar by value, then the output array
-/// and the element count; a grid-stride loop over the elements.
+/// and the element count; a grid-stride loop over the elements. A second entry point,
+/// `gpupool_elementwise_batch(const unsigned long long* table)`, runs call `blockIdx.y` of a
+/// table laid out as backend_stream::launch_compiled_batch describes.
 std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
 int cuda_body_first_line(const elementwise_kernel& k);
 

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "core/nvtx.hpp"
+#include "core/user_call.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 
@@ -258,6 +259,31 @@ void lane_worker::apply_bytes(const kernel& k, dtype t, const void* x, const voi
     throw std::invalid_argument(std::string("gpupool: kernel '") + k.name() +
                                 "' needs a second input");
   stream_->launch(k, t, x, y, out, count);
+}
+
+namespace {
+
+template <class K>
+void run_user_kernel(backend& owner, int ordinal, backend_stream& stream, const K& k,
+                     const std::vector<kernel_argument>& inputs, dtype out_type, void* out,
+                     std::size_t count) {
+  const prepared_call call = prepare_call(k, inputs, out_type, count);
+  auto compiled = compile_for(owner, k, call, ordinal);
+  if (count == 0) return;
+  const std::vector<void*> args = call.launch_args(out);
+  stream.launch_compiled(*compiled, args.data(), count);
+}
+
+}  // namespace
+
+void lane_worker::run_bytes(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+                            dtype out_type, void* out, std::size_t count) {
+  run_user_kernel(*setup_.owner, setup_.ordinal, *stream_, k, inputs, out_type, out, count);
+}
+
+void lane_worker::run_bytes(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                            dtype out_type, void* out, std::size_t count) {
+  run_user_kernel(*setup_.owner, setup_.ordinal, *stream_, k, inputs, out_type, out, count);
 }
 
 void lane_worker::calibrate_clock() {

@@ -85,6 +85,10 @@ class lane_worker final : public lane {
   void download_bytes(void* host_dst, const void* device_src, std::size_t bytes) override;
   void apply_bytes(const kernel& k, dtype t, const void* x, const void* y, void* out,
                    std::size_t count) override;
+  void run_bytes(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+                 dtype out_type, void* out, std::size_t count) override;
+  void run_bytes(const raw_kernel& k, const std::vector<kernel_argument>& inputs, dtype out_type,
+                 void* out, std::size_t count) override;
 
   // For the built-in pipelined kernels (elementwise pieces).
   [[nodiscard]] backend_stream& stream() noexcept { return *stream_; }

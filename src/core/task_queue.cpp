@@ -20,11 +20,12 @@ bool task_queue::push(work_item_ptr item, std::optional<int> device) {
   return true;
 }
 
-bool task_queue::push_all(std::vector<work_item_ptr>& items) {
+bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> device) {
   {
     std::lock_guard lock(mutex_);
     if (closed_) return false;
-    for (auto& item : items) shared_.push_back(std::move(item));
+    auto& q = device ? per_device_[static_cast<std::size_t>(*device)] : shared_;
+    for (auto& item : items) q.push_back(std::move(item));
     size_ += items.size();
   }
   items.clear();

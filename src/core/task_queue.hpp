@@ -18,8 +18,9 @@ class task_queue {
 
   /// Queues `item` for any device, or for `device` alone. False if the queue is closed.
   bool push(work_item_ptr item, std::optional<int> device);
-  /// Queues several items for any device at once. False (nothing queued) if closed.
-  bool push_all(std::vector<work_item_ptr>& items);
+  /// Queues several items at once, for any device or for `device` alone. False (nothing queued)
+  /// if closed.
+  bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
   /// Takes the next item for a lane of `device`: that device's own items first. With `block`,
   /// waits for one; returns null only once the queue is closed and holds nothing for `device`.

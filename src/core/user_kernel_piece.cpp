@@ -13,9 +13,8 @@ namespace gpupool::detail {
 void user_kernel_piece::start(lane& l, int slot) {
   GPUPOOL_NVTX_RANGE("gpupool: stage in, enqueue upload/kernel/download");
   auto& w = static_cast<lane_worker&>(l);
-  auto& inputs = job_->inputs();
+  const auto& inputs = job_->inputs();
   const int n = static_cast<int>(inputs.size());
-  std::vector<void*> args(inputs.size() + 1);
   std::vector<const void*> from(inputs.size());
 
   const double staging_began = w.traced(slot) ? w.now_us() : 0.0;
@@ -27,16 +26,16 @@ void user_kernel_piece::start(lane& l, int slot) {
   }
   w.trace_stage_in(slot, staging_began);
 
+  // The kernel reads the slot's device buffers: arrays start there, scalars stay as they are.
+  std::vector<void*> args = job_->call().launch_args(nullptr);
   w.trace_mark(slot, lane_worker::mark::upload_begin);
   for (int i = 0; i < n; ++i) {
-    user_operand& in = inputs[static_cast<std::size_t>(i)];
+    const user_operand& in = inputs[static_cast<std::size_t>(i)];
     if (in.is_array) {
       void* device = w.slot_device(slot, i);
       w.stream().copy_to_device(device, from[static_cast<std::size_t>(i)],
                                 count_ * in.element_size);
       args[static_cast<std::size_t>(i)] = device;
-    } else {
-      args[static_cast<std::size_t>(i)] = in.scalar;
     }
   }
   w.trace_mark(slot, lane_worker::mark::kernel_begin);
@@ -65,6 +64,16 @@ std::size_t user_kernel_piece::bytes_in() const noexcept {
   for (const auto& in : job_->inputs())
     if (in.is_array) bytes += count_ * in.element_size;
   return bytes;
+}
+
+void device_batch_piece::start(lane& l, int slot) {
+  GPUPOOL_NVTX_RANGE("gpupool: enqueue a batch of device calls");
+  auto& w = static_cast<lane_worker&>(l);
+  w.trace_mark(slot, lane_worker::mark::upload_begin);
+  w.trace_mark(slot, lane_worker::mark::kernel_begin);
+  w.stream().launch_compiled_batch(job_->kernel(), table_.data(), count_);
+  w.trace_mark(slot, lane_worker::mark::kernel_end);
+  w.trace_mark(slot, lane_worker::mark::download_end);
 }
 
 }  // namespace gpupool::detail

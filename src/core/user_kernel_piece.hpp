@@ -1,6 +1,6 @@
-// A run-time compiled elementwise kernel over whole arrays, split into pieces that lanes
-// pipeline like the built-in kernels: every array input staged and uploaded, the kernel, the
-// output downloaded.
+// Run-time compiled kernels as lane work: over whole host arrays, split into pieces that lanes
+// pipeline like the built-in kernels (every array input staged and uploaded, the kernel, the
+// output downloaded); and over many calls on device arrays, in batches of one launch each.
 #pragma once
 
 #include <cstddef>
@@ -10,27 +10,20 @@
 
 #include "core/backend.hpp"
 #include "core/job_piece.hpp"
+#include "core/user_call.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
 namespace gpupool::detail {
 
-/// One input of a call, ready for the lanes.
-struct user_operand {
-  bool is_array = false;
-  const char* data = nullptr;  // the array
-  std::size_t element_size = 0;
-  alignas(8) unsigned char scalar[8] = {};  // the scalar, as the parameter's type
-};
-
 class user_kernel_job final : public piecewise_job {
  public:
   user_kernel_job(std::string name, std::shared_ptr<const compiled_kernel> kernel,
-                  std::vector<user_operand> inputs, void* out, std::size_t out_element,
-                  std::size_t count, std::shared_ptr<shared_state<void>> state)
+                  prepared_call call, void* out, std::size_t out_element, std::size_t count,
+                  std::shared_ptr<shared_state<void>> state)
       : name_(std::move(name)),
         kernel_(std::move(kernel)),
-        inputs_(std::move(inputs)),
+        call_(std::move(call)),
         out_(static_cast<char*>(out)),
         out_element_(out_element),
         count_(count),
@@ -39,7 +32,8 @@ class user_kernel_job final : public piecewise_job {
   state_base& state() noexcept override { return *state_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
   [[nodiscard]] const compiled_kernel& kernel() const noexcept { return *kernel_; }
-  [[nodiscard]] std::vector<user_operand>& inputs() noexcept { return inputs_; }
+  [[nodiscard]] prepared_call& call() noexcept { return call_; }
+  [[nodiscard]] const std::vector<user_operand>& inputs() const noexcept { return call_.operands; }
   [[nodiscard]] char* out() const noexcept { return out_; }
   [[nodiscard]] std::size_t out_element() const noexcept { return out_element_; }
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
@@ -50,7 +44,7 @@ class user_kernel_job final : public piecewise_job {
  private:
   std::string name_;
   std::shared_ptr<const compiled_kernel> kernel_;
-  std::vector<user_operand> inputs_;
+  prepared_call call_;
   char* out_;
   std::size_t out_element_;
   std::size_t count_;
@@ -70,6 +64,49 @@ class user_kernel_piece final : public job_piece<user_kernel_job> {
  private:
   char* out_ = nullptr;
   bool staged_output_ = false;
+};
+
+/// Many calls on device arrays (executor::map_on_device): one future for all of them.
+class device_calls_job final : public piecewise_job {
+ public:
+  device_calls_job(std::string name, std::shared_ptr<const compiled_kernel> kernel,
+                   std::shared_ptr<shared_state<void>> state)
+      : name_(std::move(name)), kernel_(std::move(kernel)), state_(std::move(state)) {}
+  state_base& state() noexcept override { return *state_; }
+  [[nodiscard]] const std::string& name() const noexcept { return name_; }
+  [[nodiscard]] const compiled_kernel& kernel() const noexcept { return *kernel_; }
+
+ protected:
+  void deliver() override { state_->set_value(); }
+
+ private:
+  std::string name_;
+  std::shared_ptr<const compiled_kernel> kernel_;
+  std::shared_ptr<shared_state<void>> state_;
+};
+
+/// A batch of those calls, run by one lane with one launch (a table of calls) where the backend
+/// can. `offset`/`count` of the base count calls, not elements.
+class device_batch_piece final : public job_piece<device_calls_job> {
+ public:
+  device_batch_piece(std::shared_ptr<device_calls_job> job, std::vector<std::uint64_t> table,
+                     std::size_t rows, std::size_t bytes_in, std::size_t bytes_out)
+      : job_piece(std::move(job), 0, rows),
+        table_(std::move(table)),
+        bytes_in_(bytes_in),
+        bytes_out_(bytes_out) {}
+
+  void start(lane& l, int slot) override;
+  void finish(lane& /*l*/, int /*slot*/) override {}
+  const char* trace_name() const noexcept override { return job_->name().c_str(); }
+  // Device memory read and written (no host copies are made).
+  std::size_t bytes_in() const noexcept override { return bytes_in_; }
+  std::size_t bytes_out() const noexcept override { return bytes_out_; }
+
+ private:
+  std::vector<std::uint64_t> table_;
+  std::size_t bytes_in_;
+  std::size_t bytes_out_;
 };
 
 }  // namespace gpupool::detail

@@ -12,6 +12,7 @@
 #include "core/backend.hpp"
 #include "core/elementwise_math.hpp"
 #include "cpu/host_compiler.hpp"
+#include "gpupool/error.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -48,7 +49,8 @@ void run_elementwise(const void* x, const void* y, void* out, std::size_t n, dou
 
 class cpu_compiled final : public compiled_kernel {
  public:
-  explicit cpu_compiled(std::shared_ptr<const host_kernel> f) : function(std::move(f)) {}
+  cpu_compiled(std::vector<bool> is_array, std::shared_ptr<const host_kernel> f)
+      : compiled_kernel(std::move(is_array)), function(std::move(f)) {}
   std::shared_ptr<const host_kernel> function;
 };
 
@@ -107,7 +109,12 @@ class cpu_backend final : public backend {
   std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& k,
                                                  const std::vector<bool>& is_array,
                                                  int /*ordinal*/) override {
-    return std::make_shared<cpu_compiled>(compile_for_host(k, is_array));
+    return std::make_shared<cpu_compiled>(is_array, compile_for_host(k, is_array));
+  }
+  std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k, int /*ordinal*/) override {
+    throw backend_unavailable("gpupool: raw kernel '" + k.name() +
+                              "' is CUDA source and needs a GPU; this executor runs on the CPU "
+                              "backend (elementwise kernels run on both)");
   }
 
  private:

@@ -3,17 +3,22 @@
 // or GPU still starts; probe_cuda() then reports why and the CPU backend takes over.
 #include <cuda_runtime_api.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/kernel_source.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.hpp"
 #include "cuda/host_memory.hpp"
+#include "cuda/nvrtc_compiler.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail {
@@ -80,10 +85,6 @@ void synchronize_stream(std::uintptr_t stream) {
 }  // namespace cuda
 
 namespace {
-
-constexpr const char* runtime_kernels_not_built =
-    "gpupool: run-time compiled elementwise kernels run on the CPU backend only so far; the "
-    "CUDA backend's NVRTC path is not built yet";
 
 // Restores the calling thread's current device on scope exit.
 class device_scope {
@@ -162,9 +163,44 @@ class cuda_timer final : public backend_timer {
   cudaEvent_t event_ = nullptr;
 };
 
+// A CUBIN loaded into the process (cudaLibrary: context-independent, loaded into each device's
+// context on first launch there) and the kernels taken from it.
+class cuda_compiled final : public compiled_kernel {
+ public:
+  cuda_compiled(std::vector<bool> is_array, const std::string& image, const char* entry,
+                const char* batch_entry, launch_shape shape)
+      : compiled_kernel(std::move(is_array)), shape_(shape) {
+    GPUPOOL_CUDA_CHECK(
+        cudaLibraryLoadData(&library_, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
+    GPUPOOL_CUDA_CHECK(cudaLibraryGetKernel(&single_, library_, entry));
+    if (batch_entry != nullptr)
+      GPUPOOL_CUDA_CHECK(cudaLibraryGetKernel(&batch_, library_, batch_entry));
+  }
+  cuda_compiled(const cuda_compiled&) = delete;
+  cuda_compiled& operator=(const cuda_compiled&) = delete;
+  // Kernels live as long as the process: the executors' caches hold them to the end, when the
+  // runtime may already be unloading.
+  ~cuda_compiled() override = default;
+
+  [[nodiscard]] const void* single() const noexcept { return single_; }
+  [[nodiscard]] const void* batch() const noexcept { return batch_; }
+  /// A raw kernel's launch shape; elementwise kernels use the default block and a grid capped at
+  /// one full wave of the device (their loop strides over the rest).
+  [[nodiscard]] launch_shape shape() const noexcept { return shape_; }
+  [[nodiscard]] bool is_raw() const noexcept { return batch_ == nullptr; }
+
+ private:
+  cudaLibrary_t library_ = nullptr;
+  cudaKernel_t single_ = nullptr;
+  cudaKernel_t batch_ = nullptr;
+  launch_shape shape_;
+};
+
 class cuda_stream final : public backend_stream {
  public:
-  cuda_stream() { GPUPOOL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking)); }
+  explicit cuda_stream(unsigned resident_threads) : resident_threads_(resident_threads) {
+    GPUPOOL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  }
   cuda_stream(const cuda_stream&) = delete;
   cuda_stream& operator=(const cuda_stream&) = delete;
   ~cuda_stream() override {
@@ -205,14 +241,74 @@ class cuda_stream final : public backend_stream {
               std::size_t count) override {
     cuda::launch_elementwise(k, t, x, y, out, count, stream_);
   }
-  void launch_compiled(const compiled_kernel& /*k*/, void* const* /*args*/,
-                       std::size_t /*count*/) override {
-    throw error(runtime_kernels_not_built);
+  void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) override {
+    if (count == 0) return;
+    const auto& c = static_cast<const cuda_compiled&>(k);
+    // cudaLaunchKernel wants, per parameter, the address of its value: the array pointer's own
+    // address for arrays, the scalar's bytes for scalars; then the output and the count.
+    const std::vector<bool>& is_array = c.is_array();
+    std::vector<void*> params(is_array.size() + 2);
+    std::vector<void*> pointers(args, args + is_array.size() + 1);
+    for (std::size_t i = 0; i < is_array.size(); ++i)
+      params[i] = is_array[i] ? static_cast<void*>(&pointers[i]) : pointers[i];
+    params[is_array.size()] = &pointers[is_array.size()];
+    unsigned long long n = count;
+    params[is_array.size() + 1] = &n;
+    const launch_shape shape = c.shape();
+    const unsigned long long wanted = (n + shape.block - 1) / shape.block;
+    unsigned grid = shape.grid;
+    if (grid == 0)
+      grid = static_cast<unsigned>(
+          c.is_raw() ? std::min<unsigned long long>(wanted, 0x7fffffffull)
+                     : std::min<unsigned long long>(wanted, wave_blocks(shape.block)));
+    GPUPOOL_CUDA_CHECK(
+        cudaLaunchKernel(c.single(), dim3(grid), dim3(shape.block), params.data(), 0, stream_));
+  }
+  void launch_compiled_batch(const compiled_kernel& k, const std::uint64_t* table,
+                             std::size_t rows) override {
+    const auto& c = static_cast<const cuda_compiled&>(k);
+    if (c.batch() == nullptr || rows == 0) {
+      backend_stream::launch_compiled_batch(k, table, rows);  // one launch per row
+      return;
+    }
+    const std::size_t stride = c.is_array().size() + 2;
+    constexpr std::size_t max_rows = 65535;  // grid.y
+    for (std::size_t first = 0; first < rows; first += max_rows) {
+      const std::size_t n_rows = std::min(max_rows, rows - first);
+      const std::uint64_t* part = table + first * stride;
+      std::uint64_t longest = 0;
+      for (std::size_t r = 0; r < n_rows; ++r)
+        longest = std::max(longest, part[r * stride + stride - 1]);
+      if (longest == 0) continue;
+      // The table travels through pageable memory: cudaMemcpyAsync copies it into a staging
+      // buffer before returning, so it may go out of scope at once.
+      const std::size_t bytes = n_rows * stride * sizeof(std::uint64_t);
+      void* device_table = allocate(bytes);
+      GPUPOOL_CUDA_CHECK(
+          cudaMemcpyAsync(device_table, part, bytes, cudaMemcpyHostToDevice, stream_));
+      const unsigned block = 256;
+      const unsigned long long per_row = (longest + block - 1) / block;
+      const unsigned long long wave_per_row =
+          std::max<unsigned long long>(1, wave_blocks(block) / n_rows);
+      const dim3 grid(static_cast<unsigned>(std::min(per_row, std::max(wave_per_row, 1ull))),
+                      static_cast<unsigned>(n_rows));
+      void* params[] = {&device_table};
+      const cudaError_t launched =
+          cudaLaunchKernel(c.batch(), grid, dim3(block), params, 0, stream_);
+      deallocate(device_table);
+      GPUPOOL_CUDA_CHECK(launched);
+    }
   }
   void synchronize() override { GPUPOOL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
  private:
+  // Blocks of `block` threads the whole device holds at once.
+  [[nodiscard]] unsigned long long wave_blocks(unsigned block) const noexcept {
+    return std::max<unsigned long long>(1, resident_threads_ / block);
+  }
+
   cudaStream_t stream_ = nullptr;
+  unsigned resident_threads_;  // threads resident on the whole device at once
 };
 
 class cuda_backend final : public backend {
@@ -237,15 +333,52 @@ class cuda_backend final : public backend {
 
   void bind_thread(int ordinal) override { GPUPOOL_CUDA_CHECK(cudaSetDevice(ordinal)); }
 
-  std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& /*k*/,
-                                                 const std::vector<bool>& /*is_array*/,
-                                                 int /*ordinal*/) override {
-    throw error(runtime_kernels_not_built);
+  std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& k,
+                                                 const std::vector<bool>& is_array,
+                                                 int ordinal) override {
+    const auto [major, minor] = compute_capability(ordinal);
+    auto image = cuda::compile_cubin(k, is_array, major, minor);
+    return loaded(image.get(), [&] {
+      return std::make_shared<cuda_compiled>(is_array, *image, kernel_entry_point,
+                                             kernel_batch_entry_point, launch_shape{});
+    });
+  }
+
+  std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k, int ordinal) override {
+    const auto [major, minor] = compute_capability(ordinal);
+    auto image = cuda::compile_raw_cubin(k, major, minor);
+    std::vector<bool> is_array;
+    for (const auto& p : k.inputs()) is_array.push_back(p.array);
+    return loaded(image.get(), [&] {
+      return std::make_shared<cuda_compiled>(is_array, image->image, image->entry.c_str(), nullptr,
+                                             k.shape());
+    });
   }
 
   std::unique_ptr<backend_stream> open_stream(int ordinal) override {
     device_scope scope(ordinal);
-    return std::make_unique<cuda_stream>();
+    int sms = 0, threads_per_sm = 0;
+    GPUPOOL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal));
+    GPUPOOL_CUDA_CHECK(
+        cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, ordinal));
+    return std::make_unique<cuda_stream>(static_cast<unsigned>(sms * threads_per_sm));
+  }
+
+  // One loaded library per compiled image (images are cached for the process, so the address
+  // identifies them); shared by every device, which loads it on first launch.
+  template <class Make>
+  std::shared_ptr<const compiled_kernel> loaded(const void* image, Make make) {
+    std::lock_guard lock(loaded_mutex_);
+    auto& slot = loaded_[image];
+    if (!slot) slot = make();
+    return slot;
+  }
+
+  std::pair<int, int> compute_capability(int ordinal) const {
+    int major = 0, minor = 0;
+    GPUPOOL_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, ordinal));
+    GPUPOOL_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, ordinal));
+    return {major, minor};
   }
 
   void prepare_device(int ordinal) override {
@@ -261,6 +394,8 @@ class cuda_backend final : public backend {
 
  private:
   int devices_;
+  std::mutex loaded_mutex_;
+  std::map<const void*, std::shared_ptr<const compiled_kernel>> loaded_;
 };
 
 }  // namespace

@@ -5,6 +5,8 @@
 
 #include <mutex>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/compile_once.hpp"
 #include "core/kernel_cache.hpp"
@@ -25,6 +27,8 @@ struct nvrtc_api {
   decltype(&::nvrtcGetCUBIN) cubin = nullptr;
   decltype(&::nvrtcDestroyProgram) destroy = nullptr;
   decltype(&::nvrtcGetErrorString) error_string = nullptr;
+  decltype(&::nvrtcAddNameExpression) add_name = nullptr;
+  decltype(&::nvrtcGetLoweredName) lowered_name = nullptr;
   std::string identity;  // "nvrtc 13.0", part of the cache key
   std::string failure;   // why it could not be loaded
 };
@@ -53,6 +57,8 @@ const nvrtc_api& api() {
     resolve(a.cubin, "nvrtcGetCUBIN");
     resolve(a.destroy, "nvrtcDestroyProgram");
     resolve(a.error_string, "nvrtcGetErrorString");
+    resolve(a.add_name, "nvrtcAddNameExpression");
+    resolve(a.lowered_name, "nvrtcGetLoweredName");
     if (a.failure.empty()) {
       int major = 0, minor = 0;
       a.version(&major, &minor);
@@ -68,44 +74,76 @@ void check(nvrtcResult r, const char* call) {
     throw error(std::string("gpupool: ") + call + " failed: " + api().error_string(r));
 }
 
-std::shared_ptr<const std::string> build(const elementwise_kernel& k, const std::string& source,
-                                         const std::vector<std::string>& options,
-                                         const std::string& path) {
-  std::string cached;
-  if (read_file(path, cached)) return std::make_shared<const std::string>(std::move(cached));
+// What to compile, and how to name it in messages and find the user's lines in the log.
+struct program {
+  std::string source;
+  std::string file_name;        // as NVRTC reports it: "<file_name>(<line>): error ..."
+  std::string display_name;     // the kernel's name in messages
+  int body_first_line = 1;      // the source line that is the user's first
+  std::string name_expression;  // raw kernels: the entry, whose lowered name is wanted
+};
 
+// Compiles `p`; returns the CUBIN and, for a name expression, its lowered (mangled) name.
+std::pair<std::string, std::string> compile_program(const program& p,
+                                                    const std::vector<std::string>& options) {
   const nvrtc_api& nvrtc = api();
-  nvrtcProgram program = nullptr;
-  check(nvrtc.create(&program, source.c_str(), (k.name() + ".cu").c_str(), 0, nullptr, nullptr),
+  nvrtcProgram handle = nullptr;
+  check(nvrtc.create(&handle, p.source.c_str(), p.file_name.c_str(), 0, nullptr, nullptr),
         "nvrtcCreateProgram");
   struct destroy_program {
     const nvrtc_api& nvrtc;
     nvrtcProgram& p;
     ~destroy_program() { nvrtc.destroy(&p); }
-  } guard{nvrtc, program};
+  } guard{nvrtc, handle};
+  if (!p.name_expression.empty())
+    check(nvrtc.add_name(handle, p.name_expression.c_str()), "nvrtcAddNameExpression");
 
   std::vector<const char*> raw;
   for (const auto& o : options) raw.push_back(o.c_str());
-  const nvrtcResult compiled = nvrtc.compile(program, static_cast<int>(raw.size()), raw.data());
+  const nvrtcResult compiled = nvrtc.compile(handle, static_cast<int>(raw.size()), raw.data());
   std::size_t log_size = 0;
-  check(nvrtc.log_size(program, &log_size), "nvrtcGetProgramLogSize");
+  check(nvrtc.log_size(handle, &log_size), "nvrtcGetProgramLogSize");
   std::string log(log_size, '\0');
-  if (log_size > 0) check(nvrtc.log(program, log.data()), "nvrtcGetProgramLog");
+  if (log_size > 0) check(nvrtc.log(handle, log.data()), "nvrtcGetProgramLog");
   while (!log.empty() && log.back() == '\0') log.pop_back();
   if (compiled != NVRTC_SUCCESS) {
-    const int line = body_line_of_first_error(log, k.name() + ".cu(", cuda_body_first_line(k));
-    throw compile_error("gpupool: kernel '" + k.name() + "' does not compile for the GPU" +
-                            (line > 0 ? " (body line " + std::to_string(line) + ")" : "") + ":\n" +
-                            log,
+    const int line = body_line_of_first_error(log, p.file_name + "(", p.body_first_line);
+    throw compile_error("gpupool: kernel '" + p.display_name + "' does not compile for the GPU" +
+                            (line > 0 ? " (line " + std::to_string(line) + ")" : "") + ":\n" + log,
                         log, line);
   }
+  std::string lowered;
+  if (!p.name_expression.empty()) {
+    const char* name = nullptr;
+    if (nvrtc.lowered_name(handle, p.name_expression.c_str(), &name) != NVRTC_SUCCESS ||
+        name == nullptr)
+      throw compile_error(
+          "gpupool: raw kernel source has no kernel named '" + p.name_expression + "'", log, 0);
+    lowered = name;
+  }
   std::size_t size = 0;
-  check(nvrtc.cubin_size(program, &size), "nvrtcGetCUBINSize");
+  check(nvrtc.cubin_size(handle, &size), "nvrtcGetCUBINSize");
   std::string image(size, '\0');
-  check(nvrtc.cubin(program, image.data()), "nvrtcGetCUBIN");
-  publish_bytes(image, path);
+  check(nvrtc.cubin(handle, image.data()), "nvrtcGetCUBIN");
   count_compilation();
-  return std::make_shared<const std::string>(std::move(image));
+  return {std::move(image), std::move(lowered)};
+}
+
+std::vector<std::string> options_for(int major, int minor) {
+  return {"--gpu-architecture=sm_" + std::to_string(major) + std::to_string(minor), "-std=c++17",
+          "-default-device"};
+}
+
+// The cache file for `source` compiled with `options` by this NVRTC.
+std::string cache_path(const std::string& source, const std::vector<std::string>& options,
+                       const std::string& extra) {
+  std::string key_text = source + '\n' + api().identity + '\n' + extra;
+  for (const auto& o : options) key_text += '\n' + o;
+  return cache_folder("cuda") + "/" + hex(stable_hash(key_text)) + ".cubin";
+}
+
+void require_nvrtc() {
+  if (!api().failure.empty()) throw error("gpupool: " + api().failure);
 }
 
 }  // namespace
@@ -119,17 +157,38 @@ bool nvrtc_available(std::string* reason) {
 std::shared_ptr<const std::string> compile_cubin(const elementwise_kernel& k,
                                                  const std::vector<bool>& is_array, int major,
                                                  int minor) {
-  const nvrtc_api& nvrtc = api();
-  if (!nvrtc.failure.empty()) throw error("gpupool: " + nvrtc.failure);
-  const std::string arch = "sm_" + std::to_string(major) + std::to_string(minor);
-  const std::vector<std::string> options{"--gpu-architecture=" + arch, "-std=c++17",
-                                         "-default-device"};
-  const std::string source = cuda_source(k, is_array);
-  std::string key_text = source + '\n' + nvrtc.identity;
-  for (const auto& o : options) key_text += '\n' + o;
-  const std::string path = cache_folder("cuda") + "/" + hex(stable_hash(key_text)) + ".cubin";
+  require_nvrtc();
+  const auto options = options_for(major, minor);
+  program p{cuda_source(k, is_array), k.name() + ".cu", k.name(), cuda_body_first_line(k), {}};
+  const std::string path = cache_path(p.source, options, {});
   static compile_once<std::shared_ptr<const std::string>> compiled;
-  return compiled.get(path, [&] { return build(k, source, options, path); });
+  return compiled.get(path, [&] {
+    std::string cached;
+    if (read_file(path, cached)) return std::make_shared<const std::string>(std::move(cached));
+    auto image = compile_program(p, options).first;
+    publish_bytes(image, path);
+    return std::make_shared<const std::string>(std::move(image));
+  });
+}
+
+std::shared_ptr<const raw_cubin> compile_raw_cubin(const raw_kernel& k, int major, int minor) {
+  require_nvrtc();
+  const auto options = options_for(major, minor);
+  program p{k.source(), k.name() + ".cu", k.name(), 1, k.entry()};
+  // The cache keeps the image and, beside it, the entry's lowered name.
+  const std::string path = cache_path(p.source, options, "entry " + k.entry());
+  static compile_once<std::shared_ptr<const raw_cubin>> compiled;
+  return compiled.get(path, [&] {
+    raw_cubin result;
+    if (read_file(path, result.image) && read_file(path + ".entry", result.entry))
+      return std::make_shared<const raw_cubin>(std::move(result));
+    auto [image, entry] = compile_program(p, options);
+    publish_bytes(entry, path + ".entry");  // first: a reader that finds the image finds this
+    publish_bytes(image, path);
+    result.image = std::move(image);
+    result.entry = std::move(entry);
+    return std::make_shared<const raw_cubin>(std::move(result));
+  });
 }
 
 }  // namespace gpupool::detail::cuda

@@ -21,4 +21,15 @@ std::shared_ptr<const std::string> compile_cubin(const elementwise_kernel& k,
                                                  const std::vector<bool>& is_array, int major,
                                                  int minor);
 
+/// A raw kernel's CUBIN and the name its entry point has in it (mangled unless `extern "C"`).
+struct raw_cubin {
+  std::string image;
+  std::string entry;
+};
+
+/// The CUBIN of a raw kernel's source for compute capability `major`.`minor`; cached like
+/// compile_cubin. @throw compile_error with NVRTC's log (and the source line), also when the
+/// source has no kernel named `k.entry()`.
+std::shared_ptr<const raw_cubin> compile_raw_cubin(const raw_kernel& k, int major, int minor);
+
 }  // namespace gpupool::detail::cuda

@@ -1,0 +1,143 @@
+#include "core/user_call.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+
+namespace gpupool::detail {
+namespace {
+
+[[noreturn]] void bad_call(const std::string& kernel, const std::string& what) {
+  throw std::invalid_argument("gpupool: kernel '" + kernel + "': " + what);
+}
+
+// Checks one argument against its parameter and makes it ready for the lanes.
+user_operand operand_for(const std::string& kernel, const kernel_argument& arg,
+                         const kernel_parameter& p, bool declared_arrays, std::size_t count) {
+  user_operand op;
+  op.element_size = size_of(p.type);
+  if (declared_arrays && arg.is_array() != p.array)
+    bad_call(
+        kernel,
+        "argument '" + p.name + "' must be " +
+            (p.array
+                 ? "an array (declared '" + std::string(to_string(p.type)) + "* " + p.name + "')"
+                 : "a number (declared '" + std::string(to_string(p.type)) + " " + p.name + "')"));
+  if (arg.is_array()) {
+    if (arg.type() != p.type)
+      bad_call(kernel, "argument '" + p.name + "' is a " + to_string(arg.type()) +
+                           " array, but the kernel declares " + to_string(p.type));
+    if (arg.size() != count)
+      bad_call(kernel, "argument '" + p.name + "' has " + std::to_string(arg.size()) +
+                           " elements, the output " + std::to_string(count));
+    op.is_array = true;
+    op.data = static_cast<const char*>(arg.data());
+    return op;
+  }
+  auto store = [&](auto value) { std::memcpy(op.scalar, &value, sizeof value); };
+  switch (p.type) {
+    case dtype::float32:
+      store(static_cast<float>(arg.value()));
+      break;
+    case dtype::float64:
+      store(arg.value());
+      break;
+    case dtype::int32:
+      store(static_cast<std::int32_t>(arg.integer()));
+      break;
+    case dtype::int64:
+      store(arg.integer());
+      break;
+  }
+  return op;
+}
+
+prepared_call prepare(const std::string& kernel, const std::vector<kernel_parameter>& params,
+                      const kernel_parameter& output, bool declared_arrays,
+                      const std::vector<kernel_argument>& inputs, dtype out_type,
+                      std::size_t count) {
+  if (inputs.size() != params.size())
+    bad_call(kernel, "takes " + std::to_string(params.size()) + " input(s), but " +
+                         std::to_string(inputs.size()) + " were given");
+  if (out_type != output.type)
+    bad_call(kernel, "the output is " + std::string(to_string(out_type)) +
+                         ", but the kernel declares " + to_string(output.type));
+  prepared_call call;
+  call.widest = size_of(out_type);
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    call.operands.push_back(operand_for(kernel, inputs[i], params[i], declared_arrays, count));
+    call.is_array.push_back(call.operands.back().is_array);
+    if (call.operands.back().is_array)
+      call.widest = std::max(call.widest, call.operands.back().element_size);
+  }
+  return call;
+}
+
+}  // namespace
+
+std::vector<void*> prepared_call::launch_args(void* out, std::size_t offset) const {
+  std::vector<void*> args(operands.size() + 1);
+  for (std::size_t i = 0; i < operands.size(); ++i) {
+    const user_operand& in = operands[i];
+    // Backends only read through these pointers.
+    args[i] = in.is_array
+                  ? static_cast<void*>(const_cast<char*>(in.data) + offset * in.element_size)
+                  : static_cast<void*>(const_cast<unsigned char*>(in.scalar));
+  }
+  args[operands.size()] = out;
+  return args;
+}
+
+void prepared_call::append_row(std::vector<std::uint64_t>& table, void* out,
+                               std::size_t count) const {
+  for (const user_operand& in : operands) {
+    std::uint64_t slot = 0;
+    if (in.is_array)
+      slot = reinterpret_cast<std::uintptr_t>(in.data);
+    else
+      std::memcpy(&slot, in.scalar, sizeof slot);
+    table.push_back(slot);
+  }
+  table.push_back(reinterpret_cast<std::uintptr_t>(out));
+  table.push_back(count);
+}
+
+void backend_stream::launch_compiled_batch(const compiled_kernel& k, const std::uint64_t* table,
+                                           std::size_t rows) {
+  const std::vector<bool>& is_array = k.is_array();
+  const std::size_t stride = is_array.size() + 2;
+  std::vector<void*> args(is_array.size() + 1);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::uint64_t* row = table + r * stride;
+    for (std::size_t i = 0; i < is_array.size(); ++i)
+      args[i] = is_array[i] ? reinterpret_cast<void*>(static_cast<std::uintptr_t>(row[i]))
+                            : const_cast<std::uint64_t*>(row + i);
+    args[is_array.size()] =
+        reinterpret_cast<void*>(static_cast<std::uintptr_t>(row[is_array.size()]));
+    const std::uint64_t count = row[is_array.size() + 1];
+    if (count > 0) launch_compiled(k, args.data(), static_cast<std::size_t>(count));
+  }
+}
+
+prepared_call prepare_call(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+                           dtype out_type, std::size_t count) {
+  return prepare(k.name(), k.inputs(), k.output(), false, inputs, out_type, count);
+}
+
+prepared_call prepare_call(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                           dtype out_type, std::size_t count) {
+  return prepare(k.name(), k.inputs(), k.output(), true, inputs, out_type, count);
+}
+
+std::shared_ptr<const compiled_kernel> compile_for(backend& b, const elementwise_kernel& k,
+                                                   const prepared_call& call, int ordinal) {
+  return b.compile(k, call.is_array, ordinal);
+}
+
+std::shared_ptr<const compiled_kernel> compile_for(backend& b, const raw_kernel& k,
+                                                   const prepared_call& /*call*/, int ordinal) {
+  return b.compile(k, ordinal);
+}
+
+}  // namespace gpupool::detail

@@ -1,0 +1,51 @@
+// A call of a run-time compiled kernel (elementwise or raw), checked against the kernel's
+// signature and turned into what backends launch: argument pointers for one launch, or rows of a
+// batch table for many calls at once.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/backend.hpp"
+#include "gpupool/elementwise.hpp"
+
+namespace gpupool::detail {
+
+/// One input of a call, ready for the lanes.
+struct user_operand {
+  bool is_array = false;
+  const char* data = nullptr;  // the array
+  std::size_t element_size = 0;
+  alignas(8) unsigned char scalar[8] = {};  // the scalar, as the parameter's type
+};
+
+/// A call checked against its kernel.
+struct prepared_call {
+  std::vector<user_operand> operands;
+  std::vector<bool> is_array;
+  std::size_t widest = 0;  // the widest element among the array inputs and the output
+
+  /// cudaLaunchKernel-style argument list for one launch over `count` elements at `offset`:
+  /// per input the array (advanced by `offset` elements) or a pointer to the scalar, then `out`.
+  [[nodiscard]] std::vector<void*> launch_args(void* out, std::size_t offset = 0) const;
+  /// Appends this call's row to a batch table (see backend_stream::launch_compiled_batch).
+  void append_row(std::vector<std::uint64_t>& table, void* out, std::size_t count) const;
+};
+
+/// Checks `inputs` against `k`'s parameters: their number, array types and lengths (`count`),
+/// the output's type, and for raw kernels arrays exactly where declared.
+/// @throw std::invalid_argument naming the kernel and the parameter.
+prepared_call prepare_call(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
+                           dtype out_type, std::size_t count);
+prepared_call prepare_call(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                           dtype out_type, std::size_t count);
+
+/// The kernel compiled for backend device `ordinal` and the call's array/scalar pattern.
+std::shared_ptr<const compiled_kernel> compile_for(backend& b, const elementwise_kernel& k,
+                                                   const prepared_call& call, int ordinal);
+std::shared_ptr<const compiled_kernel> compile_for(backend& b, const raw_kernel& k,
+                                                   const prepared_call& call, int ordinal);
+
+}  // namespace gpupool::detail
