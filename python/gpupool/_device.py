@@ -202,7 +202,7 @@ class _SingleResult:
         return self._future.cancelled()
 
     def add_done_callback(self, callback):
-        self._future.add_done_callback(lambda _: callback(self))
+        self._future.add_done_callback(callback)  # called with no arguments, as ArrayFuture's
 
 
 def map_compiled(core, kernel, calls):
