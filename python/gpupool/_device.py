@@ -9,6 +9,7 @@ import numpy as np
 from . import _ext
 
 SUPPORTED = ("float32", "float64", "int32", "int64")
+_DTYPE_NAMES = {np.dtype(name): name for name in SUPPORTED}
 _DLPACK_CUDA = 2  # kDLCUDA
 
 
@@ -211,24 +212,37 @@ def map_compiled(core, kernel, calls):
     before anything runs. Outputs are new arrays of the first array's kind, shape and device
     (views into one buffer per device)."""
     out_dtype = kernel.output[0]
-    streams = set()
+    cupy = sys.modules.get("cupy")
+    cupy_ndarray = cupy.ndarray if cupy is not None else None
+    # CuPy work, and the outputs allocated below, are ordered on CuPy's current stream.
+    streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()
     groups = {}  # ordinal -> [call index]
     described = []
     for c, args in enumerate(calls):
         row, first = [], None
         for i, a in enumerate(args):
-            if isinstance(a, (int, float)):
+            kind = type(a)
+            if kind is cupy_ndarray:
+                # The common case, kept cheap: thousands of small arrays are what this path is for.
+                name = _DTYPE_NAMES.get(a.dtype)
+                if name is None or not a.flags.c_contiguous:
+                    _describe(a, f"call {c} argument {i}", streams)  # raises the clear error
+                memory = a.data
+                address, count, ordinal, shape = memory.ptr, a.size, memory.device_id, a.shape
+            elif kind is int or kind is float:
                 row.append(a)
                 continue
-            if not is_device_array(a):
+            elif is_device_array(a):
+                address, count, name, ordinal, shape = _describe(a, f"call {c} argument {i}",
+                                                                 streams)
+            else:
                 raise TypeError(f"gpupool: call {c} argument {i} is not a device array while "
                                 "others are; pass host arrays and device arrays in separate maps")
-            address, count, dtype, ordinal, shape = _describe(a, f"call {c} argument {i}", streams)
             if first is None:
                 first = (a, count, ordinal, shape)
             elif count and ordinal != first[2]:
                 raise ValueError(f"gpupool: call {c} has arrays on GPUs {first[2]} and {ordinal}")
-            row.append((address, count, dtype))
+            row.append((address, count, name))
         if first is None:
             raise TypeError(f"gpupool: call {c} of kernel '{kernel.name}' has no array")
         described.append((row, first))
@@ -248,14 +262,11 @@ def map_compiled(core, kernel, calls):
         for c in members:
             row, (_, count, _, shape) = described[c]
             view = flat[offset:offset + count]
-            outputs[c] = view if len(shape) == 1 else view.reshape(shape)
+            outputs[c] = view if len(shape) <= 1 else view.reshape(shape)
             rows.append(row)
             outs.append(base + offset * itemsize)
             counts.append(count)
             offset += count
-        # The outputs come from the framework's pool on its current stream: wait for that too.
-        if type(flat).__module__.split(".")[0] == "cupy":
-            streams.add(("cupy", sys.modules["cupy"].cuda.get_current_stream()))
         futures.append((target, members, rows, outs, counts))
     _wait_for(streams)
     keep_alive = tuple(calls)

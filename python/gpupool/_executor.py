@@ -344,7 +344,10 @@ def _framework_streams(cupy, torch, stream, ordinal):
 def _as_number(value):
     """`value` as a Python number if it is one (NumPy scalars and 0-d arrays included), else
     None."""
-    if isinstance(value, bool):
+    kind = type(value)
+    if kind is int or kind is float:
+        return value
+    if kind is bool:
         return None
     if isinstance(value, numbers.Number):
         return value.item() if hasattr(value, "item") else value
