@@ -23,6 +23,9 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--repeat", type=int, default=40, help="pairs of runs for the cost")
     parser.add_argument("--chunks", type=int, default=200)
+    parser.add_argument("--lanes", type=int, default=None,
+                        help="lanes per GPU for the cost measurement (default: the Executor's)")
+    parser.add_argument("--cost-only", action="store_true", help="skip the timelines")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -41,7 +44,7 @@ def main():
         out = list(ex.map(gpupool.kernels.square, data))
         return out, time.perf_counter() - t0
 
-    with gpupool.Executor() as ex:
+    with gpupool.Executor(threads_per_gpu=args.lanes) as ex:
         check(run(ex)[0])
         ratios, off = [], []
         for i in range(args.repeat):
@@ -63,7 +66,9 @@ def main():
         print(f"W2 tracing cost: {100 * (median - 1):+.2f}% of the run time (median of "
               f"{len(ratios)} paired runs; 90% CI {100 * (low - 1):+.2f}% .. "
               f"{100 * (high - 1):+.2f}%; untraced W2 {gigabytes / statistics.median(off):.2f} "
-              "GB/s)")
+              f"GB/s; {ex.threads_per_gpu} lanes)")
+    if args.cost_only:
+        return
 
     for lanes in (1, 4):
         with gpupool.Executor(threads_per_gpu=lanes) as ex:
