@@ -145,6 +145,27 @@ TEST_P(ElementwiseTest, TracedLikeTheBuiltInKernels) {
   EXPECT_EQ(out[19'999], 2.0);
 }
 
+TEST_P(ElementwiseTest, PiecesRunOnEveryDevice) {
+  executor_options o = options();
+  o.cpu_devices = 3;  // the CPU backend stands in for three devices; a GPU machine uses its own
+  o.chunk_bytes = 16 << 10;
+  executor ex(o);
+  ex.set_tracing(true);
+  ASSERT_EQ(ex.devices().size(), GetParam() == backend_kind::cpu ? 3u : ex.devices().size());
+  elementwise_kernel k("int32 x", "int32 y", "y = 3 * x - 1;", "everywhere");
+  std::vector<std::int32_t> x(200'000), out(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<std::int32_t>(i % 1000);
+  ex.transform<std::int32_t>(k, {x}, out).get();
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], 3 * x[i] - 1) << i;
+  // Which lanes take the pieces is up to the scheduler; every piece, wherever it ran, used the
+  // kernel compiled for its device.
+  const auto t = ex.trace();
+  for (const auto& r : t.records()) {
+    EXPECT_GE(r.device, 0);
+    EXPECT_LT(r.device, static_cast<int>(ex.devices().size()));
+  }
+}
+
 TEST_P(ElementwiseTest, RunsOnDeviceArraysInsideATask) {
   executor ex(options());
   elementwise_kernel k("float32 x, float32 a", "float32 y", "y = a * x + 1.0f;", "on_device");

@@ -344,7 +344,10 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
                                          dtype out_type, void* out, std::size_t count) {
   require_accepting();
   auto call = detail::prepare_call(k, inputs, out_type, count);
-  auto compiled = detail::compile_for(*owner, k, call, ordinals.front());
+  // Pieces run on every device: compile for each one's architecture (devices of one kind share
+  // the compiled image and its loaded library).
+  std::vector<std::shared_ptr<const detail::compiled_kernel>> compiled;
+  for (int ordinal : ordinals) compiled.push_back(detail::compile_for(*owner, k, call, ordinal));
   auto state = std::make_shared<detail::shared_state<void>>();
   if (count == 0) {
     state->try_start();

@@ -41,7 +41,7 @@ void user_kernel_piece::start(lane& l, int slot) {
   w.trace_mark(slot, lane_worker::mark::kernel_begin);
   void* result = w.slot_device(slot, n);
   args[static_cast<std::size_t>(n)] = result;
-  w.stream().launch_compiled(job_->kernel(), args.data(), count_);
+  w.stream().launch_compiled(job_->kernel(w.device()), args.data(), count_);
   w.trace_mark(slot, lane_worker::mark::kernel_end);
 
   out_ = job_->out() + offset_ * job_->out_element();

@@ -18,11 +18,12 @@ namespace gpupool::detail {
 
 class user_kernel_job final : public piecewise_job {
  public:
-  user_kernel_job(std::string name, std::shared_ptr<const compiled_kernel> kernel,
+  /// `kernels[d]` is the kernel compiled for executor device `d`.
+  user_kernel_job(std::string name, std::vector<std::shared_ptr<const compiled_kernel>> kernels,
                   prepared_call call, void* out, std::size_t out_element, std::size_t count,
                   std::shared_ptr<shared_state<void>> state)
       : name_(std::move(name)),
-        kernel_(std::move(kernel)),
+        kernels_(std::move(kernels)),
         call_(std::move(call)),
         out_(static_cast<char*>(out)),
         out_element_(out_element),
@@ -31,7 +32,9 @@ class user_kernel_job final : public piecewise_job {
 
   state_base& state() noexcept override { return *state_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
-  [[nodiscard]] const compiled_kernel& kernel() const noexcept { return *kernel_; }
+  [[nodiscard]] const compiled_kernel& kernel(int device) const noexcept {
+    return *kernels_[static_cast<std::size_t>(device)];
+  }
   [[nodiscard]] prepared_call& call() noexcept { return call_; }
   [[nodiscard]] const std::vector<user_operand>& inputs() const noexcept { return call_.operands; }
   [[nodiscard]] char* out() const noexcept { return out_; }
@@ -43,7 +46,7 @@ class user_kernel_job final : public piecewise_job {
 
  private:
   std::string name_;
-  std::shared_ptr<const compiled_kernel> kernel_;
+  std::vector<std::shared_ptr<const compiled_kernel>> kernels_;
   prepared_call call_;
   char* out_;
   std::size_t out_element_;

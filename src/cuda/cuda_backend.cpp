@@ -290,7 +290,7 @@ class cuda_stream final : public backend_stream {
       const unsigned long long per_row = (longest + block - 1) / block;
       const unsigned long long wave_per_row =
           std::max<unsigned long long>(1, wave_blocks(block) / n_rows);
-      const dim3 grid(static_cast<unsigned>(std::min(per_row, std::max(wave_per_row, 1ull))),
+      const dim3 grid(static_cast<unsigned>(std::min(per_row, wave_per_row)),
                       static_cast<unsigned>(n_rows));
       void* params[] = {&device_table};
       const cudaError_t launched =
