@@ -4,6 +4,9 @@
 // White-box: these call the CUDA backend's compiler directly.
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdio>
+
 #include <stdlib.h>
 
 #include <filesystem>
@@ -55,16 +58,24 @@ TEST_F(NvrtcTest, ASyntaxErrorCarriesTheLogAndTheLine) {
 
 TEST_F(NvrtcTest, AnotherCacheFolderWithTheImageLoadsWithoutCompiling) {
   elementwise_kernel k("int32 x", "int32 y", "y = x * 7 + 3;", "seven");
+  const auto t0 = std::chrono::steady_clock::now();
   auto first = detail::cuda::compile_cubin(k, {true}, 9, 0);
+  const auto t1 = std::chrono::steady_clock::now();
   // A copy of the cache elsewhere stands for a second process: nothing compiled there yet.
   char dir[] = "/tmp/gpupool-nvrtc-copy-XXXXXX";
   ASSERT_NE(::mkdtemp(dir), nullptr);
   std::filesystem::copy(cache_, dir, std::filesystem::copy_options::recursive);
   ::setenv("GPUPOOL_CACHE_DIR", dir, 1);
   const std::size_t before = kernels_compiled();
+  const auto t2 = std::chrono::steady_clock::now();
   auto loaded = detail::cuda::compile_cubin(k, {true}, 9, 0);
+  const auto t3 = std::chrono::steady_clock::now();
   EXPECT_EQ(kernels_compiled(), before);
   EXPECT_EQ(*loaded, *first);
+  const double compile_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
+  const double load_ms = std::chrono::duration<double, std::milli>(t3 - t2).count();
+  std::printf("NVRTC compile %.1f ms, load from the disk cache %.2f ms\n", compile_ms, load_ms);
+  EXPECT_LT(load_ms, compile_ms);
 }
 
 TEST_F(NvrtcTest, TheImageHoldsTheBatchEntryPoint) {
