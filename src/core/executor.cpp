@@ -183,6 +183,14 @@ struct executor::impl {
     if (!accepting.load()) throw std::runtime_error(shut_down_message);
   }
 
+  // The future of work with nothing to do: already succeeded.
+  static future<void> nothing_to_do() {
+    auto state = std::make_shared<detail::shared_state<void>>();
+    state->try_start();
+    state->set_value();
+    return future<void>(std::move(state));
+  }
+
   // Run-time compiled kernels (elementwise or raw) over host arrays, and over device calls.
   template <class K>
   future<void> launch_user(const K& k, const std::vector<kernel_argument>& inputs, dtype out_type,
@@ -292,7 +300,7 @@ void executor::clear_trace() {
 }
 
 void executor::require_open() const {
-  if (!impl_->accepting.load()) throw std::runtime_error(shut_down_message);
+  impl_->require_accepting();
 }
 
 void executor::check_device(int device) const {
@@ -328,14 +336,12 @@ void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job)
 
 future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, const void* y,
                                       void* out, std::size_t n) {
-  auto state = std::make_shared<detail::shared_state<void>>();
   if (n == 0) {
     require_open();
-    state->try_start();
-    state->set_value();
-  } else {
-    enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
+    return impl::nothing_to_do();
   }
+  auto state = std::make_shared<detail::shared_state<void>>();
+  enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
   return future<void>(std::move(state));
 }
 
@@ -348,12 +354,8 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
   // the compiled image and its loaded library).
   std::vector<std::shared_ptr<const detail::compiled_kernel>> compiled;
   for (int ordinal : ordinals) compiled.push_back(detail::compile_for(*owner, k, call, ordinal));
+  if (count == 0) return nothing_to_do();
   auto state = std::make_shared<detail::shared_state<void>>();
-  if (count == 0) {
-    state->try_start();
-    state->set_value();
-    return future<void>(std::move(state));
-  }
   const std::size_t widest = call.widest;
   auto job = std::make_shared<detail::user_kernel_job>(
       k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state);
@@ -381,12 +383,8 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
                                   " mixes arrays and scalars differently from call 0; pass "
                                   "each pattern in its own map");
   }
+  if (calls.empty()) return nothing_to_do();
   auto state = std::make_shared<detail::shared_state<void>>();
-  if (calls.empty()) {
-    state->try_start();
-    state->set_value();
-    return future<void>(std::move(state));
-  }
   const int ordinal = ordinals[static_cast<std::size_t>(device)];
   auto job = std::make_shared<detail::device_calls_job>(
       k.name(), detail::compile_for(*owner, k, prepared[0], ordinal), state);
