@@ -275,6 +275,14 @@ gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*
   return std::span<const std::int64_t>(static_cast<const std::int64_t*>(a.data()), n);
 }
 
+// A Python float or int (not a bool) as a broadcast kernel argument; nothing for anything else.
+std::optional<gpupool::kernel_argument> number_argument(nb::handle a) {
+  if (PyFloat_Check(a.ptr())) return gpupool::kernel_argument(nb::cast<double>(a));
+  if (PyLong_Check(a.ptr()) && !PyBool_Check(a.ptr()))
+    return gpupool::kernel_argument(nb::cast<long>(a));
+  return std::nullopt;
+}
+
 std::vector<std::size_t> shape_of(const input_array& a) {
   std::vector<std::size_t> shape(a.ndim());
   for (std::size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
@@ -423,10 +431,8 @@ class py_executor {
     for (std::size_t i = 0; i < n; ++i) {
       nb::handle a = args[i];
       const std::string& name = k.inputs()[i].name;
-      if (PyFloat_Check(a.ptr())) {
-        arguments.emplace_back(nb::cast<double>(a));
-      } else if (PyLong_Check(a.ptr()) && !PyBool_Check(a.ptr())) {
-        arguments.emplace_back(nb::cast<long>(a));
+      if (auto number = number_argument(a)) {
+        arguments.push_back(*number);
       } else {
         arrays.push_back(as_input(a, i, "argument"));
         const input_array& view = arrays.back();
@@ -470,10 +476,8 @@ class py_executor {
       auto& inputs = work[c].inputs;
       inputs.reserve(nb::len(args));
       for (nb::handle a : args) {
-        if (PyFloat_Check(a.ptr())) {
-          inputs.emplace_back(nb::cast<double>(a));
-        } else if (PyLong_Check(a.ptr())) {
-          inputs.emplace_back(nb::cast<long>(a));
+        if (auto number = number_argument(a)) {
+          inputs.push_back(*number);
         } else {
           auto [address, count, type] =
               nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string>>(a);
