@@ -113,18 +113,20 @@ def launch(core, kernel, xs, ys):
 
 def _describe(obj, where, streams):
     """(address, element count, dtype name, ordinal, shape) of one device array; notes the
-    stream its producer may still be writing on in `streams`."""
+    stream its producer may still be writing on in `streams` (CuPy's current stream is the
+    caller's to note, once for all arrays)."""
     cupy = sys.modules.get("cupy")
     if cupy is not None and type(obj) is cupy.ndarray:
-        # CuPy's own attributes are much cheaper than building its interface dict per array.
+        # The common case, kept cheap - thousands of small arrays are what this path is for:
+        # CuPy's own attributes rather than its interface dict.
+        name = _DTYPE_NAMES.get(obj.dtype)
+        if name is None:
+            raise TypeError(f"gpupool: {where} has unsupported dtype {obj.dtype}; "
+                            "expected float32, float64, int32 or int64")
         if not obj.flags.c_contiguous:
             raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
-        name = obj.dtype.name
-        if name not in SUPPORTED:
-            raise TypeError(f"gpupool: {where} has unsupported dtype {name}; "
-                            "expected float32, float64, int32 or int64")
-        streams.add(("cupy", cupy.cuda.get_current_stream()))
-        return obj.data.ptr, obj.size, name, obj.device.id, obj.shape
+        memory = obj.data
+        return memory.ptr, obj.size, name, memory.device_id, obj.shape
     view = DeviceArray(obj, where)
     if view.stream not in (None, 0):
         streams.add(("cai", view.stream))
@@ -222,22 +224,13 @@ def map_compiled(core, kernel, calls):
         row, first = [], None
         for i, a in enumerate(args):
             kind = type(a)
-            if kind is cupy_ndarray:
-                # The common case, kept cheap: thousands of small arrays are what this path is for.
-                name = _DTYPE_NAMES.get(a.dtype)
-                if name is None or not a.flags.c_contiguous:
-                    _describe(a, f"call {c} argument {i}", streams)  # raises the clear error
-                memory = a.data
-                address, count, ordinal, shape = memory.ptr, a.size, memory.device_id, a.shape
-            elif kind is int or kind is float:
+            if kind is int or kind is float:
                 row.append(a)
                 continue
-            elif is_device_array(a):
-                address, count, name, ordinal, shape = _describe(a, f"call {c} argument {i}",
-                                                                 streams)
-            else:
+            if kind is not cupy_ndarray and not is_device_array(a):
                 raise TypeError(f"gpupool: call {c} argument {i} is not a device array while "
                                 "others are; pass host arrays and device arrays in separate maps")
+            address, count, name, ordinal, shape = _describe(a, f"call {c} argument {i}", streams)
             if first is None:
                 first = (a, count, ordinal, shape)
             elif count and ordinal != first[2]:
