@@ -153,5 +153,44 @@ TEST_P(TraceTest, ExportsNameEveryTaskAndStage) {
   EXPECT_NE(table.str().find("all"), std::string::npos);
 }
 
+// The GPU's stage times measure the work itself: a kernel that holds the GPU for 2 ms shows a
+// kernel stage of 2 ms, which the host clock around the task confirms.
+TEST(CudaTrace, TheKernelStageLastsAsLongAsTheKernel) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  executor_options o;
+  o.backend = backend_kind::cuda;
+  o.lanes_per_device = 1;
+  o.quiet = true;
+  executor ex(o);
+  raw_kernel hold(R"(
+extern "C" __global__ void hold(const float* x, float* out, unsigned long long n) {
+  unsigned long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  } while (now - start < 2000000ull);
+  for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += gridDim.x * blockDim.x)
+    out[i] = x[i];
+}
+)",
+                  "hold", "float32* x", "float32* out");
+  const std::vector<float> x(1'000, 3.0f);
+  std::vector<float> out(x.size());
+  ex.transform<float>(hold, {x}, out).get();  // compiled and loaded outside the trace
+  ex.set_tracing(true);
+  ex.transform<float>(hold, {x}, out).get();
+  ASSERT_EQ(out[999], 3.0f);
+  const auto t = ex.trace();
+  ASSERT_EQ(t.records().size(), 1u);
+  const task_record& r = t.records()[0];
+  ASSERT_TRUE(r.kernel.present());
+  const double kernel_us = r.kernel.end - r.kernel.begin;
+  EXPECT_GE(r.done - r.started, 2000.0) << "the host saw the task take less than the kernel";
+  EXPECT_GE(kernel_us, 1990.0);
+  EXPECT_LE(kernel_us, r.done - r.started + 50.0);
+  EXPECT_LE(r.upload.end - r.upload.begin, 1000.0) << "4 KB took a millisecond to upload";
+}
+
 }  // namespace
 }  // namespace gpupool

@@ -1,6 +1,7 @@
 // The journey of every task, recorded when tracing is on: queued, started on a lane, staged into
-// pinned memory, uploaded, computed, downloaded, handed back. Times from CUDA events on the GPU
-// (host clocks on the CPU backend), all on one clock: microseconds since the executor started.
+// pinned memory, uploaded, computed, downloaded, handed back. Times from the GPU's own clock,
+// stamped in stream order (host clocks on the CPU backend), all on one clock: microseconds since
+// the executor started.
 #pragma once
 
 #include <cstddef>

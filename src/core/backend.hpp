@@ -27,7 +27,8 @@ class backend_event {
   virtual void wait() = 0;
 };
 
-/// A timestamp taken in stream order (a timing CUDA event; a host clock reading on the CPU).
+/// A timestamp taken in stream order (on CUDA the GPU's global clock, written by a one-thread
+/// kernel; a host clock reading on the CPU).
 class backend_timer {
  public:
   virtual ~backend_timer() = default;

@@ -101,7 +101,7 @@ class lane_worker final : public lane {
   // Tracing, for the items that know their stages. Each does nothing unless the slot's item is
   // being traced.
   enum class mark { upload_begin, kernel_begin, kernel_end, download_end };
-  /// Timestamps this point of the stream's work (a timing event on CUDA).
+  /// Timestamps this point of the stream's work (a GPU clock stamp on CUDA).
   void trace_mark(int slot, mark m);
   /// Records a host-side stage (staging copies) that ran from `begin_us` to now.
   void trace_stage_in(int slot, double begin_us);
