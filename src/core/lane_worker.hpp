@@ -157,6 +157,7 @@ class lane_worker final : public lane {
 
   std::vector<slot_trace> traces_;
   std::unique_ptr<backend_timer> reference_;  // a mark taken at `reference_us_`
+  std::unique_ptr<backend_timer> probe_;      // calibration's spare mark (made once, reused)
   double reference_us_ = 0.0;
   double calibrated_at_us_ = 0.0;
   mutable std::mutex records_mutex_;
