@@ -2,7 +2,8 @@
 
 - the cost of tracing: W2 timed in pairs, tracing off and on (which goes first alternates), the
   median of the pairs' time ratios with a bootstrap 90% confidence interval - pairing cancels the
-  machine's drift, which is larger than the cost being measured;
+  machine's drift, which is larger than the cost being measured (`--control` times pairs of
+  untraced runs the same way, to show what the method reads when there is nothing to find);
 - timelines of W2 with 1 lane and with 4 lanes, as PNG pictures (and the 4-lane Chrome trace).
 
 Usage: python bench/timelines.py OUT_DIR [--repeat N]
@@ -26,6 +27,8 @@ def main():
     parser.add_argument("--lanes", type=int, default=None,
                         help="lanes per GPU for the cost measurement (default: the Executor's)")
     parser.add_argument("--cost-only", action="store_true", help="skip the timelines")
+    parser.add_argument("--control", action="store_true",
+                        help="trace neither run of a pair: the method's own reading of no cost")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
 
@@ -50,7 +53,7 @@ def main():
         for i in range(args.repeat):
             seconds = {}
             for traced in ((False, True) if i % 2 == 0 else (True, False)):
-                if traced:
+                if traced and not args.control:
                     with ex.trace():
                         out, seconds[traced] = run(ex)
                 else:
@@ -63,7 +66,8 @@ def main():
         median = statistics.median(ratios)
         resampled = np.median(rng.choice(ratios, (4000, len(ratios))), axis=1)
         low, high = np.percentile(resampled, [5, 95])
-        print(f"W2 tracing cost: {100 * (median - 1):+.2f}% of the run time (median of "
+        what = "control (neither run traced)" if args.control else "tracing cost"
+        print(f"W2 {what}: {100 * (median - 1):+.2f}% of the run time (median of "
               f"{len(ratios)} paired runs; 90% CI {100 * (low - 1):+.2f}% .. "
               f"{100 * (high - 1):+.2f}%; untraced W2 {gigabytes / statistics.median(off):.2f} "
               f"GB/s; {ex.threads_per_gpu} lanes)")
