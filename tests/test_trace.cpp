@@ -192,5 +192,36 @@ extern "C" __global__ void hold(const float* x, float* out, unsigned long long n
   EXPECT_LE(r.upload.end - r.upload.begin, 1000.0) << "4 KB took a millisecond to upload";
 }
 
+// The built-in kernels stamp their own start and finish (the last block to finish stamps it and
+// resets a counter for the next launch): every piece of a long traced run, and of a second run
+// after an untraced one, has a kernel stage that starts after its upload, lasts longer than
+// nothing and ends before its download.
+TEST(CudaTrace, BuiltInKernelsStampTheirOwnStartAndFinish) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  executor_options o;
+  o.backend = backend_kind::cuda;
+  o.lanes_per_device = 2;
+  o.quiet = true;
+  executor ex(o);
+  const auto x = testing::random_vector<double>(std::size_t{1} << 23, 9);  // 8 pieces of 8 MiB
+  std::vector<double> out(x.size());
+  for (int round = 0; round < 3; ++round) {
+    ex.set_tracing(round != 1);
+    ex.clear_trace();
+    ex.transform(kernel::square(), std::span<const double>(x), std::span<double>(out)).get();
+    ASSERT_EQ(out.back(), x.back() * x.back());
+    if (round == 1) continue;
+    const auto t = ex.trace();
+    ASSERT_EQ(t.records().size(), 8u);
+    for (const task_record& r : t.records()) {
+      ASSERT_TRUE(r.kernel.present()) << r.id;
+      EXPECT_GT(r.kernel.end, r.kernel.begin) << "piece " << r.id << " round " << round;
+      EXPECT_LE(r.upload.end, r.kernel.begin) << r.id;
+      EXPECT_LE(r.kernel.end, r.download.begin + 1.0) << r.id;
+      EXPECT_LT(r.kernel.end - r.kernel.begin, r.done - r.started) << r.id;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace gpupool

@@ -68,6 +68,15 @@ class backend_stream {
   /// Enqueues `out = k(x[, y])` over `count` elements of type `t`.
   virtual void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
                       std::size_t count) = 0;
+  /// `launch`, with `begin` marked when the kernel starts and `end` when it has finished. This
+  /// default records the marks around the launch; a backend whose kernels can take the marks
+  /// themselves overrides it (on CUDA that saves two stream operations per traced piece).
+  virtual void launch_marked(const kernel& k, dtype t, const void* x, const void* y, void* out,
+                             std::size_t count, backend_timer& begin, backend_timer& end) {
+    begin.record();
+    launch(k, t, x, y, out, count);
+    end.record();
+  }
   /// Enqueues a compiled user kernel over `count` elements. `args` holds, per input, a device
   /// array or a pointer to the scalar's value (host memory, read before this returns), then the
   /// output device array.

@@ -30,9 +30,7 @@ void elementwise_piece::start(lane& l, int slot) {
   w.trace_mark(slot, lane_worker::mark::upload_begin);
   w.stream().copy_to_device(x, x_from, bytes);
   if (two_inputs) w.stream().copy_to_device(y, y_from, bytes);
-  w.trace_mark(slot, lane_worker::mark::kernel_begin);
-  w.stream().launch(job_->kern(), job_->type(), x, y, x, count_);
-  w.trace_mark(slot, lane_worker::mark::kernel_end);
+  w.launch(slot, job_->kern(), job_->type(), x, y, x, count_);  // marks the kernel when traced
 
   out_ = static_cast<char*>(job_->output()) + skip;
   staged_output_ = !is_pinned(out_);

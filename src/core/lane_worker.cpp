@@ -336,13 +336,26 @@ bool lane_worker::traced(int slot) const noexcept {
   return traces_[static_cast<std::size_t>(slot)].on;
 }
 
-void lane_worker::trace_mark(int slot, mark m) {
+backend_timer& lane_worker::mark_timer(int slot, mark m) {
   slot_trace& t = traces_[static_cast<std::size_t>(slot)];
-  if (!t.on) return;
   const auto i = static_cast<std::size_t>(m);
   if (!t.marks[i]) t.marks[i] = stream_->make_timer();
-  t.marks[i]->record();
   t.marked[i] = true;
+  return *t.marks[i];
+}
+
+void lane_worker::trace_mark(int slot, mark m) {
+  if (traced(slot)) mark_timer(slot, m).record();
+}
+
+void lane_worker::launch(int slot, const kernel& k, dtype t, const void* x, const void* y,
+                         void* out, std::size_t count) {
+  if (!traced(slot)) {
+    stream_->launch(k, t, x, y, out, count);
+    return;
+  }
+  stream_->launch_marked(k, t, x, y, out, count, mark_timer(slot, mark::kernel_begin),
+                         mark_timer(slot, mark::kernel_end));
 }
 
 void lane_worker::trace_stage_in(int slot, double begin_us) {

@@ -103,6 +103,10 @@ class lane_worker final : public lane {
   enum class mark { upload_begin, kernel_begin, kernel_end, download_end };
   /// Timestamps this point of the stream's work (a GPU clock stamp on CUDA).
   void trace_mark(int slot, mark m);
+  /// Enqueues a built-in kernel; for a traced slot the launch also marks `kernel_begin` and
+  /// `kernel_end` (on CUDA the kernel stamps them itself).
+  void launch(int slot, const kernel& k, dtype t, const void* x, const void* y, void* out,
+              std::size_t count);
   /// Records a host-side stage (staging copies) that ran from `begin_us` to now.
   void trace_stage_in(int slot, double begin_us);
   void trace_stage_out(int slot, double begin_us);
@@ -132,6 +136,8 @@ class lane_worker final : public lane {
   };
 
   void begin_trace(int slot, const work_item& item, bool lane_idle) noexcept;
+  /// The traced slot's timer for `m` (made on first use), counted as marked.
+  backend_timer& mark_timer(int slot, mark m);
   /// Lines this lane's GPU timestamps up with the host clock (synchronises the stream).
   void calibrate_clock();
   /// Completes the slot's record (converting GPU marks to the executor's clock) and keeps it.
