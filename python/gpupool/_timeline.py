@@ -27,6 +27,9 @@ def draw_png(records, path, backend="", title=None):
             rows.append((f"device {device}: {engine}", ("engine", device, stage)))
     index = {key: i for i, (_, key) in enumerate(rows)}
     fig, ax = plt.subplots(figsize=(14, 0.45 * len(rows) + 1.5))
+    # Stages narrower than a pixel or two (a 10 us kernel in a 60 ms run) would vanish from the
+    # picture: draw every stage at least about 1.5 pixels wide.
+    narrowest = (t1 - t0) / 1e3 / 800
     for r in records:
         for stage, _, color, where in STAGES:
             span = r[stage]
@@ -35,10 +38,10 @@ def draw_png(records, path, backend="", title=None):
             begin, end = (span[0] - t0) / 1e3, (span[1] - t0) / 1e3
             y = index[("lane", r["device"], r["lane"])]
             offset = -0.2 if where == "host" else 0.2
-            ax.barh(y + offset, max(end - begin, 1e-4), left=begin, height=0.35, color=color)
+            ax.barh(y + offset, max(end - begin, narrowest), left=begin, height=0.35, color=color)
             if stage in ENGINES and r["upload"] is not None:
-                ax.barh(index[("engine", r["device"], stage)], max(end - begin, 1e-4), left=begin,
-                        height=0.7, color=color, alpha=0.5)
+                ax.barh(index[("engine", r["device"], stage)], max(end - begin, narrowest),
+                        left=begin, height=0.7, color=color, alpha=0.5)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
