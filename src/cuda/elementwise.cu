@@ -3,6 +3,7 @@
 #include "core/elementwise_math.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.hpp"
+#include "cuda/global_clock.cuh"
 
 namespace gpupool::detail::cuda {
 namespace {
@@ -10,12 +11,6 @@ namespace {
 constexpr int threads_per_block = 256;
 // Enough blocks to fill any current GPU several times over; the grid-stride loop covers the rest.
 constexpr std::size_t most_blocks = 8192;
-
-__device__ std::uint64_t global_clock() {
-  std::uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  return now;
-}
 
 // `clock.begin` null: no stamps (one uniform branch per block, not a second set of kernels).
 template <op O, class T>

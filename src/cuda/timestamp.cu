@@ -1,15 +1,14 @@
 #include <cuda_runtime.h>
 
 #include "cuda/cuda_check.hpp"
+#include "cuda/global_clock.cuh"
 #include "cuda/timestamp.hpp"
 
 namespace gpupool::detail::cuda {
 namespace {
 
 __global__ void write_global_timer(std::uint64_t* where) {
-  std::uint64_t now;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
-  *where = now;
+  *where = global_clock();
 }
 
 }  // namespace
