@@ -153,15 +153,19 @@ TEST_P(TraceTest, ExportsNameEveryTaskAndStage) {
   EXPECT_NE(table.str().find("all"), std::string::npos);
 }
 
+executor_options cuda_options(int lanes) {
+  executor_options o;
+  o.backend = backend_kind::cuda;
+  o.lanes_per_device = lanes;
+  o.quiet = true;
+  return o;
+}
+
 // The GPU's stage times measure the work itself: a kernel that holds the GPU for 2 ms shows a
 // kernel stage of 2 ms, which the host clock around the task confirms.
 TEST(CudaTrace, TheKernelStageLastsAsLongAsTheKernel) {
   GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
-  executor_options o;
-  o.backend = backend_kind::cuda;
-  o.lanes_per_device = 1;
-  o.quiet = true;
-  executor ex(o);
+  executor ex(cuda_options(1));
   raw_kernel hold(R"(
 extern "C" __global__ void hold(const float* x, float* out, unsigned long long n) {
   unsigned long long start, now;
@@ -198,11 +202,7 @@ extern "C" __global__ void hold(const float* x, float* out, unsigned long long n
 // nothing and ends before its download.
 TEST(CudaTrace, BuiltInKernelsStampTheirOwnStartAndFinish) {
   GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
-  executor_options o;
-  o.backend = backend_kind::cuda;
-  o.lanes_per_device = 2;
-  o.quiet = true;
-  executor ex(o);
+  executor ex(cuda_options(2));
   const auto x = testing::random_vector<double>(std::size_t{1} << 23, 9);  // 8 pieces of 8 MiB
   std::vector<double> out(x.size());
   for (int round = 0; round < 3; ++round) {
