@@ -34,13 +34,13 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
                       help="tiny sizes (seconds, for tests and the CPU backend)")
     size.add_argument("--scale", type=float, default=1.0,
                       help="multiply the workloads' chunk counts (not W1's five) by this")
-    parser.add_argument("--repeat", type=int, default=7,
-                        help="timed runs per variant at most, after one warm-up (default 7)")
-    parser.add_argument("--min-repeat", type=int, default=3,
-                        help="timed runs per variant at least (default 3)")
-    parser.add_argument("--seconds", type=float, default=1.5,
+    parser.add_argument("--repeat", type=int, default=5,
+                        help="timed runs per variant at most, after one warm-up (default 5)")
+    parser.add_argument("--min-repeat", type=int, default=2,
+                        help="timed runs per variant at least (default 2)")
+    parser.add_argument("--seconds", type=float, default=1.0,
                         help="stop timing a variant past this many seconds once it has "
-                             "--min-repeat runs (default 1.5)")
+                             "--min-repeat runs (default 1.0)")
     parser.add_argument("--lanes-list", default="",
                         help="gpupool lanes per GPU to sweep (default 4,8,16; tiny 1,2,4)")
     parser.add_argument("--chunk-list", default="",
