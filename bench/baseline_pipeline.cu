@@ -211,12 +211,14 @@ struct host_data {
   // the next run must write it again.
   std::string check(int fmas) {
     for (std::size_t c = 0; c < in.size(); ++c) {
-      const std::size_t step = sizeof(T) == sizeof(double) ? 1 : std::max<std::size_t>(1, size / 16);
+      const std::size_t step =
+          sizeof(T) == sizeof(double) ? 1 : std::max<std::size_t>(1, size / 16);
       for (std::size_t i = 0; i < size; i += step) {
         const bool ok = sizeof(T) == sizeof(double)
                             ? out[c][i] == in[c][i] * in[c][i]
                             : compare::fma_close(out[c][i], compare::fma_chain(in[c][i], fmas));
-        if (!ok) return "chunk " + std::to_string(c) + " element " + std::to_string(i) + " is wrong";
+        if (!ok)
+          return "chunk " + std::to_string(c) + " element " + std::to_string(i) + " is wrong";
         out[c][i] = std::numeric_limits<T>::quiet_NaN();
       }
     }
@@ -241,10 +243,11 @@ void host_workload(const options& o, bool pinned, const std::string& unit, doubl
     std::string why;
     const auto t = compare::timed(
         o, [&] { p.run(data.in, data.out, o.size); }, [&] { return data.check(0); }, why);
-    compare::emit(o.workload,
-                  "hand-written C++ pipeline, " + std::to_string(threads) +
-                      (pinned ? " threads (pinned in and out)" : " threads (staged through pinned)"),
-                  "alternative", unit, amount, t, why, threads_json(threads, 1));
+    compare::emit(
+        o.workload,
+        "hand-written C++ pipeline, " + std::to_string(threads) +
+            (pinned ? " threads (pinned in and out)" : " threads (staged through pinned)"),
+        "alternative", unit, amount, t, why, threads_json(threads, 1));
   }
 }
 
@@ -319,8 +322,8 @@ void every_device_vs_one(const options& o) {
     if (!why.empty()) break;
     medians.push_back(compare::median(t));
   }
-  const std::string variant = "hand-written C++ pipeline, " + std::to_string(per_device) +
-                              " threads per GPU";
+  const std::string variant =
+      "hand-written C++ pipeline, " + std::to_string(per_device) + " threads per GPU";
   if (!why.empty()) {
     compare::emit(o.workload, variant, "alternative", "x", gigabytes, {}, why);
     return;
@@ -379,7 +382,8 @@ void limits(const options& o) {
   const double gb = static_cast<double>(bytes) * rounds / 1e9;
   auto best_of = [&](const std::vector<int>& on, bool up, bool down) {
     double fastest = 1e300;
-    for (int r = 0; r < std::max(1, o.min_repeat); ++r) fastest = std::min(fastest, copies(on, up, down));
+    for (int r = 0; r < std::max(1, o.min_repeat); ++r)
+      fastest = std::min(fastest, copies(on, up, down));
     return gb * static_cast<double>(on.size()) / fastest;
   };
   for (int d = 0; d < devices; ++d) {
@@ -417,10 +421,9 @@ void limits(const options& o) {
     empty_kernel<<<1, 1, 0, b[0].up>>>();
     CUDA(cudaStreamSynchronize(b[0].up));
   }
-  const double round_trip = std::chrono::duration<double, std::micro>(
-                                compare::clock_type::now() - t0)
-                                .count() /
-                            (launches / 4);
+  const double round_trip =
+      std::chrono::duration<double, std::micro>(compare::clock_type::now() - t0).count() /
+      (launches / 4);
   CUDA(cudaGetLastError());
   compare::emit_value("kernel launch, queued back to back, GPU 0 (us each)", "us", queued,
                       "launch_us");

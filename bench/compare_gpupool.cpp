@@ -22,9 +22,9 @@ namespace {
 using compare::options;
 
 struct setting {
-  int lanes = 0;              // 0: the executor's default
-  std::size_t chunk = 0;      // 0: the executor's default
-  std::vector<int> devices;   // empty: every device
+  int lanes = 0;             // 0: the executor's default
+  std::size_t chunk = 0;     // 0: the executor's default
+  std::vector<int> devices;  // empty: every device
   bool sweep = false;
 };
 
@@ -93,7 +93,8 @@ void map_squares(const options& o, const std::string& unit, double amount, bool 
     std::vector<gpupool::host_vector<double>> out;
     auto run = [&] { out = ex.map(gpupool::kernel::square(), in).get(); };
     std::string why;
-    const auto seconds = compare::timed(o, run, [&] { return check_squares(in, out); }, why);
+    const auto seconds = compare::timed(
+        o, run, [&] { return check_squares(in, out); }, why);
     compare::emit(o.workload, "map, " + describe(ex, s), "gpupool", unit, amount, seconds, why,
                   settings_json(ex), s.sweep);
   }
@@ -119,9 +120,10 @@ void pinned_squares(const options& o) {
       done.get();
     };
     std::string why;
-    const auto seconds = compare::timed(o, run, [&] { return check_squares(pageable, out); }, why);
-    compare::emit(o.workload, "transform, pinned in and out, " + describe(ex, s), "gpupool",
-                  "GB/s", gigabytes, seconds, why, settings_json(ex), s.sweep);
+    const auto seconds = compare::timed(
+        o, run, [&] { return check_squares(pageable, out); }, why);
+    compare::emit(o.workload, "transform, pinned in and out, " + describe(ex, s), "gpupool", "GB/s",
+                  gigabytes, seconds, why, settings_json(ex), s.sweep);
   }
 }
 
@@ -181,8 +183,8 @@ void on_device(const options& o) {
       compare::emit(o.workload, "one launch over all the data (limit)", "limit", "ms", n, t, why,
                     settings_json(ex));
       t = compare::timed(o, tasks, check, why);
-      compare::emit(o.workload, "one submitted task per chunk, " + describe(ex, s), "gpupool",
-                    "ms", n, t, why, settings_json(ex));
+      compare::emit(o.workload, "one submitted task per chunk, " + describe(ex, s), "gpupool", "ms",
+                    n, t, why, settings_json(ex));
     }
     const auto t = compare::timed(o, mapped, check, why);
     compare::emit(o.workload, "map_on_device, " + describe(ex, s), "gpupool", "ms", n, t, why,
@@ -214,8 +216,8 @@ void every_device_vs_one(const options& o, bool compute) {
   } else {
     in64 = float64_chunks(o);
   }
-  const double gigabytes = static_cast<double>(o.chunks * o.size) *
-                           (compute ? sizeof(float) : sizeof(double)) / 1e9;
+  const double gigabytes =
+      static_cast<double>(o.chunks * o.size) * (compute ? sizeof(float) : sizeof(double)) / 1e9;
   auto check = [&]() -> std::string {
     if (!compute) return check_squares(in64, out64);
     for (std::size_t c = 0; c < o.chunks; ++c)
@@ -240,8 +242,8 @@ void every_device_vs_one(const options& o, bool compute) {
       }
       gpupool::multi_future<void> done;
       for (std::size_t c = 0; c < o.chunks; ++c)
-        done.push_back(ex.transform<float>(
-            k, {std::span<const float>(in32[c]), 0.999f, 0.001f}, std::span<float>(out32[c])));
+        done.push_back(ex.transform<float>(k, {std::span<const float>(in32[c]), 0.999f, 0.001f},
+                                           std::span<float>(out32[c])));
       done.get();
     };
     times[pass] = compare::timed(o, run, check, why);
@@ -257,8 +259,8 @@ void every_device_vs_one(const options& o, bool compute) {
       "{\"workload\": \"%s\", \"variant\": \"%s\", \"kind\": \"gpupool\", \"unit\": \"x\", "
       "\"value\": %.6g, \"status\": \"ok\", \"repeats_s\": [%.9f], \"per_device\": "
       "{\"gb_per_s_every_gpu\": %.6g, \"gb_per_s_one_gpu\": %.6g}}\n",
-      o.workload.c_str(), compare::escape(variant).c_str(), every / one,
-      compare::median(times[0]), every, one);
+      o.workload.c_str(), compare::escape(variant).c_str(), every / one, compare::median(times[0]),
+      every, one);
 }
 
 }  // namespace
