@@ -23,7 +23,7 @@ OK, SKIPPED, FAILED = "ok", "skipped", "FAILED"
 ANCHOR, ALTERNATIVE, GPUPOOL, LIMIT = "anchor", "alternative", "gpupool", "limit"
 
 # Units, and whether a larger figure is better.
-UNITS = {"ms": False, "GB/s": True, "tasks/s": True, "x": True}
+UNITS = {"ms": False, "us": False, "GB/s": True, "tasks/s": True, "x": True}
 
 
 class Skip(Exception):

@@ -82,8 +82,9 @@ def to_result(row: dict, prefix: str) -> Optional[Result]:
     if result.status != OK:
         return result
     times = [float(t) for t in row.get("repeats_s", []) if isinstance(t, (int, float)) and t > 0]
-    if "value" in row:  # a limit measured directly in its unit (GB/s, us)
+    if "value" in row:  # measured directly in its unit (a limit in GB/s or us, a speed-up)
         result.figure = float(row["value"])
+        result.extra["direct"] = True
     elif times:
         result.figure = figure_from_seconds(unit, statistics.median(times),
                                             float(row.get("amount", 0.0)))
@@ -91,5 +92,5 @@ def to_result(row: dict, prefix: str) -> Optional[Result]:
         result.status, result.reason = FAILED, "the program reported no times"
         return result
     result.repeats_s = [float(t) for t in row.get("repeats_s", [])]
-    result.extra = {k: v for k, v in row.items() if k in ("devices", "per_device", "note")}
+    result.extra.update({k: v for k, v in row.items() if k in ("devices", "per_device")})
     return result
