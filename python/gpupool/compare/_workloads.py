@@ -373,7 +373,8 @@ class Comparison:
         else:
             check = check_fma(host_chunks, fmas, 8)
             self.add(skipped("W5", "CuPy one launch, per-chunk loops, careful CuPy", ALTERNATIVE,
-                             "CuPy with a GPU is needed (the data lives in CuPy arrays)", unit))
+                             "W5's data lives in CuPy arrays on the GPU: needs CuPy and gpupool's "
+                             "CUDA backend", unit))
             self.gpupool_python("W5", unit, float(chunks), check,
                                 lambda ex: list(ex.map(kernel, host_chunks, float(FMA_A),
                                                        float(FMA_B))),
@@ -596,7 +597,7 @@ class Comparison:
             return
         if self.backend != "cuda" or self.gpus == 0:
             self.add(skipped(table, label, ALTERNATIVE if workload != "limits" else LIMIT,
-                             "needs a GPU"))
+                             "runs only beside gpupool's CUDA backend (a GPU)"))
             return
         rows = self.program_rows(workload, path, self.program_arguments(workload), "")
         if workload == "limits":
