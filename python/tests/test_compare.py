@@ -42,9 +42,10 @@ def test_tiny_cpu_run_checks_and_times_what_can_run(tmp_path, capsys):
         assert any("best of sweep" in name and r["status"] == OK for name, r in got.items())
         motivating = got["motivating program, 5 threads"]
         if not HAS_CUPY:
-            assert motivating["status"] == SKIPPED and "CuPy is not installed" in motivating["reason"]
-            assert got["careful CuPy, 1 thread" if workload != "W2" else "careful CuPy, 4 threads"][
-                "status"] == SKIPPED
+            assert motivating["status"] == SKIPPED
+            assert "CuPy is not installed" in motivating["reason"]
+            careful = [r for name, r in got.items() if name.startswith("careful CuPy")]
+            assert careful and all(r["status"] == SKIPPED for r in careful)
         if not HAS_TORCH:
             torch_rows = [r for name, r in got.items() if name.startswith("careful PyTorch")]
             assert torch_rows and all(r["status"] == SKIPPED and "PyTorch" in r["reason"]

@@ -70,9 +70,10 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace):
     """Runs the comparison; returns (comparison, tables, JSON document)."""
-    from . import _report
-    from ._workloads import Comparison, describe
+    from . import _harness, _report
+    from ._workloads import Comparison
 
+    _harness.DEBUG = args.debug
     def progress(line):
         if not args.quiet:
             print(line, flush=True)

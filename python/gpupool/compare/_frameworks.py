@@ -100,9 +100,9 @@ def make_motivating(threads: int, data: list, closers: list):
 # -- careful CuPy -----------------------------------------------------------------------------
 def make_careful_cupy(threads: int, data: list, closers: list, make_outputs=None):
     """A non-blocking stream per thread, pinned staging, device buffers made once. With
-    ``make_outputs`` (making pinned arrays, one per input), inputs are pinned already and results go straight
-    into ``outputs``; otherwise inputs are staged through pinned memory and each result is a new
-    NumPy array."""
+    ``make_outputs`` (it makes pinned arrays, one per input), inputs are pinned already and
+    results go straight into those; otherwise inputs are staged through pinned memory and each
+    result is a new NumPy array."""
     cp = need_cupy()
     import cupyx
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-import sys
 import time
 import traceback
 from typing import Any, Callable, Optional
@@ -24,6 +23,9 @@ ANCHOR, ALTERNATIVE, GPUPOOL, LIMIT = "anchor", "alternative", "gpupool", "limit
 
 # Units, and whether a larger figure is better.
 UNITS = {"ms": False, "us": False, "GB/s": True, "tasks/s": True, "x": True}
+
+
+DEBUG = False  # print the traceback of a variant that fails (gpupool compare --debug)
 
 
 class Skip(Exception):
@@ -111,7 +113,7 @@ def measure(workload: str, variant: str, kind: str, unit: str, amount: float,
         return result
     except Exception as error:
         result.status, result.reason = FAILED, _describe(error)
-        if "--debug" in sys.argv:
+        if DEBUG:
             traceback.print_exc()
         return result
     finally:

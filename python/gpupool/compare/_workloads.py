@@ -39,7 +39,7 @@ def describe(name: str, size: dict) -> str:
         "W1": f"{s['W1'][0]} x {s['W1'][1]:,} float64 squared, NumPy in and out (wall time)",
         "W2": f"{s['W2'][0]} x {s['W2'][1]:,} float64 squared, pageable in, NumPy out "
               "(GB/s of input)",
-        "W3": f"W2 with inputs and outputs in pinned memory (GB/s of input)",
+        "W3": "W2 with inputs and outputs in pinned memory (GB/s of input)",
         "W4": f"{s['W4'][0]:,} tasks of {s['W4'][1]:,} float64, square (tasks per second)",
         "W5": f"{s['W5'][0]:,} x {s['W5'][1]:,} float32 on the GPU, {s['W5'][2]:,} dependent "
               "FMAs per element (wall time)",
