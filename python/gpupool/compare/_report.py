@@ -140,6 +140,12 @@ def machine() -> dict:
         except Exception as error:
             info[module] = f"not available ({type(error).__name__})"
     try:
+        import torch
+
+        info["torch_cuda"] = torch.version.cuda
+    except Exception:
+        pass
+    try:
         import cupy
 
         runtime = cupy.cuda.runtime
