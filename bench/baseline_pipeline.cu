@@ -44,11 +44,15 @@ __global__ void square_kernel(const double* x, double* y, std::size_t n) {
     y[i] = x[i] * x[i];
 }
 
-__global__ void fma_kernel(const float* x, float* y, std::size_t n, int fmas, float a, float b) {
+// v = v * a + b (W5), or v = v * a + x (W6c, add_input: the result depends on the input however
+// long the chain).
+__global__ void fma_kernel(const float* x, float* y, std::size_t n, int fmas, float a, float b,
+                           bool add_input) {
   for (std::size_t i = blockIdx.x * std::size_t{blockDim.x} + threadIdx.x; i < n;
        i += std::size_t{gridDim.x} * blockDim.x) {
     float v = x[i];
-    for (int k = 0; k < fmas; ++k) v = v * a + b;
+    const float addend = add_input ? v : b;
+    for (int k = 0; k < fmas; ++k) v = v * a + addend;
     y[i] = v;
   }
 }
@@ -60,11 +64,11 @@ unsigned blocks_for(std::size_t n) {
 }
 
 template <class T>
-void launch(cudaStream_t s, const T* x, T* y, std::size_t n, int fmas) {
+void launch(cudaStream_t s, const T* x, T* y, std::size_t n, int fmas, bool add_input = false) {
   if constexpr (sizeof(T) == sizeof(double))
     square_kernel<<<blocks_for(n), 256, 0, s>>>(x, y, n);
   else
-    fma_kernel<<<blocks_for(n), 256, 0, s>>>(x, y, n, fmas, 0.999f, 0.001f);
+    fma_kernel<<<blocks_for(n), 256, 0, s>>>(x, y, n, fmas, 0.999f, 0.001f, add_input);
   CUDA(cudaGetLastError());
 }
 
@@ -134,9 +138,11 @@ struct pipeline {
   std::vector<std::unique_ptr<worker<T>>> workers;
   bool staging;
   int fmas;
+  bool add_input = false;
 
-  pipeline(int threads, int devices, std::size_t largest, bool stage, int fma_count)
-      : staging(stage), fmas(fma_count) {
+  pipeline(int threads, int devices, std::size_t largest, bool stage, int fma_count,
+           bool chain_adds_input)
+      : staging(stage), fmas(fma_count), add_input(chain_adds_input) {
     for (int t = 0; t < threads; ++t)
       workers.push_back(std::make_unique<worker<T>>(t % devices, largest, stage));
   }
@@ -156,7 +162,7 @@ struct pipeline {
           target = w.pinned_out;
         }
         CUDA(cudaMemcpyAsync(w.device_in, source, bytes, cudaMemcpyHostToDevice, w.stream));
-        launch<T>(w.stream, w.device_in, w.device_out, size, fmas);
+        launch<T>(w.stream, w.device_in, w.device_out, size, fmas, add_input);
         CUDA(cudaMemcpyAsync(target, w.device_out, bytes, cudaMemcpyDeviceToHost, w.stream));
         CUDA(cudaStreamSynchronize(w.stream));
         if (staging) std::memcpy(out[c], w.pinned_out, bytes);
@@ -209,14 +215,15 @@ struct host_data {
 
   // Checks every result (squares) or a sample (FMA chains), then poisons what it read so that
   // the next run must write it again.
-  std::string check(int fmas) {
+  std::string check(int fmas, bool add_input) {
     for (std::size_t c = 0; c < in.size(); ++c) {
       const std::size_t step =
           sizeof(T) == sizeof(double) ? 1 : std::max<std::size_t>(1, size / 16);
       for (std::size_t i = 0; i < size; i += step) {
-        const bool ok = sizeof(T) == sizeof(double)
-                            ? out[c][i] == in[c][i] * in[c][i]
-                            : compare::fma_close(out[c][i], compare::fma_chain(in[c][i], fmas));
+        const bool ok =
+            sizeof(T) == sizeof(double)
+                ? out[c][i] == in[c][i] * in[c][i]
+                : compare::fma_close(out[c][i], compare::fma_chain(in[c][i], fmas, add_input));
         if (!ok)
           return "chunk " + std::to_string(c) + " element " + std::to_string(i) + " is wrong";
         out[c][i] = std::numeric_limits<T>::quiet_NaN();
@@ -239,10 +246,10 @@ void host_workload(const options& o, bool pinned, const std::string& unit, doubl
                    std::vector<int> fallback) {
   host_data<double> data(o.chunks, o.size, pinned);
   for (int threads : threads_or(o, fallback)) {
-    pipeline<double> p(threads, 1, o.size, !pinned, 0);
+    pipeline<double> p(threads, 1, o.size, !pinned, 0, false);
     std::string why;
     const auto t = compare::timed(
-        o, [&] { p.run(data.in, data.out, o.size); }, [&] { return data.check(0); }, why);
+        o, [&] { p.run(data.in, data.out, o.size); }, [&] { return data.check(0, false); }, why);
     compare::emit(
         o.workload,
         "hand-written C++ pipeline, " + std::to_string(threads) +
@@ -316,9 +323,10 @@ void every_device_vs_one(const options& o) {
   std::vector<double> medians;
   std::string why;
   for (int used : {devices, 1}) {
-    pipeline<T> p(per_device * used, used, o.size, true, fmas);
+    pipeline<T> p(per_device * used, used, o.size, true, fmas, fmas > 0);
     const auto t = compare::timed(
-        o, [&] { p.run(data.in, data.out, o.size); }, [&] { return data.check(fmas); }, why);
+        o, [&] { p.run(data.in, data.out, o.size); }, [&] { return data.check(fmas, fmas > 0); },
+        why);
     if (!why.empty()) break;
     medians.push_back(compare::median(t));
   }

@@ -101,9 +101,11 @@ void fill(std::vector<T>& v, std::size_t salt) {
                           10.0);
 }
 
-// The FMA chain of W5 and W6c on the CPU, in double (the GPU fuses each step).
-inline double fma_chain(double x, int fmas) {
-  for (int i = 0; i < fmas; ++i) x = x * 0.999 + 0.001;
+// The FMA chain on the CPU, in double (the GPU fuses each step): v = v * 0.999 + 0.001 (W5), or
+// v = v * 0.999 + x (W6c: the result depends on the input however long the chain).
+inline double fma_chain(double x, int fmas, bool add_input = false) {
+  const double addend = add_input ? x : 0.001;
+  for (int i = 0; i < fmas; ++i) x = x * 0.999 + addend;
   return x;
 }
 inline bool fma_close(double got, double want) {

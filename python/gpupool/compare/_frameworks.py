@@ -176,8 +176,10 @@ def make_careful_torch(threads: int, data: list, closers: list, make_outputs=Non
 
 
 # -- W5: a compiled kernel over chunks already on the GPU -------------------------------------
-def fma_body(fmas: int, real: str = "float") -> str:
-    return f"{real} v = x;\nfor (int i = 0; i < {fmas}; ++i) v = v * a + b;\ny = v;"
+def fma_body(fmas: int, addend: str = "b") -> str:
+    """``fmas`` dependent FMAs per element: ``v = v * a + b`` (W5), or ``v = v * a + x`` (W6c,
+    whose result then depends on the input however long the chain: about 1000 x)."""
+    return f"float v = x;\nfor (int i = 0; i < {fmas}; ++i) v = v * a + {addend};\ny = v;"
 
 
 def cupy_fma_kernel(fmas: int):
