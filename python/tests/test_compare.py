@@ -149,3 +149,18 @@ def test_unknown_workload_is_an_error(capsys):
     with pytest.raises(SystemExit):
         main(["--workloads", "W9"])
     assert "unknown workload" in capsys.readouterr().err
+
+
+def test_a_whole_run_reports_a_wrong_variant_failed_untimed_and_exits_1(tmp_path, monkeypatch):
+    # NumPy's own square, as the NumPy-on-the-CPU variants call it, made wrong for this test.
+    monkeypatch.setattr(np, "square", lambda x: x + 1.0)
+    out = tmp_path / "compare.json"
+    status = main(["--tiny", "--backend", "cpu", "--repeat", "2", "--min-repeat", "1",
+                   "--seconds", "0.2", "--workloads", "W1", "--quiet", "--json", str(out)])
+    assert status == 1
+    got = rows(json.loads(out.read_text()), "W1")
+    wrong = got["NumPy on the CPU, 1 thread"]
+    assert wrong["status"] == FAILED and "wrong result" in wrong["reason"]
+    assert wrong["figure"] is None and wrong["repeats_s"] == []
+    ours = next(r for name, r in got.items() if name.startswith("gpupool (Python) map, defaults"))
+    assert ours["status"] == OK and ours["repeats_s"]
