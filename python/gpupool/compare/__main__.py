@@ -1,0 +1,7 @@
+"""python -m gpupool.compare"""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,188 @@
+"""The hand-written alternatives gpupool is compared with: the motivating program, careful CuPy
+and careful PyTorch. Each ``make_*`` returns a function that does a whole workload once, or
+raises Skip with the reason it cannot run here."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ._harness import Skip
+
+_gpu_cache: dict = {}
+
+
+def need_cupy():
+    """CuPy, with at least one usable GPU; Skip otherwise."""
+    if "cupy" not in _gpu_cache:
+        try:
+            import cupy
+
+            count = cupy.cuda.runtime.getDeviceCount()
+            _gpu_cache["cupy"] = (cupy, "" if count > 0 else "CuPy sees no GPU")
+        except ImportError:
+            _gpu_cache["cupy"] = (None, "CuPy is not installed")
+        except Exception as error:  # installed, but no driver or no device
+            _gpu_cache["cupy"] = (None, f"CuPy cannot use a GPU: {str(error)[:120]}")
+    cupy, reason = _gpu_cache["cupy"]
+    if reason:
+        raise Skip(reason)
+    return cupy
+
+
+def need_torch():
+    """PyTorch with CUDA; Skip otherwise."""
+    if "torch" not in _gpu_cache:
+        try:
+            import torch
+
+            usable = torch.cuda.is_available()
+            _gpu_cache["torch"] = (torch, "" if usable else "PyTorch sees no CUDA GPU")
+        except ImportError:
+            _gpu_cache["torch"] = (None, "PyTorch is not installed")
+        except Exception as error:
+            _gpu_cache["torch"] = (None, f"PyTorch cannot use a GPU: {str(error)[:120]}")
+    torch, reason = _gpu_cache["torch"]
+    if reason:
+        raise Skip(reason)
+    return torch
+
+
+def gpu_count() -> int:
+    try:
+        return need_cupy().cuda.runtime.getDeviceCount()
+    except Skip:
+        return 0
+
+
+class Pool:
+    """A ThreadPoolExecutor whose threads each take one private state (stream, buffers) on first
+    use, so that per-thread resources are made once and reused across runs."""
+
+    def __init__(self, threads: int, make_state):
+        self._states = queue.SimpleQueue()
+        for _ in range(threads):
+            self._states.put(make_state())
+        self._local = threading.local()
+        self.executor = ThreadPoolExecutor(max_workers=threads)
+
+    def state(self):
+        state = getattr(self._local, "state", None)
+        if state is None:
+            state = self._local.state = self._states.get_nowait()
+        return state
+
+    def map(self, fn, *iterables):
+        return list(self.executor.map(fn, *iterables))
+
+    def close(self):
+        self.executor.shutdown(wait=True)
+
+
+# -- the motivating program -------------------------------------------------------------------
+def motivating_square(chunk):
+    """The function as published."""
+    import cupy as cp
+
+    return cp.asnumpy(cp.array(chunk) ** 2)
+
+
+def make_motivating(threads: int, data: list, closers: list):
+    need_cupy()
+    pool = ThreadPoolExecutor(max_workers=threads)
+    closers.append(lambda: pool.shutdown(wait=True))
+    return lambda: list(pool.map(motivating_square, data))
+
+
+# -- careful CuPy -----------------------------------------------------------------------------
+def make_careful_cupy(threads: int, data: list, closers: list, make_outputs=None):
+    """A non-blocking stream per thread, pinned staging, device buffers made once. With
+    ``make_outputs`` (it makes pinned arrays, one per input), inputs are pinned already and
+    results go straight into those; otherwise inputs are staged through pinned memory and each
+    result is a new NumPy array."""
+    cp = need_cupy()
+    import cupyx
+
+    outputs = make_outputs() if make_outputs else None
+    largest = max(c.size for c in data)
+    dtype = data[0].dtype
+
+    def make_state():
+        return (cp.cuda.Stream(non_blocking=True), cupyx.empty_pinned(largest, dtype),
+                cupyx.empty_pinned(largest, dtype), cp.empty(largest, dtype),
+                cp.empty(largest, dtype))
+
+    pool = Pool(threads, make_state)
+    closers.append(pool.close)
+
+    def work(index):
+        chunk = data[index]
+        stream, pin_in, pin_out, d_in, d_out = pool.state()
+        n = chunk.size
+        with stream:
+            if outputs is None:
+                np.copyto(pin_in[:n], chunk)
+                source, target = pin_in[:n], pin_out[:n]
+            else:
+                source, target = chunk, outputs[index]
+            d_in[:n].set(source, stream=stream)
+            cp.multiply(d_in[:n], d_in[:n], out=d_out[:n])
+            d_out[:n].get(stream=stream, out=target)  # blocks until the copy is done
+        return target if outputs is not None else target.copy()
+
+    indices = range(len(data))
+    return lambda: pool.map(work, indices)
+
+
+# -- careful PyTorch --------------------------------------------------------------------------
+def make_careful_torch(threads: int, data: list, closers: list, make_outputs=None):
+    """A stream per thread, pinned staging, device tensors made once, non_blocking copies."""
+    torch = need_torch()
+    outputs = make_outputs() if make_outputs else None
+    largest = max(c.size for c in data)
+    dtype = {np.dtype(np.float64): torch.float64, np.dtype(np.float32): torch.float32}[
+        data[0].dtype]
+
+    def make_state():
+        return (torch.cuda.Stream(), torch.empty(largest, dtype=dtype, pin_memory=True),
+                torch.empty(largest, dtype=dtype, pin_memory=True),
+                torch.empty(largest, dtype=dtype, device="cuda"),
+                torch.empty(largest, dtype=dtype, device="cuda"))
+
+    pool = Pool(threads, make_state)
+    closers.append(pool.close)
+
+    def work(index):
+        chunk = data[index]
+        stream, pin_in, pin_out, d_in, d_out = pool.state()
+        n = chunk.size
+        with torch.cuda.stream(stream):
+            if outputs is None:
+                np.copyto(pin_in[:n].numpy(), chunk)
+                source, target = pin_in[:n], pin_out[:n]
+            else:
+                source, target = torch.from_numpy(chunk), torch.from_numpy(outputs[index])
+            d_in[:n].copy_(source, non_blocking=True)
+            torch.mul(d_in[:n], d_in[:n], out=d_out[:n])
+            target.copy_(d_out[:n], non_blocking=True)
+            stream.synchronize()
+        return outputs[index] if outputs is not None else target.numpy().copy()
+
+    indices = range(len(data))
+    return lambda: pool.map(work, indices)
+
+
+# -- W5: a compiled kernel over chunks already on the GPU -------------------------------------
+def fma_body(fmas: int, addend: str = "b") -> str:
+    """``fmas`` dependent FMAs per element: ``v = v * a + b`` (W5), or ``v = v * a + x`` (W6c,
+    whose result then depends on the input however long the chain: about 1000 x)."""
+    return f"float v = x;\nfor (int i = 0; i < {fmas}; ++i) v = v * a + {addend};\ny = v;"
+
+
+def cupy_fma_kernel(fmas: int):
+    cp = need_cupy()
+    return cp.ElementwiseKernel("float32 x, float32 a, float32 b", "float32 y", fma_body(fmas),
+                                f"compare_fma_{fmas}")

@@ -1,0 +1,152 @@
+"""Timing, checking and recording of one comparison run.
+
+A variant is a callable that does the whole workload once and returns its output. It is run once
+as a warm-up and its output checked; only then are the timed repeats run, and the last repeat's
+output is checked again. A variant whose output is wrong at either check is FAILED and none of
+its times are kept. A variant that cannot run here (a library or a GPU is missing) is SKIPPED
+with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+import time
+import traceback
+from typing import Any, Callable, Optional
+
+OK, SKIPPED, FAILED = "ok", "skipped", "FAILED"
+
+# How a variant stands in its table: the motivating program (the anchor of the "x motivating"
+# column), an alternative to gpupool, gpupool itself, or a measured limit or floor (not work).
+ANCHOR, ALTERNATIVE, GPUPOOL, LIMIT = "anchor", "alternative", "gpupool", "limit"
+
+# Units, and whether a larger figure is better.
+UNITS = {"ms": False, "us": False, "GB/s": True, "tasks/s": True, "x": True}
+
+
+DEBUG = False  # print the traceback of a variant that fails (gpupool compare --debug)
+
+
+class Skip(Exception):
+    """Raised by a variant's setup: it cannot run here, for the reason given."""
+
+
+class WrongResult(Exception):
+    """Raised by a check: the output differs from the reference."""
+
+
+@dataclasses.dataclass
+class Result:
+    workload: str
+    variant: str
+    kind: str
+    status: str
+    unit: str = ""
+    figure: Optional[float] = None
+    repeats_s: list = dataclasses.field(default_factory=list)
+    reason: str = ""
+    settings: dict = dataclasses.field(default_factory=dict)
+    extra: dict = dataclasses.field(default_factory=dict)
+
+    def as_json(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Timing:
+    """How many times to run each variant: one warm-up, then at least ``min_repeat`` and at
+    most ``repeat`` timed runs, stopping early once a variant has spent ``seconds`` timing."""
+
+    repeat: int = 7
+    min_repeat: int = 3
+    seconds: float = 2.0
+
+
+def figure_from_seconds(unit: str, seconds: float, amount: float) -> float:
+    """The figure a run of ``seconds`` reaches: ms for times, else ``amount`` per second
+    (``amount`` is GB for GB/s and tasks for tasks/s)."""
+    if unit == "ms":
+        return seconds * 1e3
+    return amount / seconds if seconds > 0 else float("inf")
+
+
+def measure(workload: str, variant: str, kind: str, unit: str, amount: float,
+            setup: Callable[[], Callable[[], Any]], check: Callable[[Any], None],
+            timing: Timing, settings: Optional[dict] = None,
+            teardown: Optional[Callable[[], None]] = None) -> Result:
+    """Runs one variant: ``setup()`` returns the function doing the workload once (or raises
+    Skip); its output goes through ``check`` (which raises WrongResult) after the warm-up and
+    after the last timed run. Never raises for the variant's own failures: they become FAILED."""
+    result = Result(workload, variant, kind, OK, unit, settings=dict(settings or {}))
+    try:
+        run = setup()
+    except Skip as why:
+        result.status, result.reason = SKIPPED, str(why)
+        return result
+    except Exception as error:  # a library that imports but cannot start (no driver, ...)
+        result.status, result.reason = SKIPPED, _describe(error)
+        return result
+    try:
+        try:
+            check(run())
+        except WrongResult as wrong:
+            result.status, result.reason = FAILED, f"wrong result: {wrong}"
+            return result
+        times = []
+        started = time.perf_counter()
+        while len(times) < timing.repeat:
+            t0 = time.perf_counter()
+            out = run()
+            times.append(time.perf_counter() - t0)
+            if len(times) >= timing.min_repeat and time.perf_counter() - started > timing.seconds:
+                break
+            if len(times) < timing.repeat:
+                del out
+        try:
+            check(out)
+        except WrongResult as wrong:
+            result.status, result.reason = FAILED, f"wrong result in a timed run: {wrong}"
+            return result
+    except Skip as why:
+        result.status, result.reason = SKIPPED, str(why)
+        return result
+    except Exception as error:
+        result.status, result.reason = FAILED, _describe(error)
+        if DEBUG:
+            traceback.print_exc()
+        return result
+    finally:
+        if teardown is not None:
+            try:
+                teardown()
+            except Exception:
+                pass
+    result.repeats_s = [round(t, 9) for t in times]
+    result.figure = figure_from_seconds(unit, statistics.median(times), amount)
+    return result
+
+
+def _describe(error: BaseException) -> str:
+    text = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {text[0] if text else ''}"[:200]
+
+
+def skipped(workload: str, variant: str, kind: str, reason: str, unit: str = "") -> Result:
+    return Result(workload, variant, kind, SKIPPED, unit, reason=reason)
+
+
+def faster(unit: str, a: float, b: float) -> float:
+    """How many times better figure ``a`` is than ``b`` (above 1: ``a`` is better)."""
+    if not a or not b:
+        return float("nan")
+    return a / b if UNITS.get(unit, True) else b / a
+
+
+def best(results: list, kinds: tuple) -> Optional[Result]:
+    """The best measured result of the given kinds (by figure, in the unit's direction)."""
+    measured = [r for r in results if r.kind in kinds and r.status == OK and r.figure]
+    if not measured:
+        return None
+    larger = UNITS.get(measured[0].unit, True)
+    return (max if larger else min)(measured, key=lambda r: r.figure)

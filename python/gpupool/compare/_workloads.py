@@ -1,0 +1,748 @@
+"""The workloads (W1-W8 and W6c) and the variants run for each."""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+import gpupool
+
+from . import _frameworks as fw
+from . import _programs
+from ._harness import (ALTERNATIVE, ANCHOR, FAILED, GPUPOOL, LIMIT, OK, Result, Skip, Timing,
+                       WrongResult, best, measure, skipped)
+
+# (chunks, elements per chunk[, dependent FMAs per element]) at full size, and for tests.
+FULL = {"W1": (5, 1_000_000), "W2": (200, 1_000_000), "W4": (20_000, 1024),
+        "W5": (2000, 16384, 2048), "W6c": (400, 1_000_000, 16384)}
+TINY = {"W1": (5, 20_000), "W2": (12, 50_000), "W4": (300, 1024), "W5": (24, 4096, 32),
+        "W6c": (8, 20_000, 32)}
+WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W6c", "W8")
+FMA_A, FMA_B = np.float32(0.999), np.float32(0.001)
+
+
+def sizes(tiny: bool, scale: float) -> dict:
+    """Workload sizes; ``scale`` multiplies the chunk counts (not W1's five)."""
+    chosen = dict(TINY if tiny else FULL)
+    for name, shape in chosen.items():
+        if name != "W1" and scale != 1.0:
+            chosen[name] = (max(2, int(round(shape[0] * scale))),) + shape[1:]
+    chosen["W3"] = chosen["W2"]
+    return chosen
+
+
+def describe(name: str, size: dict) -> str:
+    s = size
+    return {
+        "W1": f"{s['W1'][0]} x {s['W1'][1]:,} float64 squared, NumPy in and out (wall time)",
+        "W2": f"{s['W2'][0]} x {s['W2'][1]:,} float64 squared, pageable in, NumPy out "
+              "(GB/s of input)",
+        "W3": "W2 with inputs and outputs in pinned memory (GB/s of input)",
+        "W4": f"{s['W4'][0]:,} tasks of {s['W4'][1]:,} float64, square (tasks per second)",
+        "W5": f"{s['W5'][0]:,} x {s['W5'][1]:,} float32 on the GPU, {s['W5'][2]:,} dependent "
+              "FMAs per element (wall time)",
+        "W6": "W2 on every GPU vs one (speed-up)",
+        "W6c": f"{s['W6c'][0]} x {s['W6c'][1]:,} float32 from NumPy, {s['W6c'][2]:,} dependent "
+               "FMAs per element, every GPU vs one (speed-up)",
+        "W8": "the user's own CuPy function in gpupool, at W2 and W4 sizes",
+        "W8@W2": "the user's own CuPy function at W2 size (GB/s of input)",
+        "W8@W4": "the user's own CuPy function at W4 size (tasks per second)",
+        "limits": "the machine's own limits, measured in this run",
+    }[name]
+
+
+def check_squares(data: list):
+    want = [d * d for d in data]
+
+    def check(out):
+        out = list(out)
+        if len(out) != len(want):
+            raise WrongResult(f"{len(out)} results for {len(want)} inputs")
+        for i, (got, expect) in enumerate(zip(out, want)):
+            got = np.asarray(got)
+            if got.shape != expect.shape or not np.array_equal(got, expect):
+                raise WrongResult(f"result {i} differs from NumPy's")
+
+    return check
+
+
+def fma_reference(x: np.ndarray, fmas: int, add_input: bool = False) -> np.ndarray:
+    """The FMA chain in float64 with NumPy (the GPU fuses each step in float32; with a = 0.999
+    rounding errors decay, and the two agree to about 1e-5 relative)."""
+    v = x.astype(np.float64)
+    a = float(FMA_A)
+    addend = v.copy() if add_input else float(FMA_B)
+    for _ in range(fmas):
+        v = v * a + addend
+    return v
+
+
+def check_fma(chunks: list, fmas: int, samples_per_chunk: int, to_host=np.asarray,
+              add_input: bool = False):
+    """Checks sampled elements of every chunk's result against NumPy."""
+    picks = [np.linspace(0, c.size - 1, min(c.size, samples_per_chunk)).astype(np.int64)
+             for c in chunks]
+    want = fma_reference(np.concatenate([np.asarray(to_host(c))[p] for c, p in
+                                         zip(chunks, picks)]), fmas, add_input)
+
+    def check(out):
+        out = list(out)
+        if len(out) != len(chunks):
+            raise WrongResult(f"{len(out)} results for {len(chunks)} inputs")
+        got = np.concatenate([np.asarray(to_host(o)).reshape(-1)[p] for o, p in zip(out, picks)])
+        bad = ~np.isclose(got, want, rtol=1e-4, atol=1e-5)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise WrongResult(f"{int(bad.sum())} sampled elements differ from NumPy's "
+                              f"(e.g. {got[i]!r} vs {want[i]!r})")
+
+    return check
+
+
+class Comparison:
+    """One comparison run: every workload's variants, the limits, the sweeps."""
+
+    def __init__(self, args, progress=print):
+        self.args = args
+        self.size = sizes(args.tiny, args.scale)
+        self.timing = Timing(args.repeat, min(args.min_repeat, args.repeat), args.seconds)
+        self.sweep_timing = Timing(max(1, min(3, args.repeat)), 1, args.seconds / 4)
+        self.results: list = []
+        self.sweeps: dict = {}
+        self.limits: dict = {}
+        self.best_settings: dict = {}
+        self.progress = progress
+        self.rng = np.random.default_rng(2026)
+        self.backend = args.backend
+        with gpupool.Executor(backend=args.backend) as probe:
+            self.backend = probe.backend
+            self.gpus = len(probe.devices) if probe.backend == "cuda" else 0
+            self.default_lanes, self.default_chunk = probe.threads_per_gpu, probe.chunk_bytes
+        self.lanes_list = _ints(args.lanes_list) or ([1, 2, 4] if args.tiny else [4, 8, 16])
+        self.chunk_list = _sizes(args.chunk_list) or (
+            [64 << 10, 1 << 20] if args.tiny else [1 << 20, 2 << 20, 8 << 20])
+
+    # -- bookkeeping ------------------------------------------------------------------------
+    def add(self, result: Result) -> Result:
+        self.results.append(result)
+        if result.status == OK:
+            shown = f"{result.figure:,.4g} {result.unit} ({len(result.repeats_s)} runs)" \
+                if not result.extra.get("direct") else f"{result.figure:,.4g} {result.unit}"
+        else:
+            shown = f"{result.status.upper() if result.status != FAILED else FAILED}: " \
+                    f"{result.reason}"
+        self.progress(f"  [{result.workload}] {result.variant}: {shown}")
+        return result
+
+    def run(self, workload, variant, kind, unit, amount, setup, check, settings=None,
+            timing=None, add=True):
+        """Measures one variant; ``setup(closers)`` returns the function doing the work once and
+        appends to ``closers`` what must be closed afterwards (pools, executors)."""
+        closers = []
+
+        def close():
+            while closers:
+                closers.pop()()
+
+        result = measure(workload, variant, kind, unit, amount, lambda: setup(closers), check,
+                         timing or self.timing, settings, close)
+        return self.add(result) if add else result
+
+    def executor(self, closers, lanes=None, chunk=None, devices=None):
+        options = {"backend": self.backend}
+        if lanes:
+            options["threads_per_gpu"] = lanes
+        if chunk:
+            options["chunk_bytes"] = chunk
+        if devices is not None:
+            options["devices"] = devices
+        ex = gpupool.Executor(**options)
+        closers.append(ex.shutdown)
+        return ex
+
+    def settings_label(self, lanes, chunk):
+        if not lanes and not chunk:
+            return f"defaults ({self.default_lanes} lanes x {_bytes(self.default_chunk)})"
+        return f"{lanes or self.default_lanes} lanes x {_bytes(chunk or self.default_chunk)}"
+
+    # -- data -------------------------------------------------------------------------------
+    def float64_chunks(self, chunks, size):
+        return [self.rng.uniform(-10, 10, size) for _ in range(chunks)]
+
+    # -- the runs ---------------------------------------------------------------------------
+    def all(self, workloads, bench_dir=None):
+        started = time.perf_counter()
+        self.cpp = {}
+        for name in (_programs.GPUPOOL_CPP, _programs.BASELINE):
+            self.cpp[name] = _programs.find_program(name, bench_dir)
+        steps = [("limits", self.limits_run)] + [(w, getattr(self, w.lower())) for w in workloads]
+        for name, step in steps:
+            self.progress(f"== {name}: {describe(name, self.size) if name in DESCRIBED else ''}"
+                          f"  [{time.perf_counter() - started:.0f} s]")
+            step()
+        self.progress(f"== done in {time.perf_counter() - started:.0f} s")
+
+    # limits -------------------------------------------------------------------------------
+    def limits_run(self):
+        total = (8 << 20) if self.args.tiny else (512 << 20)
+        source = self.rng.integers(0, 255, total, dtype=np.uint8)
+        counts = sorted({1, 2, 4, 8, 16, 32, 64} & set(range(1, (_cpu_count() or 1) + 1)))
+        for threads in counts:
+            target = np.empty_like(source)
+            parts_in = np.array_split(source, threads)
+            parts_out = np.array_split(target, threads)
+            pool = ThreadPoolExecutor(max_workers=threads)
+
+            def setup(closers, pool=pool, parts_in=parts_in, parts_out=parts_out, target=target):
+                closers.append(lambda: pool.shutdown(wait=True))
+                return lambda: (list(pool.map(np.copyto, parts_out, parts_in)), target)[1]
+
+            def check(out, source=source):
+                if not np.array_equal(out, source):
+                    raise WrongResult("the copy differs from its source")
+
+            r = self.run("limits", f"host memcpy (NumPy copyto), {_threads(threads)}", LIMIT,
+                         "GB/s", total / 1e9, setup, check, {"threads": threads})
+            if r.status == OK:
+                self.limits["host_memcpy_gb_s"] = max(self.limits.get("host_memcpy_gb_s", 0),
+                                                      r.figure)
+        self.baseline_rows("limits", "limits")
+
+    # W1, W2, W3 ---------------------------------------------------------------------------
+    def w1(self):
+        chunks, size = self.size["W1"]
+        self.square_workload("W1", self.float64_chunks(chunks, size), "ms",
+                             motivating=(5, 16), careful=(1, 5), numpy_threads=(5,))
+
+    def w2(self):
+        chunks, size = self.size["W2"]
+        self.w2_data = self.float64_chunks(chunks, size)
+        self.square_workload("W2", self.w2_data, "GB/s", motivating=(5, 16),
+                             careful=(4, 8, 16), numpy_threads=(16,))
+
+    def w3(self):
+        data = getattr(self, "w2_data", None)
+        if data is None:
+            chunks, size = self.size["W3"]
+            data = self.float64_chunks(chunks, size)
+        pinned = [gpupool.pinned_array(d) for d in data]
+        self.square_workload("W3", pinned, "GB/s", motivating=(5,), careful=(1, 4, 8),
+                             numpy_threads=(), pinned_outputs=True)
+
+    def square_workload(self, name, data, unit, motivating, careful, numpy_threads,
+                        pinned_outputs=False):
+        gigabytes = sum(d.nbytes for d in data) / 1e9
+        amount = gigabytes if unit == "GB/s" else float(len(data))
+        check = check_squares(data)
+
+        def outputs():
+            outs = [gpupool.empty_pinned(d.shape, d.dtype) for d in data]
+            for o in outs:
+                o.fill(np.nan)  # a variant that writes nothing cannot pass the check
+            return outs
+
+        for threads in motivating:
+            self.run(name, f"motivating program, {_threads(threads)}", ANCHOR, unit, amount,
+                     lambda c, t=threads: fw.make_motivating(t, data, c), check)
+        for threads in careful:
+            self.run(name, f"careful CuPy, {_threads(threads)}", ALTERNATIVE, unit, amount,
+                     lambda c, t=threads: fw.make_careful_cupy(
+                         t, data, c, outputs if pinned_outputs else None), check,
+                     {"threads": threads})
+        for threads in careful:
+            self.run(name, f"careful PyTorch, {_threads(threads)}", ALTERNATIVE, unit, amount,
+                     lambda c, t=threads: fw.make_careful_torch(
+                         t, data, c, outputs if pinned_outputs else None), check,
+                     {"threads": threads})
+        self.run(name, "NumPy on the CPU, 1 thread", ALTERNATIVE, unit, amount,
+                 lambda c: (lambda: [np.square(d) for d in data]), check)
+        for threads in numpy_threads:
+            def numpy_pool(closers, t=threads):
+                pool = ThreadPoolExecutor(max_workers=t)
+                closers.append(lambda: pool.shutdown(wait=True))
+                return lambda: list(pool.map(np.square, data))
+
+            self.run(name, f"NumPy on the CPU, {_threads(threads)}", ALTERNATIVE, unit, amount,
+                     numpy_pool, check, {"threads": threads})
+        self.gpupool_python(name, unit, amount, check,
+                            lambda ex: list(ex.map(gpupool.kernels.square, data)),
+                            sweep_chunks=True)
+        self.cpp_rows(name)
+
+    def gpupool_python(self, name, unit, amount, check, work, sweep_chunks, label="map",
+                       devices=None):
+        """gpupool from Python with the defaults, then a lanes x chunk_bytes sweep (lanes only
+        where pieces never split) and the best point of it measured like every variant."""
+        what = f"gpupool (Python) {label}"
+
+        def setup(closers, lanes=None, chunk=None):
+            ex = self.executor(closers, lanes, chunk, devices)
+            return lambda: work(ex)
+
+        self.run(name, f"{what}, {self.settings_label(None, None)}", GPUPOOL, unit, amount,
+                 setup, check, {"lanes": None, "chunk_bytes": None})
+        points = []
+        for lanes in self.lanes_list:
+            for chunk in (self.chunk_list if sweep_chunks else [None]):
+                r = self.run(name, f"{what}, {self.settings_label(lanes, chunk)}", GPUPOOL, unit,
+                             amount, lambda c, l=lanes, ch=chunk: setup(c, l, ch), check,
+                             {"lanes": lanes, "chunk_bytes": chunk}, self.sweep_timing,
+                             add=False)
+                points.append(r)
+        self.sweeps[f"{name} {what}"] = [p.as_json() for p in points]
+        top = best(points, (GPUPOOL,))
+        if top is None:
+            failed = [p for p in points if p.status != OK]
+            if failed:
+                self.add(Result(name, f"{what}, sweep", GPUPOOL, failed[0].status, unit,
+                                reason=failed[0].reason))
+            return
+        lanes, chunk = top.settings["lanes"], top.settings["chunk_bytes"]
+        self.best_settings[name] = {"lanes": lanes, "chunk_bytes": chunk}
+        self.progress(f"  [{name}] sweep of {len(points)} settings: best {lanes} lanes x "
+                      f"{_bytes(chunk) if chunk else 'default pieces'}")
+        self.run(name, f"{what}, best of sweep: {self.settings_label(lanes, chunk)}", GPUPOOL,
+                 unit, amount, lambda c: setup(c, lanes, chunk), check,
+                 {"lanes": lanes, "chunk_bytes": chunk, "chosen_by": "sweep"})
+
+    # W4 -----------------------------------------------------------------------------------
+    def w4(self):
+        tasks, size = self.size["W4"]
+        self.w4_data = data = self.float64_chunks(tasks, size)
+        check = check_squares(data)
+        amount = float(tasks)
+        unit = "tasks/s"
+        for threads in (5, 16):
+            self.run("W4", f"motivating program, {_threads(threads)}", ANCHOR, unit, amount,
+                     lambda c, t=threads: fw.make_motivating(t, data, c), check)
+
+        def noop(x):
+            return x
+
+        for threads in (1, 8):
+            def floor(closers, t=threads):
+                pool = ThreadPoolExecutor(max_workers=t)
+                closers.append(lambda: pool.shutdown(wait=True))
+                return lambda: list(pool.map(noop, data))
+
+            # It returns its inputs, so it passes no check: it is the floor, not the work.
+            self.run("W4", f"ThreadPoolExecutor running a no-op, {_threads(threads)} (floor)",
+                     LIMIT, unit, amount, floor, lambda out: None, {"threads": threads})
+        for threads in (1, 8):
+            self.run("W4", f"careful CuPy, {_threads(threads)}", ALTERNATIVE, unit, amount,
+                     lambda c, t=threads: fw.make_careful_cupy(t, data, c), check,
+                     {"threads": threads})
+        for threads in (1, 8):
+            self.run("W4", f"careful PyTorch, {_threads(threads)}", ALTERNATIVE, unit, amount,
+                     lambda c, t=threads: fw.make_careful_torch(t, data, c), check,
+                     {"threads": threads})
+        self.run("W4", "NumPy on the CPU, 1 thread", ALTERNATIVE, unit, amount,
+                 lambda c: (lambda: [np.square(d) for d in data]), check)
+        self.gpupool_python("W4", unit, amount, check,
+                            lambda ex: list(ex.map(gpupool.kernels.square, data)),
+                            sweep_chunks=False)
+
+        def submit_loop(closers):
+            ex = self.executor(closers)
+
+            def run():
+                futures = [ex.submit(gpupool.kernels.square, d) for d in data]
+                return [f.result() for f in futures]
+
+            return run
+
+        self.run("W4", f"gpupool (Python) submit loop, {self.settings_label(None, None)}",
+                 GPUPOOL, unit, amount, submit_loop, check)
+        self.cpp_rows("W4")
+
+    # W5 -----------------------------------------------------------------------------------
+    def w5(self):
+        chunks, size, fmas = self.size["W5"]
+        host = self.rng.uniform(-1, 1, chunks * size).astype(np.float32)
+        host_chunks = [host[i * size:(i + 1) * size] for i in range(chunks)]
+        unit = "ms"
+        kernel = gpupool.elementwise("float32 x, float32 a, float32 b", "float32 y",
+                                     fw.fma_body(fmas), f"compare_w5_{fmas}")
+        cp = None
+        if self.backend == "cuda":
+            try:
+                cp = fw.need_cupy()
+            except Skip:
+                pass
+        if cp is not None:
+            self.w5_cupy(cp, host, host_chunks, size, fmas, kernel)
+        else:
+            check = check_fma(host_chunks, fmas, 8)
+            self.add(skipped("W5", "CuPy one launch, per-chunk loops, careful CuPy", ALTERNATIVE,
+                             "W5's data lives in CuPy arrays on the GPU: needs CuPy and gpupool's "
+                             "CUDA backend", unit))
+            self.gpupool_python("W5", unit, float(chunks), check,
+                                lambda ex: list(ex.map(kernel, host_chunks, float(FMA_A),
+                                                       float(FMA_B))),
+                                sweep_chunks=False, label="map of a compiled kernel, host arrays")
+        if size * chunks * fmas <= 2e8:
+            check = check_fma(host_chunks, fmas, 8)
+            self.run("W5", "NumPy on the CPU (float32 FMA chain)", ALTERNATIVE, unit,
+                     float(chunks), lambda c: (lambda: [_numpy_fma(x, fmas) for x in host_chunks]),
+                     check)
+        else:
+            self.add(skipped("W5", "NumPy on the CPU", ALTERNATIVE,
+                             f"{chunks * size * fmas / 1e9:.0f} G FMAs would take minutes in "
+                             "NumPy (it runs with --tiny)", unit))
+        self.add(skipped("W5", "careful PyTorch", ALTERNATIVE,
+                         "PyTorch cannot compile an elementwise loop without an extension; "
+                         f"{fmas} separate ops per chunk would time launches, not the kernel",
+                         unit))
+        self.cpp_rows("W5")
+
+    def w5_cupy(self, cp, host, host_chunks, size, fmas, kernel):
+        chunks = len(host_chunks)
+        data = cp.asarray(host)
+        device_chunks = [data[i * size:(i + 1) * size] for i in range(chunks)]
+        out = cp.empty_like(data)
+        out_chunks = [out[i * size:(i + 1) * size] for i in range(chunks)]
+        ck = fw.cupy_fma_kernel(fmas)
+        a, b = FMA_A, FMA_B
+        check = check_fma(host_chunks, fmas, 8, to_host=lambda x: x.get() if hasattr(x, "get")
+                          else x)
+        sync = cp.cuda.runtime.deviceSynchronize
+        unit, amount = "ms", float(chunks)
+
+        def one_launch(closers):
+            def run():
+                ck(data, a, b, out)
+                sync()
+                return [o for o in out_chunks]
+            return run
+
+        self.run("W5", "CuPy one launch over all the data (limit)", LIMIT, unit, amount,
+                 one_launch, check)
+        for threads in (5, 16):
+            def motivating(closers, t=threads):
+                pool = ThreadPoolExecutor(max_workers=t)
+                closers.append(lambda: pool.shutdown(wait=True))
+
+                def run():
+                    results = list(pool.map(lambda x: ck(x, a, b), device_chunks))
+                    sync()
+                    return results
+                return run
+
+            self.run("W5", f"CuPy kernel per chunk in ThreadPoolExecutor, {_threads(threads)}",
+                     ANCHOR, unit, amount, motivating, check)
+
+        def loop(closers):
+            def run():
+                for x, o in zip(device_chunks, out_chunks):
+                    ck(x, a, b, o)
+                sync()
+                return out_chunks
+            return run
+
+        self.run("W5", "CuPy's own per-chunk loop, one stream", ALTERNATIVE, unit, amount, loop,
+                 check)
+
+        def careful(closers, threads=4):
+            pool = fw.Pool(threads, lambda: cp.cuda.Stream(non_blocking=True))
+            closers.append(pool.close)
+
+            def work(i):
+                stream = pool.state()
+                with stream:
+                    ck(device_chunks[i], a, b, out_chunks[i])
+                stream.synchronize()
+
+            def run():
+                pool.map(work, range(chunks))
+                return out_chunks
+            return run
+
+        self.run("W5", "careful CuPy, 4 threads (a stream each)", ALTERNATIVE, unit, amount,
+                 careful, check, {"threads": 4})
+        self.gpupool_python("W5", unit, amount, check,
+                            lambda ex: list(ex.map(kernel, device_chunks, float(a), float(b))),
+                            sweep_chunks=False, label="map of a compiled kernel over CuPy arrays")
+
+    # W6, W6c ------------------------------------------------------------------------------
+    def many_gpus(self, name) -> bool:
+        if self.gpus >= 2:
+            return True
+        self.add(skipped(name, "every variant", GPUPOOL,
+                         f"needs two or more GPUs; this run has {self.gpus}", "x"))
+        return False
+
+    def speedup(self, name, variant, kind, amount, make, check, settings):
+        """Measures the same work on every GPU and on the first, as one speed-up row."""
+        every = self.run(name, variant, kind, "GB/s", amount, lambda c: make(c, None), check,
+                         settings, add=False)
+        one = self.run(name, variant, kind, "GB/s", amount, lambda c: make(c, [0]), check,
+                       settings, add=False)
+        result = Result(name, variant, kind, every.status if every.status != OK else one.status,
+                        "x", settings=settings)
+        if result.status != OK:
+            result.reason = every.reason or one.reason
+        else:
+            result.figure = every.figure / one.figure
+            result.repeats_s = every.repeats_s
+            result.extra = {"gb_per_s_every_gpu": every.figure, "gb_per_s_one_gpu": one.figure,
+                            "repeats_s_one_gpu": one.repeats_s, "devices": self.gpus}
+        return self.add(result)
+
+    def w6(self):
+        if not self.many_gpus("W6"):
+            return
+        data = getattr(self, "w2_data", None) or self.float64_chunks(*self.size["W2"])
+        check = check_squares(data)
+        amount = sum(d.nbytes for d in data) / 1e9
+        chosen = self.best_settings.get("W2", {})
+        for lanes, chunk in ((None, None), (chosen.get("lanes"), chosen.get("chunk_bytes"))):
+            def make(closers, devices, l=lanes, c=chunk):
+                ex = self.executor(closers, l, c, devices)
+                return lambda: list(ex.map(gpupool.kernels.square, data))
+
+            self.speedup("W6", f"gpupool (Python) map, {self.settings_label(lanes, chunk)}",
+                         GPUPOOL, amount, make, check, {"lanes": lanes, "chunk_bytes": chunk})
+            if not chosen:
+                break
+        self.cpp_rows("W6")
+
+    def w6c(self):
+        if not self.many_gpus("W6c"):
+            return
+        chunks, size, fmas = self.size["W6c"]
+        data = [self.rng.uniform(-1, 1, size).astype(np.float32) for _ in range(chunks)]
+        check = check_fma(data, fmas, 16, add_input=True)
+        kernel = gpupool.elementwise("float32 x, float32 a", "float32 y",
+                                     fw.fma_body(fmas, addend="x"), f"compare_w6c_{fmas}")
+        amount = sum(d.nbytes for d in data) / 1e9
+
+        def make(closers, devices):
+            ex = self.executor(closers, None, None, devices)
+            return lambda: list(ex.map(kernel, data, float(FMA_A)))
+
+        self.speedup("W6c", f"gpupool (Python) map of a compiled kernel, "
+                     f"{self.settings_label(None, None)}", GPUPOOL, amount, make, check, {})
+        self.cpp_rows("W6c")
+
+    # W8 -----------------------------------------------------------------------------------
+    def w8(self):
+        for size_of, data_name in (("W2", "w2_data"), ("W4", "w4_data")):
+            name = f"W8@{size_of}"
+            data = getattr(self, data_name, None)
+            unit = "GB/s" if size_of == "W2" else "tasks/s"
+            if data is None:
+                self.add(skipped(name, "every variant", GPUPOOL,
+                                 f"runs on {size_of}'s data: add {size_of} to --workloads", unit))
+                continue
+            if self.backend != "cuda":
+                self.add(skipped(name, "every variant", GPUPOOL,
+                                 "the user's CuPy function needs CuPy and the CUDA backend", unit))
+                continue
+            amount = sum(d.nbytes for d in data) / 1e9 if unit == "GB/s" else float(len(data))
+            check = check_squares(data)
+            for r in list(self.results):
+                if r.workload == size_of and r.kind == ANCHOR and r.status == OK:
+                    copy = Result(**{**r.as_json(), "workload": name,
+                                     "variant": r.variant + f" (measured in {size_of})"})
+                    self.results.append(copy)
+
+            def unchanged(closers, lanes):
+                fw.need_cupy()
+                ex = self.executor(closers, lanes)
+                return lambda: list(ex.map(fw.motivating_square, data))
+
+            # threads_per_gpu=5: the one changed line of the README's diff.
+            self.run(name, "(a) the motivating function unchanged in gpupool.Executor, "
+                     f"{self.settings_label(5, None)}", GPUPOOL, unit, amount,
+                     lambda c: unchanged(c, 5), check, {"lanes": 5})
+
+            def through_lane(closers):
+                fw.need_cupy()
+                ex = self.executor(closers)
+                return lambda: list(ex.map(lane_square, data))
+
+            self.run(name, "(b) the same math through current_lane().upload/download, "
+                     f"{self.settings_label(None, None)}", GPUPOOL, unit, amount, through_lane,
+                     check)
+
+    # C++ programs -------------------------------------------------------------------------
+    def cpp_rows(self, workload):
+        self.gpupool_cpp_rows(workload)
+        self.baseline_rows(workload, workload)
+
+    def _program(self, name):
+        path, why = self.cpp[name]
+        return path, why
+
+    def gpupool_cpp_rows(self, workload):
+        if workload not in ("W1", "W2", "W3", "W4", "W5", "W6", "W6c"):
+            return
+        path, why = self._program(_programs.GPUPOOL_CPP)
+        label = "gpupool (C++)"
+        if path is None:
+            self.add(skipped(workload, label, GPUPOOL, why))
+            return
+        arguments = self.program_arguments(workload) + [
+            "--backend", self.backend,
+            "--lanes-list", ",".join(str(x) for x in self.lanes_list),
+            "--chunk-list", ",".join(str(x) for x in self.chunk_list)]
+        self.program_rows(workload, path, arguments, label + " ")
+
+    def baseline_rows(self, workload, table):
+        path, why = self._program(_programs.BASELINE)
+        label = "hand-written C++ pipeline" if workload != "limits" else "copy limits and launch"
+        if path is None:
+            self.add(skipped(table, label, ALTERNATIVE if workload != "limits" else LIMIT, why))
+            if workload == "limits":
+                self.cupy_limits()
+            return
+        if self.backend != "cuda" or self.gpus == 0:
+            self.add(skipped(table, label, ALTERNATIVE if workload != "limits" else LIMIT,
+                             "runs only beside gpupool's CUDA backend (a GPU)"))
+            return
+        rows = self.program_rows(workload, path, self.program_arguments(workload), "")
+        if workload == "limits":
+            for r in rows:
+                key = r.settings.get("limit")
+                if r.status == OK and key:
+                    self.limits[key] = r.figure
+
+    def program_arguments(self, workload):
+        arguments = ["--workload", workload, "--repeat", str(self.timing.repeat),
+                     "--min-repeat", str(self.timing.min_repeat),
+                     "--seconds", str(self.timing.seconds)]
+        if workload in self.size:
+            shape = self.size[workload]
+            arguments += ["--chunks", str(shape[0]), "--size", str(shape[1])]
+            if len(shape) > 2:
+                arguments += ["--fmas", str(shape[2])]
+        elif workload == "W6":
+            arguments += ["--chunks", str(self.size["W2"][0]), "--size", str(self.size["W2"][1])]
+        elif workload == "limits":
+            arguments += ["--size", str((8 << 20) if self.args.tiny else (256 << 20))]
+        return arguments
+
+    def program_rows(self, workload, path, arguments, prefix):
+        rows, error = _programs.run_program(path, arguments, self.args.program_timeout)
+        results = []
+        sweep = []
+        for row in rows:
+            r = _programs.to_result(row, prefix)
+            if r is None:
+                continue
+            if row.get("sweep"):
+                sweep.append(r)
+                continue
+            results.append(self.add(r))
+        if sweep:
+            self.sweeps[f"{workload} {prefix.strip()}"] = [p.as_json() for p in sweep]
+            top = best(sweep, (GPUPOOL, ALTERNATIVE))
+            if top is not None:
+                top.variant += " (best of sweep)"
+                results.append(self.add(top))
+        if error:
+            results.append(self.add(Result(workload, f"{prefix}{_program_name(path)}", GPUPOOL,
+                                           FAILED, reason=error)))
+        return results
+
+    def cupy_limits(self):
+        """Copy limits of the first GPU through CuPy, when the C++ baseline is not built."""
+        try:
+            cp = fw.need_cupy()
+        except Skip as why:
+            self.add(skipped("limits", "copy limits through CuPy", LIMIT, str(why), "GB/s"))
+            return
+        import cupyx
+
+        nbytes = (8 << 20) if self.args.tiny else (256 << 20)
+        host_in = cupyx.empty_pinned(nbytes, np.uint8)
+        host_in[:] = 7
+        host_out = cupyx.empty_pinned(nbytes, np.uint8)
+        dev_in, dev_out = cp.empty(nbytes, np.uint8), cp.empty(nbytes, np.uint8)
+        up, down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
+        rounds = 5
+
+        def timed(copy_in, copy_out):
+            copy_in and dev_in.set(host_in, stream=up)
+            copy_out and dev_out.get(stream=down, out=host_out, blocking=False)
+            up.synchronize(), down.synchronize()
+            t0 = time.perf_counter()
+            for _ in range(rounds):
+                copy_in and dev_in.set(host_in, stream=up)
+                copy_out and dev_out.get(stream=down, out=host_out, blocking=False)
+            up.synchronize(), down.synchronize()
+            return time.perf_counter() - t0
+
+        moved = nbytes * rounds / 1e9
+        for key, label, args in (("h2d_gb_s", "pinned host to device", (True, False)),
+                                 ("d2h_gb_s", "device to pinned host", (False, True)),
+                                 ("both_gb_s", "each way, both at once", (True, True))):
+            self.limits[key] = moved / timed(*args)
+            self.add(Result("limits", f"copy limit through CuPy, GPU 0: {label}", LIMIT, OK,
+                            "GB/s", self.limits[key], extra={"direct": True}))
+
+
+def lane_square(chunk):
+    """W8 (b): the motivating function's math on the lane's stream, through its pinned slot."""
+    lane = gpupool.current_lane()
+    device = lane.upload(chunk)
+    return lane.download(device * device)
+
+
+def _numpy_fma(x, fmas):
+    v = x.copy()
+    for _ in range(fmas):
+        v *= FMA_A
+        v += FMA_B
+    return v
+
+
+def _program_name(path):
+    from pathlib import Path
+
+    return Path(path).name
+
+
+def _threads(n):
+    return f"{n} thread" if n == 1 else f"{n} threads"
+
+
+def _cpu_count():
+    import os
+
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count()
+
+
+def _ints(text):
+    return [int(x) for x in text.split(",") if x.strip()] if text else []
+
+
+def _sizes(text):
+    out = []
+    for part in (text or "").split(","):
+        part = part.strip().upper()
+        if not part:
+            continue
+        factor = 1
+        for suffix, f in (("K", 1 << 10), ("M", 1 << 20), ("G", 1 << 30)):
+            if part.endswith(suffix):
+                part, factor = part[:-1], f
+        out.append(int(float(part) * factor))
+    return out
+
+
+def _bytes(n):
+    if not n:
+        return "default pieces"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size and n % size == 0:
+            return f"{n // size} {unit}"
+    return f"{n} B"
+
+
+DESCRIBED = set(WORKLOADS) | {"limits", "W8@W2", "W8@W4"}

@@ -1,0 +1,166 @@
+"""gpupool compare: a tiny CPU-backend run, and wrong results reported FAILED, never timed."""
+
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from gpupool.compare import main
+from gpupool.compare import _programs, _report
+from gpupool.compare._harness import FAILED, GPUPOOL, OK, SKIPPED, Timing, WrongResult, measure
+from gpupool.compare._workloads import check_squares
+
+HAS_CUPY = importlib.util.find_spec("cupy") is not None
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+
+
+def rows(document, workload):
+    return {r["variant"]: r for r in document["results"] if r["workload"] == workload}
+
+
+def test_tiny_cpu_run_checks_and_times_what_can_run(tmp_path, capsys):
+    out = tmp_path / "compare.json"
+    argv = ["--tiny", "--backend", "cpu", "--repeat", "2", "--min-repeat", "1",
+            "--seconds", "0.2", "--workloads", "W1,W2,W4,W5,W6,W8", "--json", str(out)]
+    plot = importlib.util.find_spec("matplotlib") is not None
+    if plot:
+        argv += ["--plot", str(tmp_path / "compare.png")]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    document = json.loads(out.read_text())
+    assert document["settings"]["backend"] == "cpu"
+    assert document["machine"]["numpy"] == np.__version__
+
+    for workload in ("W1", "W2", "W4"):
+        got = rows(document, workload)
+        numpy_row = got["NumPy on the CPU, 1 thread"]
+        assert numpy_row["status"] == OK and numpy_row["figure"] > 0
+        assert len(numpy_row["repeats_s"]) >= 1
+        ours = [r for name, r in got.items() if name.startswith("gpupool (Python) map, defaults")]
+        assert ours and ours[0]["status"] == OK and ours[0]["figure"] > 0
+        assert any("best of sweep" in name and r["status"] == OK for name, r in got.items())
+        motivating = got["motivating program, 5 threads"]
+        if not HAS_CUPY:
+            assert motivating["status"] == SKIPPED
+            assert "CuPy is not installed" in motivating["reason"]
+            careful = [r for name, r in got.items() if name.startswith("careful CuPy")]
+            assert careful and all(r["status"] == SKIPPED for r in careful)
+        if not HAS_TORCH:
+            torch_rows = [r for name, r in got.items() if name.startswith("careful PyTorch")]
+            assert torch_rows and all(r["status"] == SKIPPED and "PyTorch" in r["reason"]
+                                      for r in torch_rows)
+    submit = [r for name, r in rows(document, "W4").items() if "submit loop" in name]
+    assert submit and submit[0]["status"] == OK and submit[0]["figure"] > 0
+    assert rows(document, "W5")["NumPy on the CPU (float32 FMA chain)"]["status"] == OK
+    assert all(r["status"] == SKIPPED for r in rows(document, "W6").values())
+    assert all(r["status"] == SKIPPED for r in rows(document, "W8@W2").values())
+    # The C++ baseline needs CUDA: never run on the CPU backend, always listed with a reason.
+    baseline = [r for r in document["results"] if "hand-written C++" in r["variant"]]
+    assert baseline and all(r["status"] == SKIPPED and r["reason"] for r in baseline)
+    # Where the project's build tree holds gpupool_bench_compare, its rows ran and were checked.
+    cpp = [r for r in document["results"] if r["variant"].startswith("gpupool (C++)")]
+    assert cpp and all(r["status"] in (OK, SKIPPED) for r in cpp)
+    assert all(r["reason"] for r in cpp if r["status"] == SKIPPED)
+
+    limits = rows(document, "limits")
+    assert limits["host memcpy (NumPy copyto), 1 thread"]["status"] == OK
+    assert document["limits"]["host_memcpy_gb_s"] > 0
+    table = document["tables"]["W2"]
+    numpy_entry = next(r for r in table["rows"] if r["variant"] == "NumPy on the CPU, 1 thread")
+    assert numpy_entry["of_limit"] > 0
+    assert "W2:" in printed and "x best alt" in printed
+    if plot:
+        assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_wrong_variant_is_failed_and_not_timed():
+    data = [np.arange(10.0), np.arange(5.0)]
+    calls = []
+
+    def setup():
+        def run():
+            calls.append(1)
+            return [d * 2 for d in data]  # not the square
+        return run
+
+    result = measure("W1", "wrong on purpose", GPUPOOL, "ms", 2.0, setup, check_squares(data),
+                     Timing(repeat=5, min_repeat=3, seconds=10))
+    assert result.status == FAILED and "wrong result" in result.reason
+    assert result.figure is None and result.repeats_s == []
+    assert len(calls) == 1  # the warm-up only: nothing was timed
+
+
+def test_a_variant_wrong_only_in_timed_runs_is_failed_without_times():
+    data = [np.arange(8.0)]
+    calls = []
+
+    def setup():
+        def run():
+            calls.append(1)
+            return [data[0] ** 2] if len(calls) == 1 else [data[0] + 1]
+        return run
+
+    result = measure("W2", "right once", GPUPOOL, "GB/s", 1.0, setup, check_squares(data),
+                     Timing(repeat=3, min_repeat=3, seconds=10))
+    assert result.status == FAILED and result.figure is None and result.repeats_s == []
+    assert len(calls) == 4
+
+
+def test_a_failed_variant_shows_in_the_table_and_the_exit_status():
+    class Comparison:
+        limits, size, gpus = {}, {"W1": (5, 10)}, 0
+
+    def good():
+        return lambda: [np.arange(3.0) ** 2]
+
+    check = check_squares([np.arange(3.0)])
+    Comparison.results = [
+        measure("W1", "right", GPUPOOL, "ms", 1.0, good, check, Timing(2, 1, 1.0)),
+        measure("W1", "wrong", GPUPOOL, "ms", 1.0, lambda: (lambda: [np.zeros(3)]), check,
+                Timing(2, 1, 1.0)),
+    ]
+    text = _report.table_text(_report.summarise(Comparison), lambda w: "test")
+    assert "FAILED: wrong result" in text
+
+
+def test_check_squares_rejects_shape_and_count():
+    check = check_squares([np.arange(4.0)])
+    with pytest.raises(WrongResult):
+        check([np.arange(4.0) ** 2, np.arange(4.0)])
+    with pytest.raises(WrongResult):
+        check([np.arange(4.0).reshape(2, 2) ** 2])
+    check([np.arange(4.0) ** 2])
+
+
+def test_program_lines_keep_their_status_and_a_missing_program_says_why(tmp_path):
+    failed = _programs.to_result({"workload": "W2", "variant": "map", "kind": "gpupool",
+                                  "unit": "GB/s", "amount": 1.0, "status": "FAILED",
+                                  "reason": "result 3 is wrong", "repeats_s": [0.1]}, "C++ ")
+    assert failed.status == FAILED and failed.figure is None and failed.repeats_s == []
+    ok = _programs.to_result({"workload": "W2", "variant": "map", "unit": "GB/s", "amount": 2.0,
+                              "status": "ok", "repeats_s": [0.5, 1.0, 2.0]}, "")
+    assert ok.status == OK and ok.figure == pytest.approx(2.0)
+    path, why = _programs.find_program(_programs.BASELINE, str(tmp_path))
+    assert path is None and "not found" in why and "GPUPOOL_BENCH_DIR" in why
+
+
+def test_unknown_workload_is_an_error(capsys):
+    with pytest.raises(SystemExit):
+        main(["--workloads", "W9"])
+    assert "unknown workload" in capsys.readouterr().err
+
+
+def test_a_whole_run_reports_a_wrong_variant_failed_untimed_and_exits_1(tmp_path, monkeypatch):
+    # NumPy's own square, as the NumPy-on-the-CPU variants call it, made wrong for this test.
+    monkeypatch.setattr(np, "square", lambda x: x + 1.0)
+    out = tmp_path / "compare.json"
+    status = main(["--tiny", "--backend", "cpu", "--repeat", "2", "--min-repeat", "1",
+                   "--seconds", "0.2", "--workloads", "W1", "--quiet", "--json", str(out)])
+    assert status == 1
+    got = rows(json.loads(out.read_text()), "W1")
+    wrong = got["NumPy on the CPU, 1 thread"]
+    assert wrong["status"] == FAILED and "wrong result" in wrong["reason"]
+    assert wrong["figure"] is None and wrong["repeats_s"] == []
+    ours = next(r for name, r in got.items() if name.startswith("gpupool (Python) map, defaults"))
+    assert ours["status"] == OK and ours["repeats_s"]
