@@ -50,7 +50,11 @@ def empty_pinned(shape, dtype=np.float64) -> np.ndarray:
     if count * dtype.itemsize > sys.maxsize:
         raise OverflowError(f"gpupool: empty_pinned: shape {shape} of {dtype} is "
                             f"{count * dtype.itemsize} bytes, more than any array can hold")
-    raw = _ext.allocate_pinned(max(count * dtype.itemsize, 1))
+    try:
+        raw = _ext.allocate_pinned(max(count * dtype.itemsize, 1))
+    except MemoryError:
+        raise MemoryError(f"gpupool: empty_pinned: no pinned memory for shape {shape} of "
+                          f"{dtype} ({count * dtype.itemsize} bytes)") from None
     return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
 
 
