@@ -110,20 +110,27 @@ class input_exports {
   input_exports& operator=(const input_exports&) = delete;
   ~input_exports() { release(); }
 
-  // Any thread, with or without the GIL: takes the GIL to let the exports go. Once the
-  // interpreter is finalizing, taking the GIL could hang or crash the thread: leak instead.
+  // Any thread, with or without the GIL. The exports are taken out and let go under the GIL, so
+  // a thread holding the GIL (result() after the wait) never finds them taken but not yet let
+  // go by a lane waiting for the GIL. Once the interpreter is finalizing, taking the GIL could
+  // hang or end the thread: leak them instead.
   void release() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (views_.empty()) return;
+    }
+    if (!interpreter_alive()) {
+      std::lock_guard lock(mutex_);
+      static_cast<void>(new std::vector<input_array>(std::move(views_)));  // deliberately leaked
+      views_.clear();
+      return;
+    }
+    nb::gil_scoped_acquire gil;
     std::vector<input_array> views;
     {
       std::lock_guard lock(mutex_);
       views.swap(views_);
     }
-    if (views.empty()) return;
-    if (!interpreter_alive()) {
-      static_cast<void>(new std::vector<input_array>(std::move(views)));  // deliberately leaked
-      return;
-    }
-    nb::gil_scoped_acquire gil;
     views.clear();
   }
 
