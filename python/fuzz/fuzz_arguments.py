@@ -34,8 +34,10 @@ SPECIAL_FLOATS = [0.0, -0.0, 0.5, 2.9, -1.5, float("nan"), float("inf"), -float(
 SPECIAL_INTS = [0, 1, -1, 2, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**32, 2**53, 2**53 + 1,
                 2**63 - 1, 2**63, -2**63, -2**63 - 1, 2**64, 2**70, -2**70, 2**200, 2**2000]
 
-# A short-lived kernel cache keeps the fuzzer from touching the user's.
-os.environ.setdefault("GPUPOOL_CACHE_DIR", tempfile.mkdtemp(prefix="gpupool-fuzz-cache-"))
+# A kernel cache of its own keeps the fuzzer from touching the user's (scripts/python-fuzz
+# gives it one under build/; libFuzzer ends the process without running atexit handlers).
+if "GPUPOOL_CACHE_DIR" not in os.environ:
+    os.environ["GPUPOOL_CACHE_DIR"] = tempfile.mkdtemp(prefix="gpupool-fuzz-cache-")
 EXECUTOR = gpupool.Executor(threads_per_gpu=2, backend="cpu")
 ELEMENTWISE = {
     name: gpupool.elementwise(f"{name} x, {name} a", f"{name} y", "y = x + a",
