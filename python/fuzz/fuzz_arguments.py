@@ -224,18 +224,24 @@ def planned_bytes(shape, dtype):
         return 0
 
 
-def declare_elementwise(fdp):
+def declare_kernel(fdp):
     # Declarations only (no compile): the parser must refuse what it cannot take.
     text = [fdp.ConsumeUnicodeNoSurrogates(fdp.ConsumeIntInRange(0, 30)) for _ in range(3)]
     if fdp.ConsumeBool():
         text[0] = pick(fdp, ["float64 x", "int32 x, float32 a", "float64* x", "x", ""])
     if fdp.ConsumeBool():
         text[1] = pick(fdp, ["float64 y", "int64 y", "y", "float64 y, float64 z"])
-    gpupool.elementwise(text[0], text[1], "y = x;", name=text[2] or "elementwise")
+    if fdp.ConsumeBool():
+        gpupool.elementwise(text[0], text[1], "y = x;", name=text[2] or "elementwise")
+    else:
+        block = make_value(fdp) if fdp.ConsumeBool() else fdp.ConsumeIntInRange(-2, 2000)
+        grid = make_value(fdp) if fdp.ConsumeBool() else fdp.ConsumeInt(5)
+        gpupool.raw_kernel('extern "C" __global__ void f() {}', text[2] or "f", text[0], text[1],
+                           block=block, grid=grid)
 
 
 OPERATIONS = [call_builtin, call_builtin, call_elementwise, call_elementwise, call_pinned,
-              declare_elementwise]
+              declare_kernel]
 
 
 def test_one_input(data):

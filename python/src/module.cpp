@@ -516,6 +516,35 @@ void check_alpha(nb::handle kernel_object, const gpupool::kernel& k, gpupool::dt
                      "float64); use gpupool.elementwise for such integers");
 }
 
+// A str argument of `function` (a kernel's declaration or source), refused clearly otherwise.
+std::string text_argument(nb::handle value, const char* function, const char* parameter) {
+  if (!PyUnicode_Check(value.ptr()))
+    throw_python(PyExc_TypeError, std::string("gpupool: ") + function + ": " + parameter +
+                                      " must be a str, not " + nb::type_name(value.type()).c_str());
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(value.ptr(), &size);  // lone surrogates: an error
+  if (text == nullptr) throw nb::python_error();
+  return std::string(text, static_cast<std::size_t>(size));
+}
+
+// An int argument (anything with __index__, not a bool) from `low` to `high`.
+unsigned count_argument(nb::handle value, const char* function, const char* parameter, unsigned low,
+                        unsigned high) {
+  const std::string where = std::string("gpupool: ") + function + ": " + parameter;
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr()))
+    throw_python(PyExc_TypeError,
+                 where + " must be an int, not " + nb::type_name(value.type()).c_str());
+  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (n == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0 || n < static_cast<long long>(low) || n > static_cast<long long>(high))
+    throw_python(PyExc_ValueError, where + " must be from " + std::to_string(low) + " to " +
+                                       std::to_string(high) + ", not " + describe_value(value));
+  return static_cast<unsigned>(n);
+}
+
 std::vector<std::size_t> shape_of(const input_array& a) {
   std::vector<std::size_t> shape(a.ndim());
   for (std::size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
@@ -988,8 +1017,16 @@ NB_MODULE(_ext, m) {
   nb::class_<gpupool::elementwise_kernel>(
       m, "ElementwiseKernel",
       "An elementwise kernel compiled at run time from typed parameters and a C++ body.")
-      .def(nb::init<const std::string&, const std::string&, std::string, std::string>(), "inputs"_a,
-           "output"_a, "body"_a, "name"_a = "elementwise")
+      .def(
+          "__init__",
+          [](gpupool::elementwise_kernel* self, nb::handle inputs, nb::handle output,
+             nb::handle body, nb::handle name) {
+            new (self) gpupool::elementwise_kernel(text_argument(inputs, "elementwise", "inputs"),
+                                                   text_argument(output, "elementwise", "output"),
+                                                   text_argument(body, "elementwise", "body"),
+                                                   text_argument(name, "elementwise", "name"));
+          },
+          "inputs"_a.none(), "output"_a.none(), "body"_a.none(), "name"_a.none() = "elementwise")
       .def_prop_ro("name", &gpupool::elementwise_kernel::name)
       .def_prop_ro("body", &gpupool::elementwise_kernel::body)
       .def_prop_ro("inputs",
@@ -1015,12 +1052,19 @@ NB_MODULE(_ext, m) {
                                   "A kernel from CUDA source with a named entry point.")
       .def(
           "__init__",
-          [](gpupool::raw_kernel* self, std::string source, std::string entry,
-             const std::string& inputs, const std::string& output, unsigned block, unsigned grid) {
-            new (self) gpupool::raw_kernel(std::move(source), std::move(entry), inputs, output,
-                                           gpupool::launch_shape{block, grid});
+          [](gpupool::raw_kernel* self, nb::handle source, nb::handle entry, nb::handle inputs,
+             nb::handle output, nb::handle block, nb::handle grid) {
+            new (self) gpupool::raw_kernel(
+                text_argument(source, "raw_kernel", "source"),
+                text_argument(entry, "raw_kernel", "entry"),
+                text_argument(inputs, "raw_kernel", "inputs"),
+                text_argument(output, "raw_kernel", "output"),
+                gpupool::launch_shape{count_argument(block, "raw_kernel", "block", 1, 1024),
+                                      count_argument(grid, "raw_kernel", "grid", 0,
+                                                     std::numeric_limits<unsigned>::max())});
           },
-          "source"_a, "entry"_a, "inputs"_a, "output"_a, "block"_a = 256u, "grid"_a = 0u)
+          "source"_a.none(), "entry"_a.none(), "inputs"_a.none(), "output"_a.none(),
+          "block"_a.none() = 256u, "grid"_a.none() = 0u)
       .def_prop_ro("name", &gpupool::raw_kernel::name)
       .def_prop_ro("source", &gpupool::raw_kernel::source)
       .def_prop_ro("shape", &gpupool::raw_kernel::shape)

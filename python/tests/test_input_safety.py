@@ -453,3 +453,26 @@ def test_pinned_arrays_take_numpy_shapes():
 def test_allocate_pinned_refuses_absurd_sizes():
     with pytest.raises(OverflowError, match="too large"):
         gpupool._ext.allocate_pinned(2**64 - 8)
+
+
+# -- kernel declarations ---------------------------------------------------------------------------
+
+@pytest.mark.parametrize("arguments", [
+    (123, "float64 y", "y = x;"), ("float64 x", None, "y = x;"), ("float64 x", "float64 y", b"y"),
+    ("float64 x", "float64 y", "y = x;", 5)])
+def test_elementwise_declarations_must_be_text(arguments):
+    with pytest.raises(TypeError, match=r"gpupool: elementwise: \w+ must be a str"):
+        gpupool.elementwise(*arguments)
+
+
+@pytest.mark.parametrize("options,error", [
+    ({"block": -1}, ValueError), ({"block": 0}, ValueError), ({"block": 2**40}, ValueError),
+    ({"grid": -1}, ValueError), ({"grid": 2**32}, ValueError), ({"block": 2.5}, TypeError),
+    ({"grid": "2"}, TypeError), ({"block": True}, TypeError)])
+def test_raw_kernel_launch_shape_is_checked(options, error):
+    with pytest.raises(error, match=r"gpupool: raw_kernel: (block|grid) must be"):
+        gpupool.raw_kernel('extern "C" __global__ void f() {}', "f", "float64* x",
+                           "float64* out", **options)
+    k = gpupool.raw_kernel('extern "C" __global__ void f() {}', "f", "float64* x",
+                           "float64* out", block=np.int64(128), grid=2**32 - 1)
+    assert (k.shape.block, k.shape.grid) == (128, 2**32 - 1)
