@@ -476,3 +476,26 @@ def test_raw_kernel_launch_shape_is_checked(options, error):
     k = gpupool.raw_kernel('extern "C" __global__ void f() {}', "f", "float64* x",
                            "float64* out", block=np.int64(128), grid=2**32 - 1)
     assert (k.shape.block, k.shape.grid) == (128, 2**32 - 1)
+
+
+# -- device arrays (CUDA) -------------------------------------------------------------------------
+
+@pytest.mark.gpu
+def test_numbers_for_device_arrays_follow_the_same_rules():
+    cp = pytest.importorskip("cupy")
+    x = cp.arange(-5, 5, dtype=cp.int32)
+    k = gpupool.elementwise("int32 x, int32 a", "int32 y", "y = x + a", name="safety_device_add")
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+        with pytest.raises(TypeError, match=r"alpha of gpupool\.kernels\.scale .*0\.5.*int32"):
+            ex.submit(gpupool.kernels.scale(0.5), x).result(60)
+        with pytest.raises(OverflowError, match=r"int32"):
+            list(ex.map(gpupool.kernels.axpy(2**40 + 5), [x], [x]))
+        with pytest.raises(OverflowError, match=r"'a'.*1099511627781.*int32"):
+            ex.submit(k, x, 2**40 + 5).result(60)
+        with pytest.raises(TypeError, match=r"'a'.*2\.5.*int32"):
+            list(ex.map(k, [x, x], 2.5))
+        with pytest.raises(TypeError, match=r"'a'.*complex"):
+            ex.submit(k, x, 1j).result(60)
+        assert cp.array_equal(ex.submit(k, x, True).result(60), x + 1)
+        assert cp.array_equal(ex.submit(k, x, np.int64(7)).result(60), x + 7)
+        assert cp.array_equal(ex.submit(gpupool.kernels.scale(3), x).result(60), 3 * x)
