@@ -224,8 +224,8 @@ def map_compiled(core, kernel, calls):
         row, first = [], None
         for i, a in enumerate(args):
             kind = type(a)
-            if kind is int or kind is float:
-                row.append(a)
+            if kind is int or kind is float or kind is bool or kind is complex:
+                row.append(a)  # checked against the parameter's type by the extension
                 continue
             if kind is not cupy_ndarray and not is_device_array(a):
                 raise TypeError(f"gpupool: call {c} argument {i} is not a device array while "

@@ -347,8 +347,6 @@ def _as_number(value):
     kind = type(value)
     if kind is int or kind is float:
         return value
-    if kind is bool:
-        return None
     if isinstance(value, numbers.Number):
         return value.item() if hasattr(value, "item") else value
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):

@@ -1,19 +1,60 @@
 """Pinned (page-locked) host arrays: inputs and outputs that skip the staging copy."""
 
 import math
+import operator
+import sys
 
 import numpy as np
 
 from . import _ext
 
 
+def _checked_shape(shape, function):
+    """`shape` as a tuple of non-negative Python ints (an int is a 1-d shape), as NumPy takes it;
+    a bad one raises TypeError/ValueError naming the dimension."""
+    try:
+        dims = (operator.index(shape),)
+    except TypeError:
+        try:
+            dims = tuple(shape)
+        except TypeError:
+            raise TypeError(f"gpupool: {function}: shape must be an int or a sequence of ints, "
+                            f"not {type(shape).__name__}") from None
+    checked = []
+    for axis, dim in enumerate(dims):
+        try:
+            n = operator.index(dim)
+        except TypeError:
+            raise TypeError(f"gpupool: {function}: dimension {axis} of shape {dims!r} is "
+                            f"{dim!r}, not an int") from None
+        if n < 0:
+            raise ValueError(f"gpupool: {function}: dimension {axis} of shape {dims!r} is "
+                             f"negative ({n})")
+        checked.append(n)
+    return tuple(checked)
+
+
 def empty_pinned(shape, dtype=np.float64) -> np.ndarray:
     """A NumPy array in pinned host memory, uninitialised. The memory is freed when the array
-    (and every view of it) is gone. Pinning is slow: allocate once and reuse."""
+    (and every view of it) is gone. Pinning is slow: allocate once and reuse.
+
+    Raises ValueError for a negative dimension, OverflowError for a size no array can have."""
     dtype = np.dtype(dtype)
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if dtype.hasobject:
+        raise TypeError(f"gpupool: empty_pinned: dtype {dtype} holds Python objects; pinned "
+                        "memory holds plain numbers")
+    if dtype.itemsize == 0:
+        raise TypeError(f"gpupool: empty_pinned: dtype {dtype} has no size")
+    shape = _checked_shape(shape, "empty_pinned")
     count = math.prod(shape)
-    raw = _ext.allocate_pinned(max(count * dtype.itemsize, 1))
+    if count * dtype.itemsize > sys.maxsize:
+        raise OverflowError(f"gpupool: empty_pinned: shape {shape} of {dtype} is "
+                            f"{count * dtype.itemsize} bytes, more than any array can hold")
+    try:
+        raw = _ext.allocate_pinned(max(count * dtype.itemsize, 1))
+    except MemoryError:
+        raise MemoryError(f"gpupool: empty_pinned: no pinned memory for shape {shape} of "
+                          f"{dtype} ({count * dtype.itemsize} bytes)") from None
     return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
 
 

@@ -8,6 +8,11 @@ C++ (GIL released): NumPy inputs are read in place and results come back as NumP
 
 Inputs: C-contiguous float32, float64, int32 or int64 arrays of any shape; results keep the
 input's shape and dtype.
+
+alpha: a real number (bool, int or float; NumPy scalars and 0-d arrays too). It is checked
+against each array's dtype at the call, by NumPy's "same_kind" rule and the dtype's range: a
+float alpha for int arrays raises TypeError, an int outside int32's range for int32 arrays
+OverflowError; nothing is converted out of range.
 """
 
 from ._ext import Kernel
@@ -17,12 +22,12 @@ add = Kernel.add()
 
 
 def scale(alpha: float) -> Kernel:
-    """out = alpha * x"""
+    """out = alpha * x (alpha: bool, int or float; see the module's notes)"""
     return Kernel.scale(alpha)
 
 
 def axpy(alpha: float) -> Kernel:
-    """out = alpha * x + y"""
+    """out = alpha * x + y (alpha: bool, int or float; see the module's notes)"""
     return Kernel.axpy(alpha)
 
 

@@ -9,8 +9,12 @@
 #include <nanobind/stl/unique_ptr.h>
 #include <nanobind/stl/vector.h>
 
+#include <cfloat>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <span>
 #include <sstream>
@@ -93,6 +97,48 @@ class py_lane {
 
 using input_array = nb::ndarray<nb::ro>;
 
+// The exports (Py_buffer or DLPack) of a task's host inputs, held from the call until the task
+// has ended: the lanes read the inputs in place, so their owners must not resize or free that
+// memory meanwhile. While an export is held a bytearray or array.array refuses to resize
+// (BufferError) and NumPy refuses to resize its array, instead of freeing memory a lane reads.
+// Released exactly once, by whichever comes first: the task's completion callback (on a lane,
+// or on the thread that cancelled it), the future's result()/done(), or the future's end.
+class input_exports {
+ public:
+  explicit input_exports(std::vector<input_array> views) : views_(std::move(views)) {}
+  input_exports(const input_exports&) = delete;
+  input_exports& operator=(const input_exports&) = delete;
+  ~input_exports() { release(); }
+
+  // Any thread, with or without the GIL. The exports are taken out and let go under the GIL, so
+  // a thread holding the GIL (result() after the wait) never finds them taken but not yet let
+  // go by a lane waiting for the GIL. Once the interpreter is finalizing, taking the GIL could
+  // hang or end the thread: leak them instead.
+  void release() noexcept {
+    {
+      std::lock_guard lock(mutex_);
+      if (views_.empty()) return;
+    }
+    if (!interpreter_alive()) {
+      std::lock_guard lock(mutex_);
+      static_cast<void>(new std::vector<input_array>(std::move(views_)));  // deliberately leaked
+      views_.clear();
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    std::vector<input_array> views;
+    {
+      std::lock_guard lock(mutex_);
+      views.swap(views_);
+    }
+    views.clear();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<input_array> views_;
+};
+
 // Pinned memory for one result; returned to gpupool's pinned cache when the last owner (this, or
 // the NumPy array it became) lets go.
 class pinned_block {
@@ -113,14 +159,20 @@ class pinned_block {
 class array_future {
  public:
   // Result in `out`, handed out as a NumPy array of `type` and `shape`.
+  // The task reads `inputs` in place: their exports are held until it has ended.
   array_future(gpupool::future<void> f, std::unique_ptr<pinned_block> out, nb::dlpack::dtype type,
-               std::vector<std::size_t> shape, nb::object x, nb::object y)
+               std::vector<std::size_t> shape, nb::object x, nb::object y,
+               std::vector<input_array> inputs)
       : future_(std::move(f)),
         out_(std::move(out)),
         type_(type),
         shape_(std::move(shape)),
         x_(std::move(x)),
-        y_(std::move(y)) {}
+        y_(std::move(y)),
+        inputs_(std::make_shared<input_exports>(std::move(inputs))) {
+    // Registered first, so the exports are let go before any caller's done callback runs.
+    future_.on_complete([inputs = inputs_](gpupool::future<void>&) { inputs->release(); });
+  }
   // Result written into `result`, an array the caller made (on a device), handed out as is.
   array_future(gpupool::future<void> f, nb::object result, nb::object keep_alive)
       : future_(std::move(f)), x_(std::move(keep_alive)), result_(std::move(result)) {}
@@ -134,9 +186,16 @@ class array_future {
       nb::gil_scoped_release nogil;
       future_.wait();
     }
+    if (inputs_) inputs_->release();
   }
 
-  bool done() const { return future_.ready(); }
+  // The completion callback runs after waiters wake, so a caller that saw the task end lets the
+  // exports go itself: once done() or result() says the work is over, the inputs are free.
+  bool done() const {
+    if (!future_.ready()) return false;
+    if (inputs_) inputs_->release();
+    return true;
+  }
   bool cancel() { return future_.cancel(); }
   bool cancelled() const { return future_.status() == gpupool::task_status::cancelled; }
 
@@ -154,6 +213,7 @@ class array_future {
       PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
       throw nb::python_error();
     }
+    if (inputs_) inputs_->release();
     future_.get();  // rethrows the task's failure
     if (!result_.is_valid()) result_ = make_array();
     return result_;
@@ -188,6 +248,7 @@ class array_future {
   nb::object x_;
   nb::object y_;
   nb::object result_;
+  std::shared_ptr<input_exports> inputs_;
 };
 
 const char* dtype_name(nb::dlpack::dtype t) {
@@ -233,17 +294,22 @@ bool is_c_contiguous(const input_array& a) {
 }
 
 // Checks one input at the call, before any work starts.
-input_array as_input(nb::handle obj, std::size_t index, const char* which) {
-  const std::string where = std::string(which) + "[" + std::to_string(index) + "]";
+// `parameter` names a compiled kernel's parameter, which may also take a number.
+input_array as_input(nb::handle obj, std::size_t index, const char* which,
+                     const std::string& parameter = {}) {
+  std::string where = std::string(which) + "[" + std::to_string(index) + "]";
+  if (!parameter.empty()) where += " ('" + parameter + "')";
   input_array a;
   if (!nb::try_cast(obj, a, /*convert=*/false)) {
     std::string what = nb::type_name(obj.type()).c_str();
     if (nb::hasattr(obj, "dtype"))
       what += " of dtype " +
               std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str());
-    throw nb::type_error(("gpupool: " + where + " is a " + what +
-                          "; expected an array of float32, float64, int32 or int64")
-                             .c_str());
+    throw nb::type_error(
+        ("gpupool: " + where + " is a " + what +
+         (parameter.empty() ? "; expected an array" : "; expected a number or an array") +
+         " of float32, float64, int32 or int64")
+            .c_str());
   }
   if (a.device_type() != nb::device::cpu::value)
     throw nb::type_error(("gpupool: " + where +
@@ -275,12 +341,208 @@ gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*
   return std::span<const std::int64_t>(static_cast<const std::int64_t*>(a.data()), n);
 }
 
-// A Python float or int (not a bool) as a broadcast kernel argument; nothing for anything else.
-std::optional<gpupool::kernel_argument> number_argument(nb::handle a) {
-  if (PyFloat_Check(a.ptr())) return gpupool::kernel_argument(nb::cast<double>(a));
-  if (PyLong_Check(a.ptr()) && !PyBool_Check(a.ptr()))
-    return gpupool::kernel_argument(nb::cast<long>(a));
+// What kind of number a value is, as NumPy's casting rules see it.
+enum class number_kind { boolean, integer, real, complex };
+
+struct number {
+  number_kind kind;
+  nb::object value;  // a Python bool, int, float or complex
+};
+
+const char* kind_name(number_kind k) {
+  switch (k) {
+    case number_kind::boolean:
+      return "bool";
+    case number_kind::integer:
+      return "int";
+    case number_kind::real:
+      return "float";
+    case number_kind::complex:
+      return "complex";
+  }
+  return "number";
+}
+
+std::optional<number_kind> python_number_kind(PyObject* p) {
+  if (PyBool_Check(p)) return number_kind::boolean;
+  if (PyLong_Check(p)) return number_kind::integer;
+  if (PyFloat_Check(p)) return number_kind::real;
+  if (PyComplex_Check(p)) return number_kind::complex;
   return std::nullopt;
+}
+
+// `value` as a number if it is one: a Python bool, int, float or complex, or a NumPy scalar or
+// 0-d array (whose item() is one of those, of the same kind). Nothing for anything else.
+std::optional<number> as_number(nb::handle value) {
+  if (auto kind = python_number_kind(value.ptr())) return number{*kind, nb::borrow(value)};
+  if (PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr())) return std::nullopt;
+  if (!nb::hasattr(value, "ndim") || !nb::hasattr(value, "item")) return std::nullopt;
+  nb::object ndim = value.attr("ndim");
+  if (!PyLong_Check(ndim.ptr()) || PyLong_AsLong(ndim.ptr()) != 0) return std::nullopt;
+  nb::object item = value.attr("item")();
+  if (auto kind = python_number_kind(item.ptr())) return number{*kind, item};
+  return std::nullopt;
+}
+
+// A short text of `value` for messages: huge ints are refused by str() (and would flood them).
+std::string describe_value(nb::handle value) {
+  PyObject* text = PyObject_Repr(value.ptr());
+  if (text == nullptr) {
+    PyErr_Clear();
+    return "a value that has no repr";
+  }
+  std::string out = nb::steal<nb::str>(text).c_str();
+  if (out.size() > 60) out = out.substr(0, 40) + "..." + out.substr(out.size() - 10);
+  return out;
+}
+
+[[noreturn]] void throw_python(PyObject* type, const std::string& message) {
+  PyErr_SetString(type, message.c_str());
+  throw nb::python_error();
+}
+
+// `n` (a number given for `where`, whose type is `type`) as a kernel argument, by NumPy's
+// "same_kind" casting rule: a bool becomes any type, an int an int or a float, a float only a
+// float; a complex nothing here. A value the type cannot hold is refused (OverflowError), never
+// converted out of range: in C++ that would be undefined or silently change the number.
+gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
+                                         const std::string& where) {
+  const bool integer_type = type == gpupool::dtype::int32 || type == gpupool::dtype::int64;
+  const std::string type_name = gpupool::to_string(type);
+  const std::string what = "gpupool: " + where + " is " + describe_value(n.value) +
+                           (n.kind == number_kind::integer ? ", an " : ", a ") + kind_name(n.kind);
+  PyObject* p = n.value.ptr();
+  switch (n.kind) {
+    case number_kind::boolean: {
+      const long b = p == Py_True ? 1 : 0;
+      if (integer_type) return gpupool::kernel_argument(b);
+      return gpupool::kernel_argument(static_cast<double>(b));
+    }
+    case number_kind::integer: {
+      if (integer_type) {
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+        if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+        const long long low = type == gpupool::dtype::int32
+                                  ? std::numeric_limits<std::int32_t>::min()
+                                  : std::numeric_limits<std::int64_t>::min();
+        const long long high = type == gpupool::dtype::int32
+                                   ? std::numeric_limits<std::int32_t>::max()
+                                   : std::numeric_limits<std::int64_t>::max();
+        if (overflow != 0 || v < low || v > high)
+          throw_python(PyExc_OverflowError, what + ", out of range for " + type_name + " (" +
+                                                std::to_string(low) + ".." + std::to_string(high) +
+                                                ")");
+        return gpupool::kernel_argument(static_cast<long>(v));
+      }
+      const double d = PyLong_AsDouble(p);
+      if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        throw_python(PyExc_OverflowError, what + ", too large for " + type_name);
+      }
+      if (type == gpupool::dtype::float32 && std::fabs(d) > FLT_MAX)
+        throw_python(PyExc_OverflowError,
+                     what + ", out of range for float32 (largest magnitude 3.4028235e+38)");
+      return gpupool::kernel_argument(d);
+    }
+    case number_kind::real: {
+      if (integer_type)
+        throw_python(PyExc_TypeError,
+                     what + "; NumPy's same_kind casting does not turn a float into " + type_name +
+                         " (it would drop the fraction): pass an int");
+      const double d = PyFloat_AsDouble(p);
+      if (type == gpupool::dtype::float32 && std::isfinite(d) && std::fabs(d) > FLT_MAX)
+        throw_python(PyExc_OverflowError,
+                     what + ", out of range for float32 (largest magnitude 3.4028235e+38)");
+      return gpupool::kernel_argument(d);
+    }
+    case number_kind::complex:
+      break;
+  }
+  throw_python(PyExc_TypeError, what + "; NumPy's same_kind casting does not turn a complex into " +
+                                    type_name + ": pass a real number");
+}
+// The alpha of scale/axpy as the caller gave it (a Python bool, int or float), kept on the Kernel
+// object: the C++ kernel carries a double, which tells neither 2 from 2.0 nor every int64 apart.
+constexpr const char* alpha_attribute = "_alpha_value";
+
+nb::object alpha_kernel(gpupool::kernel (*make)(double), const char* op_name, nb::handle alpha) {
+  const std::string where = std::string("alpha of gpupool.kernels.") + op_name;
+  const auto n = as_number(alpha);
+  if (!n || n->kind == number_kind::complex)
+    throw_python(PyExc_TypeError, "gpupool: " + where + " is " + describe_value(alpha) + ", a " +
+                                      (n ? std::string("complex")
+                                         : std::string(nb::type_name(alpha.type()).c_str())) +
+                                      "; expected a real number (bool, int or float)");
+  double value = 0.0;
+  if (n->kind == number_kind::boolean) {
+    value = n->value.ptr() == Py_True ? 1.0 : 0.0;
+  } else if (n->kind == number_kind::integer) {
+    value = PyLong_AsDouble(n->value.ptr());
+    if (value == -1.0 && PyErr_Occurred()) {
+      PyErr_Clear();
+      throw_python(PyExc_OverflowError, "gpupool: " + where + " is " + describe_value(alpha) +
+                                            ", too large for any dtype gpupool supports");
+    }
+  } else {
+    value = PyFloat_AsDouble(n->value.ptr());
+  }
+  nb::object kernel = nb::cast(make(value));
+  kernel.attr(alpha_attribute) = n->value;
+  return kernel;
+}
+
+// Refuses, before any work starts, a scale/axpy whose alpha arrays of `type` cannot take by
+// NumPy's same_kind rule (0.5 for int32 would make zeros), or whose value `type` cannot hold.
+void check_alpha(nb::handle kernel_object, const gpupool::kernel& k, gpupool::dtype type,
+                 const std::string& arrays) {
+  if (k.operation() != gpupool::op::scale && k.operation() != gpupool::op::axpy) return;
+  nb::object given = nb::getattr(kernel_object, alpha_attribute, nb::none());
+  const auto kind = python_number_kind(given.ptr());
+  const number n = kind ? number{*kind, given} : number{number_kind::real, nb::float_(k.alpha())};
+  const std::string where = std::string("alpha of gpupool.kernels.") + k.name() + " (for " +
+                            arrays + " of " + gpupool::to_string(type) + ")";
+  const auto argument = scalar_argument(n, type, where);
+  if (n.kind != number_kind::integer ||
+      (type != gpupool::dtype::int32 && type != gpupool::dtype::int64))
+    return;
+  // The kernel computes with static_cast<T>(alpha): the double must be that int exactly.
+  const double a = k.alpha();
+  constexpr double two_to_63 = 9223372036854775808.0;
+  if (!(a >= -two_to_63 && a < two_to_63) || static_cast<std::int64_t>(a) != argument.integer())
+    throw_python(PyExc_OverflowError,
+                 "gpupool: " + where + " is " + describe_value(given) +
+                     ", which a built-in kernel cannot carry exactly (it holds alpha as a "
+                     "float64); use gpupool.elementwise for such integers");
+}
+
+// A str argument of `function` (a kernel's declaration or source), refused clearly otherwise.
+std::string text_argument(nb::handle value, const char* function, const char* parameter) {
+  if (!PyUnicode_Check(value.ptr()))
+    throw_python(PyExc_TypeError, std::string("gpupool: ") + function + ": " + parameter +
+                                      " must be a str, not " + nb::type_name(value.type()).c_str());
+  Py_ssize_t size = 0;
+  const char* text = PyUnicode_AsUTF8AndSize(value.ptr(), &size);  // lone surrogates: an error
+  if (text == nullptr) throw nb::python_error();
+  return std::string(text, static_cast<std::size_t>(size));
+}
+
+// An int argument (anything with __index__, not a bool) from `low` to `high`.
+unsigned count_argument(nb::handle value, const char* function, const char* parameter, unsigned low,
+                        unsigned high) {
+  const std::string where = std::string("gpupool: ") + function + ": " + parameter;
+  if (PyBool_Check(value.ptr()) || !PyIndex_Check(value.ptr()))
+    throw_python(PyExc_TypeError,
+                 where + " must be an int, not " + nb::type_name(value.type()).c_str());
+  nb::object index = nb::steal(PyNumber_Index(value.ptr()));
+  if (!index.is_valid()) throw nb::python_error();
+  int overflow = 0;
+  const long long n = PyLong_AsLongLongAndOverflow(index.ptr(), &overflow);
+  if (n == -1 && PyErr_Occurred()) throw nb::python_error();
+  if (overflow != 0 || n < static_cast<long long>(low) || n > static_cast<long long>(high))
+    throw_python(PyExc_ValueError, where + " must be from " + std::to_string(low) + " to " +
+                                       std::to_string(high) + ", not " + describe_value(value));
+  return static_cast<unsigned>(n);
 }
 
 std::vector<std::size_t> shape_of(const input_array& a) {
@@ -376,8 +638,10 @@ class py_executor {
     });
   }
 
-  std::vector<std::unique_ptr<array_future>> map_kernel(const gpupool::kernel& k, nb::sequence xs,
-                                                        std::optional<nb::sequence> ys) {
+  std::vector<std::unique_ptr<array_future>> map_kernel(
+      nb::pointer_and_handle<gpupool::kernel> kernel, nb::sequence xs,
+      std::optional<nb::sequence> ys) {
+    const gpupool::kernel& k = *kernel.p;
     const std::size_t n = nb::len(xs);
     if (k.arity() == 2 && !ys)
       throw nb::value_error(
@@ -391,6 +655,8 @@ class py_executor {
     std::vector<input_array> x(n), y(ys ? n : 0);
     for (std::size_t i = 0; i < n; ++i) {
       x[i] = as_input(xs[i], i, "x");
+      check_alpha(kernel.h, k, dtype_from_name(dtype_name(x[i].dtype())),
+                  "x[" + std::to_string(i) + "]");
       if (ys) {
         y[i] = as_input((*ys)[i], i, "y");
         if (y[i].dtype() != x[i].dtype() || shape_of(y[i]) != shape_of(x[i]))
@@ -405,9 +671,11 @@ class py_executor {
     for (std::size_t i = 0; i < n; ++i) {
       auto result = std::make_unique<pinned_block>(x[i].nbytes());
       auto f = launch(k, x[i], ys ? &y[i] : nullptr, result->data());
-      out.push_back(std::make_unique<array_future>(std::move(f), std::move(result), x[i].dtype(),
-                                                   shape_of(x[i]), nb::borrow(xs[i]),
-                                                   ys ? nb::borrow((*ys)[i]) : nb::none()));
+      std::vector<input_array> views{x[i]};
+      if (ys) views.push_back(y[i]);
+      out.push_back(std::make_unique<array_future>(
+          std::move(f), std::move(result), x[i].dtype(), shape_of(x[i]), nb::borrow(xs[i]),
+          ys ? nb::borrow((*ys)[i]) : nb::none(), std::move(views)));
     }
     return out;
   }
@@ -431,10 +699,12 @@ class py_executor {
     for (std::size_t i = 0; i < n; ++i) {
       nb::handle a = args[i];
       const std::string& name = k.inputs()[i].name;
-      if (auto number = number_argument(a)) {
-        arguments.push_back(*number);
+      if (auto number = as_number(a)) {
+        arguments.push_back(scalar_argument(
+            *number, k.inputs()[i].type,
+            "argument[" + std::to_string(i) + "] ('" + name + "') of kernel '" + k.name() + "'"));
       } else {
-        arrays.push_back(as_input(a, i, "argument"));
+        arrays.push_back(as_input(a, i, "argument", name));
         const input_array& view = arrays.back();
         if (first == nullptr) first = &view;
         arguments.push_back(argument_of(view, name));
@@ -454,8 +724,9 @@ class py_executor {
       else
         f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
     }
+    const std::vector<std::size_t> shape = shape_of(*first);
     return std::make_unique<array_future>(std::move(f), std::move(result), dlpack_of(out_type),
-                                          shape_of(*first), nb::borrow(args), nb::none());
+                                          shape, nb::borrow(args), nb::none(), std::move(arrays));
   }
 
   // A compiled kernel over many calls on arrays already on GPU `ordinal`. `calls[i]` lists the
@@ -475,9 +746,18 @@ class py_executor {
       nb::list args = nb::borrow<nb::list>(calls[c]);
       auto& inputs = work[c].inputs;
       inputs.reserve(nb::len(args));
-      for (nb::handle a : args) {
-        if (auto number = number_argument(a)) {
-          inputs.push_back(*number);
+      if (nb::len(args) != k.inputs().size())
+        throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
+                              std::to_string(k.inputs().size()) + " argument(s), " +
+                              std::to_string(nb::len(args)) + " given")
+                                 .c_str());
+      for (std::size_t i = 0; i < nb::len(args); ++i) {
+        nb::handle a = args[i];
+        if (auto number = as_number(a)) {
+          inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
+                                           "argument[" + std::to_string(i) + "] ('" +
+                                               k.inputs()[i].name + "') of kernel '" + k.name() +
+                                               "'"));
         } else {
           auto [address, count, type] =
               nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string>>(a);
@@ -497,14 +777,16 @@ class py_executor {
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
   // out = k(x[, y]), `count` elements of `type`. No host copy is made.
-  std::unique_ptr<array_future> launch_device(const gpupool::kernel& k, std::uintptr_t x,
-                                              std::uintptr_t y, std::uintptr_t out,
-                                              std::size_t count, const std::string& type,
-                                              int ordinal, nb::object result,
-                                              nb::object keep_alive) {
+  std::unique_ptr<array_future> launch_device(nb::pointer_and_handle<gpupool::kernel> kernel,
+                                              std::uintptr_t x, std::uintptr_t y,
+                                              std::uintptr_t out, std::size_t count,
+                                              const std::string& type, int ordinal,
+                                              nb::object result, nb::object keep_alive) {
     const int device = device_of_ordinal(ordinal);
+    const gpupool::kernel k = *kernel.p;  // copied into the task
     if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
     const gpupool::dtype t = dtype_from_name(type);
+    check_alpha(kernel.h, k, t, "the device array");
     auto f = get().submit_to(device, [=](gpupool::lane& l) {
       l.apply_bytes(k, t, reinterpret_cast<const void*>(x), reinterpret_cast<const void*>(y),
                     reinterpret_cast<void*>(out), count);
@@ -711,11 +993,17 @@ NB_MODULE(_ext, m) {
   m.attr("CompileError") = nb::handle(compile_error_type);
   nb::register_exception_translator(translate_exceptions);
 
-  nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.")
+  nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.", nb::dynamic_attr())
       .def_static("square", &gpupool::kernel::square, "out = x * x")
-      .def_static("scale", &gpupool::kernel::scale, "alpha"_a, "out = alpha * x")
+      .def_static(
+          "scale",
+          [](nb::handle alpha) { return alpha_kernel(&gpupool::kernel::scale, "scale", alpha); },
+          "alpha"_a.none(), "out = alpha * x")
       .def_static("add", &gpupool::kernel::add, "out = x + y")
-      .def_static("axpy", &gpupool::kernel::axpy, "alpha"_a, "out = alpha * x + y")
+      .def_static(
+          "axpy",
+          [](nb::handle alpha) { return alpha_kernel(&gpupool::kernel::axpy, "axpy", alpha); },
+          "alpha"_a.none(), "out = alpha * x + y")
       .def_prop_ro("name", [](const gpupool::kernel& k) { return std::string(k.name()); })
       .def_prop_ro("arity", &gpupool::kernel::arity)
       .def_prop_ro("alpha", &gpupool::kernel::alpha)
@@ -729,8 +1017,16 @@ NB_MODULE(_ext, m) {
   nb::class_<gpupool::elementwise_kernel>(
       m, "ElementwiseKernel",
       "An elementwise kernel compiled at run time from typed parameters and a C++ body.")
-      .def(nb::init<const std::string&, const std::string&, std::string, std::string>(), "inputs"_a,
-           "output"_a, "body"_a, "name"_a = "elementwise")
+      .def(
+          "__init__",
+          [](gpupool::elementwise_kernel* self, nb::handle inputs, nb::handle output,
+             nb::handle body, nb::handle name) {
+            new (self) gpupool::elementwise_kernel(text_argument(inputs, "elementwise", "inputs"),
+                                                   text_argument(output, "elementwise", "output"),
+                                                   text_argument(body, "elementwise", "body"),
+                                                   text_argument(name, "elementwise", "name"));
+          },
+          "inputs"_a.none(), "output"_a.none(), "body"_a.none(), "name"_a.none() = "elementwise")
       .def_prop_ro("name", &gpupool::elementwise_kernel::name)
       .def_prop_ro("body", &gpupool::elementwise_kernel::body)
       .def_prop_ro("inputs",
@@ -756,12 +1052,19 @@ NB_MODULE(_ext, m) {
                                   "A kernel from CUDA source with a named entry point.")
       .def(
           "__init__",
-          [](gpupool::raw_kernel* self, std::string source, std::string entry,
-             const std::string& inputs, const std::string& output, unsigned block, unsigned grid) {
-            new (self) gpupool::raw_kernel(std::move(source), std::move(entry), inputs, output,
-                                           gpupool::launch_shape{block, grid});
+          [](gpupool::raw_kernel* self, nb::handle source, nb::handle entry, nb::handle inputs,
+             nb::handle output, nb::handle block, nb::handle grid) {
+            new (self) gpupool::raw_kernel(
+                text_argument(source, "raw_kernel", "source"),
+                text_argument(entry, "raw_kernel", "entry"),
+                text_argument(inputs, "raw_kernel", "inputs"),
+                text_argument(output, "raw_kernel", "output"),
+                gpupool::launch_shape{count_argument(block, "raw_kernel", "block", 1, 1024),
+                                      count_argument(grid, "raw_kernel", "grid", 0,
+                                                     std::numeric_limits<unsigned>::max())});
           },
-          "source"_a, "entry"_a, "inputs"_a, "output"_a, "block"_a = 256u, "grid"_a = 0u)
+          "source"_a.none(), "entry"_a.none(), "inputs"_a.none(), "output"_a.none(),
+          "block"_a.none() = 256u, "grid"_a.none() = 0u)
       .def_prop_ro("name", &gpupool::raw_kernel::name)
       .def_prop_ro("source", &gpupool::raw_kernel::source)
       .def_prop_ro("shape", &gpupool::raw_kernel::shape)
@@ -945,6 +1248,10 @@ NB_MODULE(_ext, m) {
   m.def(
       "allocate_pinned",
       [](std::size_t nbytes) {
+        // No array may be larger (NumPy's limit too); the size-class rounding needs headroom.
+        if (nbytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+          throw_python(PyExc_OverflowError, "gpupool: allocate_pinned: " + std::to_string(nbytes) +
+                                                " bytes is too large");
         void* p = gpupool::allocate_pinned(nbytes);
         nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
         std::size_t shape[1] = {nbytes};
