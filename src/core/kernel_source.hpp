@@ -1,7 +1,7 @@
-// Turning an elementwise kernel and a call's array/scalar pattern into source code, and the
-// stable hashes that name compiled kernels in the caches.
+// Turning an elementwise kernel and a call's array/scalar pattern into source code.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -10,6 +10,12 @@
 #include "gpupool/elementwise.hpp"
 
 namespace gpupool::detail {
+
+/// Longest kernel, entry or parameter name accepted (names are checked as C++ identifiers before
+/// any source is generated).
+inline constexpr std::size_t max_name_length = 128;
+/// Longest declaration string ("float64 x, float64 a") accepted.
+inline constexpr std::size_t max_declaration_length = 16 * 1024;
 
 /// The name of the generated entry point, `extern "C"` in every backend's source.
 inline constexpr const char* kernel_entry_point = "gpupool_elementwise";
