@@ -365,20 +365,5 @@ int body_line_of_first_error(std::string_view log, std::string_view prefix, int 
   return 0;
 }
 
-std::uint64_t stable_hash(std::string_view text) noexcept {
-  std::uint64_t h = 1469598103934665603ULL;
-  for (unsigned char c : text) {
-    h ^= c;
-    h *= 1099511628211ULL;
-  }
-  return h;
-}
-
-std::string hex(std::uint64_t value) {
-  char buf[17];
-  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(value));
-  return buf;
-}
-
 }  // namespace detail
 }  // namespace gpupool

@@ -42,8 +42,4 @@ int cuda_body_first_line(const elementwise_kernel& k);
 /// (1 is its first line); 0 if there is none or it lies outside the body.
 int body_line_of_first_error(std::string_view log, std::string_view prefix, int body_first_line);
 
-/// FNV-1a, 64 bits: a hash that is the same in every process (cache file names).
-std::uint64_t stable_hash(std::string_view text) noexcept;
-std::string hex(std::uint64_t value);
-
 }  // namespace gpupool::detail
