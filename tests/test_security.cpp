@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "core/kernel_cache.hpp"
+#include "core/kernel_source.hpp"
 #include "test_support.hpp"
 
 namespace gpupool {
@@ -345,6 +346,14 @@ TEST(KernelCache, EntryParsingRefusesEveryMalformedEntry) {
     EXPECT_FALSE(detail::parse_entry(damaged, key)) << i;
   }
   EXPECT_FALSE(detail::parse_entry(detail::make_entry(key, ""), key));
+}
+
+TEST(CompilerLogs, ALineNumberLongerThanAnySourceIsNotALine) {
+  // Found by the fuzzer: the digits after "k.cu(" were summed into an int that overflowed.
+  EXPECT_EQ(detail::body_line_of_first_error("k.cu(99999999999999999999): error: x", "k.cu(", 3),
+            0);
+  EXPECT_EQ(detail::body_line_of_first_error("k.cu(2147483647): error: x", "k.cu(", 3), 0);
+  EXPECT_EQ(detail::body_line_of_first_error("k.cu(12): error: x", "k.cu(", 3), 10);
 }
 
 // ---- numbers ---------------------------------------------------------------------------------

@@ -1,6 +1,5 @@
 #include "core/kernel_source.hpp"
 
-#include <cctype>
 #include <cstdio>
 #include <set>
 #include <sstream>
@@ -351,16 +350,19 @@ int body_line_of_first_error(std::string_view log, std::string_view prefix, int 
     start = end + 1;
     const std::size_t at = line.find(prefix);
     if (at == std::string_view::npos || line.find("error") == std::string_view::npos) continue;
+    // The log quotes the user's text, so a "line number" may be any run of digits: one past
+    // any real source's length is not a line.
+    constexpr int beyond_any_line = 100'000'000;
     int number = 0;
     bool digits = false;
     for (std::size_t i = at + prefix.size();
-         i < line.size() && std::isdigit(static_cast<unsigned char>(line[i])); ++i) {
+         i < line.size() && line[i] >= '0' && line[i] <= '9' && number < beyond_any_line; ++i) {
       number = number * 10 + (line[i] - '0');
       digits = true;
     }
-    if (!digits) continue;
-    const int relative = number - body_first_line + 1;
-    return relative >= 1 ? relative : 0;
+    if (!digits || number >= beyond_any_line) continue;
+    const long relative = static_cast<long>(number) - body_first_line + 1;
+    return relative >= 1 && relative < beyond_any_line ? static_cast<int>(relative) : 0;
   }
   return 0;
 }
