@@ -6,8 +6,10 @@
 // Input: one selector byte, then fields separated by 0x1f. A refusal must be a
 // std::invalid_argument (or, for scalars, argument_range_error); any other exception, a crash
 // or a sanitizer report is a finding. Accepted input must keep the generated source's shape.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -110,15 +112,13 @@ void elementwise(const std::vector<std::string>& f, std::uint8_t pattern) {
 void raw(const std::vector<std::string>& f) {
   refusal_is_clear([&] {
     raw_kernel k(f[2], f[3], f[0], f[1]);
-    for (const auto& part : {k.entry()}) {
-      std::size_t start = 0;
-      for (;;) {
-        const std::size_t end = part.find("::", start);
-        if (!identifier(part.substr(start, end == std::string::npos ? end : end - start)))
-          finding("an accepted entry is not identifiers joined by ::");
-        if (end == std::string::npos) break;
-        start = end + 2;
-      }
+    const std::string& entry = k.entry();
+    for (std::size_t start = 0;;) {
+      const std::size_t end = entry.find("::", start);
+      if (!identifier(entry.substr(start, end == std::string::npos ? end : end - start)))
+        finding("an accepted entry is not identifiers joined by ::");
+      if (end == std::string::npos) break;
+      start = end + 2;
     }
   });
 }
