@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <thread>
 #include <vector>
@@ -320,6 +321,32 @@ TEST_P(ElementwiseTest, RawKernelCompileErrorsCarryTheSourceLine) {
   } catch (const backend_unavailable&) {
     EXPECT_EQ(GetParam(), backend_kind::cpu);  // the CPU backend refuses before compiling
   }
+}
+
+// On every backend: built-in integer kernels wrap as NumPy does (unsigned arithmetic, no
+// undefined behaviour), an alpha or scalar the type cannot hold is refused, and a kernel whose
+// scalar crosses to the device keeps its exact value.
+TEST_P(ElementwiseTest, IntegerKernelsWrapAndScalarsFollowSameKind) {
+  executor ex(options());
+  constexpr auto max32 = std::numeric_limits<std::int32_t>::max();
+  const std::vector<std::int32_t> x{max32, std::numeric_limits<std::int32_t>::min(), 46341};
+  std::vector<std::int32_t> out(x.size());
+  ex.transform<std::int32_t>(kernel::square(), x, out).get();
+  EXPECT_EQ(out, (std::vector<std::int32_t>{1, 0, -2147479015}));
+  ex.transform<std::int32_t>(kernel::axpy(2.0), x, x, out).get();
+  EXPECT_EQ(out[0], max32 - 2);  // 3 * (2^31 - 1) mod 2^32
+  const std::vector<std::int64_t> x64{std::numeric_limits<std::int64_t>::max()};
+  std::vector<std::int64_t> out64(1);
+  ex.transform<std::int64_t>(kernel::square(), x64, out64).get();
+  EXPECT_EQ(out64[0], 1);
+  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(0.5), x, out), argument_kind_error);
+
+  elementwise_kernel k("int64 x, int64 a, int32 b", "int64 y", "y = x + a + b;", "exact");
+  const std::vector<std::int64_t> xs{1};
+  ex.transform<std::int64_t>(k, {xs, (1LL << 62) + 1, -7}, out64).get();
+  EXPECT_EQ(out64[0], (1LL << 62) + 1 + 1 - 7);
+  EXPECT_THROW((void)ex.transform<std::int64_t>(k, {xs, 0.5, 1}, out64), argument_kind_error);
+  EXPECT_THROW((void)ex.transform<std::int64_t>(k, {xs, 1, 1L << 33}, out64), argument_range_error);
 }
 
 INSTANTIATE_TEST_SUITE_P(Backends, ElementwiseTest,

@@ -9,8 +9,14 @@
 
 #include <stdlib.h>
 
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <string>
+#include <vector>
 
 #include "cuda/nvrtc_compiler.hpp"
 #include "gpupool/gpupool.hpp"
@@ -126,6 +132,104 @@ TEST_F(NvrtcTest, RawKernelErrorsPointAtTheUsersLine) {
   raw_kernel missing("__global__ void k4(float* out, unsigned long long n) {}", "k5", "",
                      "float32* out");
   EXPECT_THROW((void)detail::cuda::compile_raw_cubin(missing, 9, 0), compile_error);
+}
+
+// The CUBIN cache trusts nothing it reads: an entry that is damaged, belongs to another key or
+// is a bare image is a miss that compiles again and replaces the entry.
+std::string read_all(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+std::filesystem::path only_file(const std::string& folder) {
+  std::vector<std::filesystem::path> files;
+  for (const auto& e : std::filesystem::directory_iterator(folder)) files.push_back(e.path());
+  EXPECT_EQ(files.size(), 1u) << folder;
+  return files.empty() ? std::filesystem::path() : files[0];
+}
+
+// A new cache folder (standing for another process) whose cuda/ folder holds `bytes` as `name`.
+std::string cache_holding(const std::string& name, const std::string& bytes) {
+  char dir[] = "/tmp/gpupool-nvrtc-planted-XXXXXX";
+  if (::mkdtemp(dir) == nullptr) throw std::runtime_error("mkdtemp failed");
+  const std::string folder = std::string(dir) + "/cuda";
+  ::mkdir(folder.c_str(), 0700);
+  std::ofstream(folder + "/" + name, std::ios::binary) << bytes;
+  ::chmod((folder + "/" + name).c_str(), 0600);
+  return dir;
+}
+
+TEST_F(NvrtcTest, DamagedForeignOrBareCubinEntriesAreCompiledAgainAndReplaced) {
+  elementwise_kernel k("float32 x", "float32 y", "y = x * 5;", "five");
+  elementwise_kernel other("float32 x", "float32 y", "y = x * 6;", "six");
+  const auto image = detail::cuda::compile_cubin(k, {true}, 9, 0);
+  const auto entry = only_file(cache_ + "/cuda");
+  const std::string bytes = read_all(entry);
+  EXPECT_NE(bytes.find("y = x * 5;"), std::string::npos) << "the entry holds its full key";
+  ASSERT_EQ(bytes.rfind(*image), bytes.size() - image->size()) << "and the image";
+  std::string flipped = bytes;
+  flipped[flipped.size() - 100] = static_cast<char>(flipped[flipped.size() - 100] ^ 1);
+  (void)detail::cuda::compile_cubin(other, {true}, 9, 0);
+  std::string other_bytes;
+  for (const auto& e : std::filesystem::directory_iterator(cache_ + "/cuda"))
+    if (e.path() != entry) other_bytes = read_all(e.path());
+  ASSERT_FALSE(other_bytes.empty());
+  const std::vector<std::pair<const char*, std::string>> damages{
+      {"truncated", bytes.substr(0, bytes.size() / 2)},
+      {"zeroed", std::string(bytes.size(), '\0')},
+      {"one bit flipped", flipped},
+      {"another kernel's entry", other_bytes},
+      {"a bare CUBIN", *image}};
+  for (const auto& [what, damaged] : damages) {
+    SCOPED_TRACE(what);
+    const std::string dir = cache_holding(entry.filename().string(), damaged);
+    ::setenv("GPUPOOL_CACHE_DIR", dir.c_str(), 1);
+    const std::size_t before = kernels_compiled();
+    const auto again = detail::cuda::compile_cubin(k, {true}, 9, 0);
+    EXPECT_EQ(kernels_compiled(), before + 1);
+    EXPECT_EQ(again->substr(0, 4), std::string("\x7f"
+                                               "ELF"));
+    EXPECT_EQ(read_all(std::string(dir) + "/cuda/" + entry.filename().string()).size(),
+              bytes.size())
+        << "the entry was replaced";
+  }
+}
+
+TEST_F(NvrtcTest, ARawKernelsNameAndImageAreOneCheckedEntry) {
+  const char* source =
+      "namespace ns { __global__ void k7(float* out, unsigned long long n) {"
+      " if (n) out[0] = 7; } }";
+  raw_kernel k(source, "ns::k7", "", "float32* out");
+  const auto compiled = detail::cuda::compile_raw_cubin(k, 9, 0);
+  const auto entry = only_file(cache_ + "/cuda");  // one file: no separate ".entry" beside it
+  const std::string bytes = read_all(entry);
+  const std::string dir =
+      cache_holding(entry.filename().string(), bytes.substr(0, bytes.size() - 1));
+  ::setenv("GPUPOOL_CACHE_DIR", dir.c_str(), 1);
+  raw_kernel again(source, "ns::k7", "", "float32* out");
+  const std::size_t before = kernels_compiled();
+  EXPECT_EQ(detail::cuda::compile_raw_cubin(again, 9, 0)->entry, compiled->entry);
+  EXPECT_EQ(kernels_compiled(), before + 1);
+}
+
+TEST_F(NvrtcTest, ACacheFolderOthersCanWriteIsRefused) {
+  ::chmod(cache_.c_str(), 0777);
+  elementwise_kernel k("float32 x", "float32 y", "y = x * 8;", "eight");
+  try {
+    (void)detail::cuda::compile_cubin(k, {true}, 9, 0);
+    FAIL() << "a world-writable cache folder was used";
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find("mode 0777"), std::string::npos) << e.what();
+  }
+  if (::geteuid() != 0) return;  // giving the folder to another user needs root (CI runs as root)
+  ::chmod(cache_.c_str(), 0700);
+  ASSERT_EQ(::chown(cache_.c_str(), 65534, 65534), 0);
+  try {
+    (void)detail::cuda::compile_cubin(k, {true}, 9, 0);
+    FAIL() << "another user's cache folder was used";
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos) << e.what();
+  }
 }
 
 TEST(RawKernelSignature, ArraysAreMarkedAndBadDeclarationsRefused) {

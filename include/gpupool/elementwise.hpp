@@ -122,18 +122,28 @@ class kernel_argument {
   template <class T>
   kernel_argument(const std::vector<T>& array)  // NOLINT: implicit on purpose
       : kernel_argument(std::span<const T>(array)) {}
-  /// A scalar, converted to the parameter's type at the call.
+  /// A scalar, converted to the parameter's type at the call by NumPy's "same_kind" rule: an
+  /// integer goes to any parameter type (an integer parameter must hold its value); a
+  /// floating-point value only to a floating-point parameter (float32 must hold its
+  /// magnitude). Anything else is refused at the call with argument_kind_error or
+  /// argument_range_error; nothing is converted out of range.
   kernel_argument(double value) noexcept  // NOLINT: implicit on purpose
-      : value_(value), integer_(static_cast<std::int64_t>(value)) {}
-  kernel_argument(int value) noexcept : value_(value), integer_(value) {}  // NOLINT
+      : value_(value) {}
+  kernel_argument(int value) noexcept  // NOLINT: implicit on purpose
+      : value_(value), integer_(value), is_integer_(true) {}
   kernel_argument(long value) noexcept  // NOLINT: implicit on purpose
-      : value_(static_cast<double>(value)), integer_(value) {}
+      : value_(static_cast<double>(value)), integer_(value), is_integer_(true) {}
+  kernel_argument(long long value) noexcept  // NOLINT: implicit on purpose
+      : value_(static_cast<double>(value)), integer_(value), is_integer_(true) {}
 
   [[nodiscard]] bool is_array() const noexcept { return is_array_; }
   [[nodiscard]] dtype type() const noexcept { return type_; }
   [[nodiscard]] const void* data() const noexcept { return data_; }
   [[nodiscard]] std::size_t size() const noexcept { return count_; }
+  /// A scalar's value as a double (an integer's rounded to the nearest double).
   [[nodiscard]] double value() const noexcept { return value_; }
+  /// True for a scalar given as an integer; integer() is then its exact value (0 otherwise).
+  [[nodiscard]] bool is_integer() const noexcept { return is_integer_; }
   [[nodiscard]] std::int64_t integer() const noexcept { return integer_; }
 
  private:
@@ -143,6 +153,7 @@ class kernel_argument {
   bool is_array_ = false;
   double value_ = 0.0;
   std::int64_t integer_ = 0;
+  bool is_integer_ = false;
 };
 
 /// One call of a compiled kernel over arrays already in one device's memory (see

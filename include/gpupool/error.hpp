@@ -54,4 +54,21 @@ class backend_unavailable : public error {
   using error::error;
 };
 
+/// A scalar argument of a kind its parameter does not take under NumPy's "same_kind" casting
+/// rule: a floating-point value (including NaN and infinities) for an integer parameter. The
+/// message names the kernel, the argument and both types. (std::invalid_argument, as the other
+/// checks of a call are.)
+class argument_kind_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+/// A scalar argument outside the range of its parameter's type (2**40 for an int32, 1e300 for a
+/// float32): refused rather than wrapped, truncated or made infinite. The message names the
+/// kernel, the argument, its value and the type's range.
+class argument_range_error : public std::overflow_error {
+ public:
+  using std::overflow_error::overflow_error;
+};
+
 }  // namespace gpupool

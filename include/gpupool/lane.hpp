@@ -81,7 +81,9 @@ class lane {
   /// @throw out_of_memory beyond the device memory budget; cuda_error on a CUDA failure.
   template <class T>
   device_array<T> allocate(std::size_t n) {
-    return device_array<T>(this, static_cast<T*>(allocate_bytes(n * sizeof(T))), n);
+    return device_array<T>(
+        this,
+        static_cast<T*>(allocate_bytes(detail::checked_bytes(n, sizeof(T), "lane::allocate"))), n);
   }
 
   /// Copies host data to a new device array: directly when `host` is pinned, otherwise through

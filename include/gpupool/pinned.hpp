@@ -5,6 +5,8 @@
 #include <new>
 #include <vector>
 
+#include "gpupool/types.hpp"
+
 namespace gpupool {
 
 /// Allocates `bytes` of pinned host memory, usable by every device. Page-locking is slow
@@ -48,7 +50,10 @@ struct pinned_allocator {
   pinned_allocator() noexcept = default;
   template <class U>
   pinned_allocator(const pinned_allocator<U>& /*other*/) noexcept {}  // NOLINT: allocator rebind
-  T* allocate(std::size_t n) { return static_cast<T*>(allocate_pinned(n * sizeof(T))); }
+  T* allocate(std::size_t n) {
+    return static_cast<T*>(
+        allocate_pinned(detail::checked_bytes(n, sizeof(T), "pinned_allocator::allocate")));
+  }
   void deallocate(T* p, std::size_t n) noexcept { deallocate_pinned(p, n * sizeof(T)); }
   template <class U>
   bool operator==(const pinned_allocator<U>& /*other*/) const noexcept {

@@ -26,6 +26,12 @@ constexpr dtype dtype_of() {
   return dtype::int64;
 }
 
+namespace detail {
+/// `count * size` in bytes. @throw std::length_error (naming `what`) if the product does not fit
+/// in std::size_t: a wrapped size would allocate a small block and let writes overflow it.
+[[nodiscard]] std::size_t checked_bytes(std::size_t count, std::size_t size, const char* what);
+}  // namespace detail
+
 /// Size in bytes of one element of `t`.
 [[nodiscard]] std::size_t size_of(dtype t) noexcept;
 [[nodiscard]] const char* to_string(dtype t) noexcept;

@@ -953,6 +953,11 @@ void translate_exceptions(const std::exception_ptr& p, void* /*payload*/) {
     PyErr_SetString(cancelled_type, e.what());
   } catch (const gpupool::backend_unavailable& e) {
     PyErr_SetString(backend_unavailable_type, e.what());
+  } catch (const gpupool::argument_kind_error& e) {
+    // NumPy's same_kind rule refused the scalar's kind (a float for an integer parameter).
+    PyErr_SetString(PyExc_TypeError, e.what());
+  } catch (const gpupool::argument_range_error& e) {
+    PyErr_SetString(PyExc_OverflowError, e.what());
   } catch (const gpupool::error& e) {
     PyErr_SetString(error_type, e.what());
   } catch (...) {

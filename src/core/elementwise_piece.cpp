@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "core/elementwise_math.hpp"
 #include "core/lane_worker.hpp"
 #include "core/nvtx.hpp"
 #include "core/staging.hpp"
@@ -9,6 +10,13 @@
 #include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
+
+void require_alpha_fits(const kernel& k, dtype t) {
+  if (k.operation() != op::scale && k.operation() != op::axpy) return;  // alpha unused
+  dispatch_elementwise(k.operation(), t,
+                       [&]<op O, class T>() { (void)alpha_as<T>(k.alpha(), k.name()); });
+}
+
 void elementwise_piece::start(lane& l, int slot) {
   GPUPOOL_NVTX_RANGE("gpupool: stage in, enqueue upload/kernel/download");
   auto& w = static_cast<lane_worker&>(l);

@@ -1,18 +1,24 @@
-// Where compiled kernels live between processes.
+// Where compiled kernels live between processes, and the checks that keep what another account,
+// a crash or a full disk left there from being run.
 #include "core/kernel_cache.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
-#include <iterator>
+#include <cstring>
 #include <sstream>
 #include <string>
 #include <thread>
+
+#if GPUPOOL_HAS_LIBCRYPTO
+#include <openssl/evp.h>
+#endif
 
 #include "gpupool/elementwise.hpp"
 #include "gpupool/error.hpp"
@@ -26,7 +32,8 @@ std::string kernel_cache_directory() {
     return std::string(xdg) + "/gpupool";
   if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0')
     return std::string(home) + "/.cache/gpupool";
-  return "/tmp/gpupool-cache";
+  // One folder per user: another user's folder of the same name would be refused.
+  return "/tmp/gpupool-cache-" + std::to_string(::geteuid());
 }
 
 namespace {
@@ -38,48 +45,227 @@ std::size_t kernels_compiled() noexcept {
 }
 
 namespace detail {
+namespace {
+
+// Far above any kernel image (host shared objects and CUBINs are kilobytes to a few megabytes);
+// a larger file is not read at all.
+constexpr std::size_t largest_entry = std::size_t{256} << 20;
+
+constexpr std::string_view entry_magic = "gpupool-kernel-cache 1\n";
+
+std::string system_message(int code) {
+  return std::strerror(code);
+}
+
+std::string octal_mode(mode_t mode) {
+  char buf[8];
+  std::snprintf(buf, sizeof buf, "%04o", static_cast<unsigned>(mode & 07777));
+  return buf;
+}
+
+// Creates every missing folder of `path` with mode 0700 (existing ones are left as they are).
+void make_folders(const std::string& path) {
+  for (std::size_t at = path.find('/', 1); at != std::string::npos; at = path.find('/', at + 1))
+    ::mkdir(path.substr(0, at).c_str(), 0700);
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    throw error("gpupool: cannot create the kernel cache folder " + path + ": " +
+                system_message(errno));
+}
+
+#if !GPUPOOL_HAS_LIBCRYPTO
+std::uint64_t fnv1a64(std::string_view text) noexcept {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (unsigned char c : text) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+#endif
+
+std::string to_hex(const unsigned char* bytes, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string out(2 * n, '0');
+  for (std::size_t i = 0; i < n; ++i) {
+    out[2 * i] = digits[bytes[i] >> 4];
+    out[2 * i + 1] = digits[bytes[i] & 0xf];
+  }
+  return out;
+}
+
+// Reads a decimal length ending in '\n' at `at`, advancing past it.
+bool read_length(std::string_view bytes, std::size_t& at, std::size_t& value) {
+  const std::size_t end = bytes.find('\n', at);
+  if (end == std::string_view::npos || end == at || end - at > 20) return false;
+  const char* first = bytes.data() + at;
+  const char* last = bytes.data() + end;
+  const auto [stop, ec] = std::from_chars(first, last, value);
+  if (ec != std::errc() || stop != last) return false;
+  at = end + 1;
+  return true;
+}
+
+}  // namespace
 
 void count_compilation() noexcept {
   ++compilations;
 }
 
+const char* checksum_name() noexcept {
+#if GPUPOOL_HAS_LIBCRYPTO
+  return "sha256";
+#else
+  return "fnv1a64";
+#endif
+}
+
+std::string checksum_hex(std::string_view bytes) {
+#if GPUPOOL_HAS_LIBCRYPTO
+  unsigned char digest[EVP_MAX_MD_SIZE];
+  unsigned int size = 0;
+  if (EVP_Digest(bytes.data(), bytes.size(), digest, &size, EVP_sha256(), nullptr) != 1)
+    throw error("gpupool: SHA-256 (OpenSSL) failed");
+  return to_hex(digest, size);
+#else
+  const std::uint64_t h = fnv1a64(bytes);
+  unsigned char digest[8];
+  for (int i = 0; i < 8; ++i) digest[i] = static_cast<unsigned char>(h >> (56 - 8 * i));
+  return to_hex(digest, sizeof digest);
+#endif
+}
+
+void require_private_folder(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0)
+    throw error("gpupool: cannot use the kernel cache folder " + path + ": " +
+                system_message(errno));
+  if (!S_ISDIR(st.st_mode))
+    throw error("gpupool: the kernel cache folder " + path + " is not a directory");
+  if (st.st_uid != ::geteuid())
+    throw error("gpupool: refusing the kernel cache folder " + path + ": it is owned by uid " +
+                std::to_string(st.st_uid) + ", not by this user (uid " +
+                std::to_string(::geteuid()) +
+                "), who would run what it holds; set GPUPOOL_CACHE_DIR to a folder of your own");
+  if ((st.st_mode & (S_IWGRP | S_IWOTH)) != 0)
+    throw error("gpupool: refusing the kernel cache folder " + path + ": its mode " +
+                octal_mode(st.st_mode) +
+                " lets group or others write to it, so others could plant code this process "
+                "would run; make it private (chmod 700) or set GPUPOOL_CACHE_DIR");
+}
+
 std::string cache_folder(const std::string& kind) {
-  const std::string path = kernel_cache_directory() + "/" + kind;
-  for (std::size_t at = 1; at != std::string::npos; at = path.find('/', at + 1))
-    ::mkdir(path.substr(0, at).c_str(), 0755);
-  if (::mkdir(path.c_str(), 0755) != 0 && errno != EEXIST)
-    throw error("gpupool: cannot create the kernel cache folder " + path);
+  const std::string root = kernel_cache_directory();
+  const std::string path = root + "/" + kind;
+  make_folders(path);
+  require_private_folder(root);
+  require_private_folder(path);
   return path;
 }
 
+std::string entry_file_name(std::string_view key, std::string_view extension) {
+  return checksum_hex(key) + std::string(extension);
+}
+
+std::string make_entry(std::string_view key, std::string_view image) {
+  std::string out(entry_magic);
+  out += checksum_name();
+  out += ' ';
+  out += checksum_hex(image);
+  out += '\n';
+  out += std::to_string(key.size());
+  out += '\n';
+  out += key;
+  out += '\n';
+  out += std::to_string(image.size());
+  out += '\n';
+  out += image;
+  return out;
+}
+
+std::optional<std::string> parse_entry(std::string_view bytes, std::string_view key) {
+  if (bytes.substr(0, entry_magic.size()) != entry_magic) return std::nullopt;
+  std::size_t at = entry_magic.size();
+  const std::string algorithm = std::string(checksum_name()) + ' ';
+  if (bytes.substr(at, algorithm.size()) != algorithm) return std::nullopt;
+  at += algorithm.size();
+  const std::size_t checksum_end = bytes.find('\n', at);
+  if (checksum_end == std::string_view::npos) return std::nullopt;
+  const std::string_view checksum = bytes.substr(at, checksum_end - at);
+  at = checksum_end + 1;
+  std::size_t key_size = 0;
+  if (!read_length(bytes, at, key_size) || key_size != key.size()) return std::nullopt;
+  if (bytes.size() - at < key_size + 1 || bytes.substr(at, key_size) != key ||
+      bytes[at + key_size] != '\n')
+    return std::nullopt;
+  at += key_size + 1;
+  std::size_t image_size = 0;
+  if (!read_length(bytes, at, image_size) || bytes.size() - at != image_size || image_size == 0)
+    return std::nullopt;
+  const std::string_view image = bytes.substr(at);
+  if (checksum != checksum_hex(image)) return std::nullopt;
+  return std::string(image);
+}
+
+std::optional<std::string> load_entry(const std::string& path, std::string_view key) {
+  // O_NONBLOCK: a FIFO planted under the name must not block the open.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
+  if (fd < 0) return std::nullopt;
+  struct closer {
+    int fd;
+    ~closer() { ::close(fd); }
+  } guard{fd};
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || st.st_uid != ::geteuid() ||
+      (st.st_mode & (S_IWGRP | S_IWOTH)) != 0 || st.st_size <= 0 ||
+      static_cast<std::size_t>(st.st_size) > largest_entry)
+    return std::nullopt;
+  // Read into memory (never mapped: a file truncated under a mapping raises SIGBUS); what is
+  // checked here is what the caller uses.
+  std::string bytes(static_cast<std::size_t>(st.st_size), '\0');
+  std::size_t got = 0;
+  while (got < bytes.size()) {
+    const ssize_t n = ::read(fd, bytes.data() + got, bytes.size() - got);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return std::nullopt;  // shrank while read: damaged or being replaced
+    got += static_cast<std::size_t>(n);
+  }
+  return parse_entry(bytes, key);
+}
+
+void store_entry(const std::string& path, std::string_view key, std::string_view image) {
+  const std::string bytes = make_entry(key, image);
+  const std::string temporary = path + "." + unique_suffix() + ".tmp";
+  const int fd =
+      ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOFOLLOW, 0600);
+  if (fd < 0)
+    throw error("gpupool: cannot write the kernel cache entry " + temporary + ": " +
+                system_message(errno));
+  std::size_t written = 0;
+  while (written < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + written, bytes.size() - written);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const int code = errno;
+      ::close(fd);
+      ::unlink(temporary.c_str());
+      throw error("gpupool: cannot write the kernel cache entry " + temporary + ": " +
+                  system_message(code));
+    }
+    written += static_cast<std::size_t>(n);
+  }
+  if (::close(fd) != 0 || ::rename(temporary.c_str(), path.c_str()) != 0) {
+    const int code = errno;
+    ::unlink(temporary.c_str());
+    throw error("gpupool: cannot store the kernel cache entry " + path + ": " +
+                system_message(code));
+  }
+}
+
 std::string unique_suffix() {
+  static std::atomic<unsigned long long> counter{0};
   std::ostringstream s;
-  s << ::getpid() << "." << std::this_thread::get_id();
+  s << ::getpid() << "." << std::this_thread::get_id() << "." << counter++;
   return s.str();
-}
-
-void publish(const std::string& finished, const std::string& destination) {
-  if (std::rename(finished.c_str(), destination.c_str()) != 0) {
-    std::remove(finished.c_str());
-    throw error("gpupool: cannot store the compiled kernel as " + destination);
-  }
-}
-
-bool read_file(const std::string& path, std::string& bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return false;
-  bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-  return !bytes.empty();
-}
-
-void publish_bytes(const std::string& bytes, const std::string& destination) {
-  const std::string temporary = destination + "." + unique_suffix() + ".tmp";
-  {
-    std::ofstream out(temporary, std::ios::binary);
-    if (!out.write(bytes.data(), static_cast<std::streamsize>(bytes.size())))
-      throw error("gpupool: cannot write " + temporary);
-  }
-  publish(temporary, destination);
 }
 
 }  // namespace detail

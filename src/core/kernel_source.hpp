@@ -1,7 +1,7 @@
-// Turning an elementwise kernel and a call's array/scalar pattern into source code, and the
-// stable hashes that name compiled kernels in the caches.
+// Turning an elementwise kernel and a call's array/scalar pattern into source code.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
@@ -10,6 +10,12 @@
 #include "gpupool/elementwise.hpp"
 
 namespace gpupool::detail {
+
+/// Longest kernel, entry or parameter name accepted (names are checked as C++ identifiers before
+/// any source is generated).
+inline constexpr std::size_t max_name_length = 128;
+/// Longest declaration string ("float64 x, float64 a") accepted.
+inline constexpr std::size_t max_declaration_length = 16 * 1024;
 
 /// The name of the generated entry point, `extern "C"` in every backend's source.
 inline constexpr const char* kernel_entry_point = "gpupool_elementwise";
@@ -35,9 +41,5 @@ int cuda_body_first_line(const elementwise_kernel& k);
 /// reports an error (e.g. prefix "k.cu(" in "k.cu(12): error: ..."), made relative to the body
 /// (1 is its first line); 0 if there is none or it lies outside the body.
 int body_line_of_first_error(std::string_view log, std::string_view prefix, int body_first_line);
-
-/// FNV-1a, 64 bits: a hash that is the same in every process (cache file names).
-std::uint64_t stable_hash(std::string_view text) noexcept;
-std::string hex(std::uint64_t value);
 
 }  // namespace gpupool::detail

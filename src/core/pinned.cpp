@@ -7,10 +7,12 @@
 #include <unistd.h>
 
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <new>
 #include <shared_mutex>
+#include <stdexcept>
 #include <string>
 
 #include "core/backend.hpp"
@@ -32,8 +34,13 @@ bool use_cuda_host_memory() {
 }
 #endif
 
-// Rounds a request up to its size class: whole pages up to 64 KiB, then four classes per power
-// of two, so a cached block is never more than 25% larger than what is asked for.
+// More than any machine's memory: larger requests are refused before any rounding, which would
+// wrap around (SIZE_MAX - 7 would round to 0) and hand out a block smaller than asked for.
+constexpr std::size_t largest_request = std::numeric_limits<std::size_t>::max() / 2;
+
+// Rounds a request (at most largest_request) up to its size class: whole pages up to 64 KiB,
+// then four classes per power of two, so a cached block is never more than 25% larger than what
+// is asked for.
 std::size_t size_class(std::size_t bytes) {
   if (bytes <= (std::size_t{64} << 10))
     return (bytes + host_alignment - 1) / host_alignment * host_alignment;
@@ -77,6 +84,9 @@ std::size_t default_cache_limit() {
 class pinned_store {
  public:
   void* acquire(std::size_t bytes) {
+    if (bytes > largest_request)
+      throw std::length_error("gpupool::allocate_pinned: " + std::to_string(bytes) +
+                              " bytes is more than any allocation can hold");
     const std::size_t capacity = size_class(bytes == 0 ? 1 : bytes);
     {
       std::unique_lock lock(mutex_);

@@ -1,4 +1,5 @@
 // Names and sizes of the public value types, and the exception types' constructors.
+#include <stdexcept>
 #include <string>
 #include <utility>
 
@@ -6,6 +7,15 @@
 #include "gpupool/types.hpp"
 
 namespace gpupool {
+
+std::size_t detail::checked_bytes(std::size_t count, std::size_t size, const char* what) {
+  std::size_t bytes = 0;
+  if (__builtin_mul_overflow(count, size, &bytes))
+    throw std::length_error(std::string("gpupool: ") + what + ": " + std::to_string(count) +
+                            " elements of " + std::to_string(size) +
+                            " bytes are more bytes than memory can hold");
+  return bytes;
+}
 
 std::size_t size_of(dtype t) noexcept {
   switch (t) {

@@ -1,7 +1,10 @@
 #include "core/user_call.hpp"
 
 #include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <limits>
 #include <stdexcept>
 #include <string>
 
@@ -10,6 +13,51 @@ namespace {
 
 [[noreturn]] void bad_call(const std::string& kernel, const std::string& what) {
   throw std::invalid_argument("gpupool: kernel '" + kernel + "': " + what);
+}
+
+std::string shown(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
+// Writes scalar `arg` into `out` as parameter `p`'s type, by NumPy's "same_kind" rule: integers
+// go to any type (integer parameters must hold the value), floating-point values only to
+// floating-point parameters (float32 must hold the magnitude; NaN and infinities pass). Never
+// converts out of range (which C++ leaves undefined).
+void store_scalar(const std::string& kernel, const kernel_argument& arg, const kernel_parameter& p,
+                  unsigned char* out) {
+  auto store = [&](auto value) { std::memcpy(out, &value, sizeof value); };
+  const std::string what = "gpupool: kernel '" + kernel + "': argument '" + p.name + "' ";
+  const std::string given = arg.is_integer() ? std::to_string(arg.integer()) : shown(arg.value());
+  switch (p.type) {
+    case dtype::float32:
+      if (!arg.is_integer() && std::isfinite(arg.value()) &&
+          std::fabs(arg.value()) > std::numeric_limits<float>::max())
+        throw argument_range_error(what + "= " + given + " is out of the range of float32 (" +
+                                   shown(std::numeric_limits<float>::max()) + " at most)");
+      store(arg.is_integer() ? static_cast<float>(arg.integer()) : static_cast<float>(arg.value()));
+      break;
+    case dtype::float64:
+      store(arg.is_integer() ? static_cast<double>(arg.integer()) : arg.value());
+      break;
+    case dtype::int32:
+    case dtype::int64:
+      if (!arg.is_integer())
+        throw argument_kind_error(what + "is a floating-point number (" + given +
+                                  "), but the kernel declares " + to_string(p.type) +
+                                  " (NumPy's same_kind rule casts no float to an integer type)");
+      if (p.type == dtype::int64) {
+        store(arg.integer());
+      } else {
+        if (arg.integer() < std::numeric_limits<std::int32_t>::min() ||
+            arg.integer() > std::numeric_limits<std::int32_t>::max())
+          throw argument_range_error(what + "= " + given +
+                                     " is out of the range of int32 [-2147483648, 2147483647]");
+        store(static_cast<std::int32_t>(arg.integer()));
+      }
+      break;
+  }
 }
 
 // Checks one argument against its parameter and makes it ready for the lanes.
@@ -35,21 +83,7 @@ user_operand operand_for(const std::string& kernel, const kernel_argument& arg,
     op.data = static_cast<const char*>(arg.data());
     return op;
   }
-  auto store = [&](auto value) { std::memcpy(op.scalar, &value, sizeof value); };
-  switch (p.type) {
-    case dtype::float32:
-      store(static_cast<float>(arg.value()));
-      break;
-    case dtype::float64:
-      store(arg.value());
-      break;
-    case dtype::int32:
-      store(static_cast<std::int32_t>(arg.integer()));
-      break;
-    case dtype::int64:
-      store(arg.integer());
-      break;
-  }
+  store_scalar(kernel, arg, p, op.scalar);
   return op;
 }
 

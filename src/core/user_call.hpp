@@ -36,7 +36,10 @@ struct prepared_call {
 
 /// Checks `inputs` against `k`'s parameters: their number, array types and lengths (`count`),
 /// the output's type, and for raw kernels arrays exactly where declared.
-/// @throw std::invalid_argument naming the kernel and the parameter.
+/// Scalars are converted by NumPy's "same_kind" rule (see kernel_argument).
+/// @throw std::invalid_argument naming the kernel and the parameter; argument_kind_error for a
+///        floating-point scalar given to an integer parameter; argument_range_error for a scalar
+///        outside its parameter type's range.
 prepared_call prepare_call(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
                            dtype out_type, std::size_t count);
 prepared_call prepare_call(const raw_kernel& k, const std::vector<kernel_argument>& inputs,

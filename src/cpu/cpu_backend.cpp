@@ -4,8 +4,10 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 
@@ -39,11 +41,11 @@ class cpu_timer final : public backend_timer {
 };
 
 template <op O, class T>
-void run_elementwise(const void* x, const void* y, void* out, std::size_t n, double alpha) {
+void run_elementwise(const void* x, const void* y, void* out, std::size_t n, const kernel& k) {
   const T* xs = static_cast<const T*>(x);
   const T* ys = static_cast<const T*>(y);
   T* os = static_cast<T*>(out);
-  const T a = static_cast<T>(alpha);
+  const T a = alpha_as<T>(k.alpha(), k.name());
   for (std::size_t i = 0; i < n; ++i) os[i] = elementwise<O, T>(xs[i], ys ? ys[i] : T{}, a);
 }
 
@@ -61,6 +63,9 @@ class cpu_stream final : public backend_stream {
   std::unique_ptr<backend_timer> make_timer() override { return std::make_unique<cpu_timer>(); }
 
   void* allocate(std::size_t bytes) override {
+    if (bytes > std::numeric_limits<std::size_t>::max() - device_alignment)
+      throw std::length_error("gpupool: " + std::to_string(bytes) +
+                              " bytes of device memory is more than any allocation can hold");
     const std::size_t rounded =
         (bytes + device_alignment - 1) / device_alignment * device_alignment;
     void* p = std::aligned_alloc(device_alignment, rounded == 0 ? device_alignment : rounded);
@@ -77,9 +82,8 @@ class cpu_stream final : public backend_stream {
   }
   void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) override {
-    dispatch_elementwise(k.operation(), t, [&]<op O, class T>() {
-      run_elementwise<O, T>(x, y, out, count, k.alpha());
-    });
+    dispatch_elementwise(k.operation(), t,
+                         [&]<op O, class T>() { run_elementwise<O, T>(x, y, out, count, k); });
   }
   void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) override {
     (*static_cast<const cpu_compiled&>(k).function)(args, count);

@@ -14,7 +14,9 @@ namespace gpupool::detail {
 class host_kernel {
  public:
   using entry_point = void (*)(void* const* args, std::size_t n);
-  host_kernel(void* library, entry_point entry) : library_(library), entry_(entry) {}
+  /// `descriptor`: the memory file the library was loaded from, closed after the library.
+  host_kernel(void* library, entry_point entry, int descriptor)
+      : library_(library), entry_(entry), descriptor_(descriptor) {}
   host_kernel(const host_kernel&) = delete;
   host_kernel& operator=(const host_kernel&) = delete;
   ~host_kernel();
@@ -23,10 +25,13 @@ class host_kernel {
  private:
   void* library_;
   entry_point entry_;
+  int descriptor_;
 };
 
 /// Compiles (or loads from the caches) `k` for the argument pattern `is_array`. The compiler is
-/// GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++ that runs.
+/// GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++ that runs (started with an
+/// argument vector, never through a shell). The shared object is kept in the cache as a checked
+/// entry and loaded from the checked bytes in memory.
 /// @throw compile_error with the compiler's log; gpupool::error if the compiler cannot be run.
 std::shared_ptr<const host_kernel> compile_for_host(const elementwise_kernel& k,
                                                     const std::vector<bool>& is_array);

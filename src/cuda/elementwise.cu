@@ -50,7 +50,7 @@ void launch_elementwise(const kernel& k, dtype t, const void* x, const void* y, 
   dispatch_elementwise(k.operation(), t, [&]<op O, class T>() {
     elementwise_kernel<O, T><<<static_cast<unsigned>(blocks), threads_per_block, 0, s>>>(
         static_cast<const T*>(x), static_cast<const T*>(y), static_cast<T*>(out), count,
-        static_cast<T>(k.alpha()), stamps);
+        alpha_as<T>(k.alpha(), k.name()), stamps);
   });
   GPUPOOL_CUDA_CHECK(cudaGetLastError());
 }

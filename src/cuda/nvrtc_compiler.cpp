@@ -134,12 +134,17 @@ std::vector<std::string> options_for(int major, int minor) {
           "-default-device"};
 }
 
-// The cache file for `source` compiled with `options` by this NVRTC.
-std::string cache_path(const std::string& source, const std::vector<std::string>& options,
-                       const std::string& extra) {
-  std::string key_text = source + '\n' + api().identity + '\n' + extra;
-  for (const auto& o : options) key_text += '\n' + o;
-  return cache_folder("cuda") + "/" + hex(stable_hash(key_text)) + ".cubin";
+// The full cache key of `source` compiled with `options` by this NVRTC: stored in the entry and
+// compared on load, so entries never stand in for one another.
+std::string cache_key(const std::string& source, const std::vector<std::string>& options,
+                      const std::string& extra) {
+  std::string key = source + '\n' + api().identity + '\n' + extra;
+  for (const auto& o : options) key += '\n' + o;
+  return key;
+}
+
+std::string cache_path(const std::string& key) {
+  return cache_folder("cuda") + "/" + entry_file_name(key, ".cubin.entry");
 }
 
 void require_nvrtc() {
@@ -160,13 +165,15 @@ std::shared_ptr<const std::string> compile_cubin(const elementwise_kernel& k,
   require_nvrtc();
   const auto options = options_for(major, minor);
   program p{cuda_source(k, is_array), k.name() + ".cu", k.name(), cuda_body_first_line(k), {}};
-  const std::string path = cache_path(p.source, options, {});
+  const std::string key = cache_key(p.source, options, {});
+  const std::string path = cache_path(key);
   static compile_once<std::shared_ptr<const std::string>> compiled;
   return compiled.get(path, [&] {
-    std::string cached;
-    if (read_file(path, cached)) return std::make_shared<const std::string>(std::move(cached));
+    // An entry that is missing, damaged or for another key is a miss: compiled and replaced.
+    if (auto cached = load_entry(path, key))
+      return std::make_shared<const std::string>(std::move(*cached));
     auto image = compile_program(p, options).first;
-    publish_bytes(image, path);
+    store_entry(path, key, image);
     return std::make_shared<const std::string>(std::move(image));
   });
 }
@@ -175,16 +182,23 @@ std::shared_ptr<const raw_cubin> compile_raw_cubin(const raw_kernel& k, int majo
   require_nvrtc();
   const auto options = options_for(major, minor);
   program p{k.source(), k.name() + ".cu", k.name(), 1, k.entry()};
-  // The cache keeps the image and, beside it, the entry's lowered name.
-  const std::string path = cache_path(p.source, options, "entry " + k.entry());
+  // One entry holds the entry's lowered name (a line: mangled names have no newline) and then
+  // the image, checked together.
+  const std::string key = cache_key(p.source, options, "entry " + k.entry());
+  const std::string path = cache_path(key);
   static compile_once<std::shared_ptr<const raw_cubin>> compiled;
   return compiled.get(path, [&] {
     raw_cubin result;
-    if (read_file(path, result.image) && read_file(path + ".entry", result.entry))
-      return std::make_shared<const raw_cubin>(std::move(result));
+    if (auto cached = load_entry(path, key)) {
+      const std::size_t end = cached->find('\n');
+      if (end != std::string::npos && end > 0 && end + 1 < cached->size()) {
+        result.entry = cached->substr(0, end);
+        result.image = cached->substr(end + 1);
+        return std::make_shared<const raw_cubin>(std::move(result));
+      }
+    }
     auto [image, entry] = compile_program(p, options);
-    publish_bytes(entry, path + ".entry");  // first: a reader that finds the image finds this
-    publish_bytes(image, path);
+    store_entry(path, key, entry + '\n' + image);
     result.image = std::move(image);
     result.entry = std::move(entry);
     return std::make_shared<const raw_cubin>(std::move(result));

@@ -52,11 +52,17 @@ class piecewise_job {
   std::atomic<std::size_t> remaining_{0};
 };
 
+/// Refuses (argument_kind_error, argument_range_error) an alpha that element type `t` cannot
+/// hold: a fraction, NaN or infinity for an integer type, or a value out of the type's range.
+void require_alpha_fits(const kernel& k, dtype t);
+
 /// A built-in kernel over one or two arrays.
 class elementwise_job : public piecewise_job {
  public:
   elementwise_job(kernel k, dtype t, const void* x, const void* y, std::size_t count)
-      : kernel_(k), type_(t), x_(x), y_(y), count_(count) {}
+      : kernel_(k), type_(t), x_(x), y_(y), count_(count) {
+    require_alpha_fits(k, t);
+  }
 
   [[nodiscard]] const kernel& kern() const noexcept { return kernel_; }
   [[nodiscard]] dtype type() const noexcept { return type_; }
