@@ -203,7 +203,6 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
             << total << ',' << p.seconds << ',' << p.gb_per_s << ',' << p.gb_per_s / limits.both
             << '\n';
     });
-    std::printf("csv: %s\n", flags.csv_path.c_str());
   }
   if (!flags.json_path.empty()) {
     nlohmann::json rows = nlohmann::json::array();
@@ -223,7 +222,6 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
     write_file(flags.json_path, [&](std::ostream& out) {
       out << results.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
     });
-    std::printf("json: %s\n", flags.json_path.c_str());
   }
   return 0;
 }

@@ -119,7 +119,6 @@ void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
   }
   if (!demo.timeline_path.empty()) {
     gpupool_cli::write_file(demo.timeline_path, [&](std::ostream& o) { t.write_records_json(o); });
-    std::fprintf(stderr, "timeline records: %s\n", demo.timeline_path.c_str());
   }
   if (demo.stats) {
     std::ostringstream table;
