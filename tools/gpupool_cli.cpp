@@ -60,6 +60,18 @@ struct pool_flags {
   }
 };
 
+/// A CLI11 check: the file's extension is `wanted`; otherwise `refusal` (if given) explains.
+CLI::Validator file_type(const std::string& wanted, const std::string& refusal = "") {
+  return CLI::Validator(
+      [wanted, refusal](std::string& path) -> std::string {
+        if (gpupool_cli::extension_of(path) == wanted) return "";
+        std::string message = "'" + path + "' is not a " + wanted + " file";
+        if (!refusal.empty()) message += ": " + refusal;
+        return message;
+      },
+      "*" + wanted);
+}
+
 double gib(std::size_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
 }
@@ -249,12 +261,12 @@ int main(int argc, char** argv) {
   demo_cmd
       ->add_option("--trace", demo.trace_path,
                    "write the last run's per-task trace here (.json, Chrome trace format)")
-      ->check(gpupool_cli::file_type(".json"));
+      ->check(file_type(".json"));
   demo_cmd
       ->add_option("--timeline", demo.timeline_path,
                    "write the last run's timeline records here (.json; the Python package's "
                    "gpupool command also draws .png, .svg, .pdf)")
-      ->check(gpupool_cli::file_type(".json", pictures_elsewhere));
+      ->check(file_type(".json", pictures_elsewhere));
   demo_cmd->add_flag("--stats", demo.stats, "print the last run's per-lane stats");
 
   gpupool_cli::bench_flags bench;
@@ -278,9 +290,9 @@ int main(int argc, char** argv) {
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per point (median reported)")
       ->check(CLI::Range(1, 1000));
   bench_cmd->add_option("--csv", bench.csv_path, "write the points as CSV here (.csv)")
-      ->check(gpupool_cli::file_type(".csv"));
+      ->check(file_type(".csv"));
   bench_cmd->add_option("--json", bench.json_path, "write limits and points as JSON here (.json)")
-      ->check(gpupool_cli::file_type(".json"));
+      ->check(file_type(".json"));
   bench_cmd
       ->add_option("--plot", bench.plot_path,
                    "draw throughput curves here (.png, .svg, .pdf: the Python package's gpupool "

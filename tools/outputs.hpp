@@ -8,11 +8,8 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <initializer_list>
 #include <stdexcept>
 #include <string>
-
-#include <CLI/CLI.hpp>
 
 namespace gpupool_cli {
 
@@ -24,18 +21,6 @@ inline std::string extension_of(const std::string& path) {
   std::string ext = path.substr(dot);
   for (char& c : ext) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return ext;
-}
-
-/// A CLI11 check: the file's extension is `wanted`; otherwise `refusal` (if given) explains.
-inline CLI::Validator file_type(const std::string& wanted, const std::string& refusal = "") {
-  return CLI::Validator(
-      [wanted, refusal](std::string& path) -> std::string {
-        if (extension_of(path) == wanted) return "";
-        std::string message = "'" + path + "' is not a " + wanted + " file";
-        if (!refusal.empty()) message += ": " + refusal;
-        return message;
-      },
-      "*" + wanted);
 }
 
 /// Writes a file through `fill`, or throws naming the path and the reason.
