@@ -6,6 +6,7 @@ import concurrent.futures as _futures
 import contextlib
 import functools
 import numbers
+import os
 import sys
 import threading
 import time
@@ -138,7 +139,7 @@ class Executor(_futures.Executor):
 
     # -- tracing --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def trace(self, path: Optional[str] = None) -> Iterator[Trace]:
+    def trace(self, path: Union[str, os.PathLike[str], None] = None) -> Iterator[Trace]:
         """Records every task's journey inside the ``with`` block.
 
             with ex.trace("w2.json") as t:
@@ -161,8 +162,15 @@ class Executor(_futures.Executor):
             recording.write(path)
 
     # -- work -----------------------------------------------------------------------------------
+    @overload
+    def submit(self, fn: AnyKernel, /, *args: Any,
+               **kwargs: Any) -> _futures.Future[npt.NDArray[Any]]: ...
+
+    @overload
     def submit(self, fn: Callable[..., _T], /, *args: Any,
-               **kwargs: Any) -> _futures.Future[_T]:
+               **kwargs: Any) -> _futures.Future[_T]: ...
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> _futures.Future[Any]:
         """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
 
         With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++."""

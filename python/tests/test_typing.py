@@ -7,6 +7,7 @@ import textwrap
 import pytest
 
 USER_PROGRAM = textwrap.dedent('''
+    import pathlib
     from concurrent.futures import Future
     from typing import Any, Iterator, List
 
@@ -21,10 +22,12 @@ USER_PROGRAM = textwrap.dedent('''
             arrays: Iterator[npt.NDArray[Any]] = ex.map(gpupool.kernels.square, chunks)
             lengths: Iterator[int] = ex.map(len, chunks)
             first: Future[int] = ex.submit(len, chunks[0])
+            squared: Future[npt.NDArray[Any]] = ex.submit(gpupool.kernels.square, chunks[0])
+            print(squared.result().shape)
             total: int = first.result() + sum(lengths)
             k = gpupool.elementwise("float64 x", "float64 y", "y = x + 1")
             shifted = list(ex.map(k, chunks))
-            with ex.trace() as t:
+            with ex.trace(pathlib.Path("t.json")) as t:
                 out = list(arrays)
             t.write("t.json")
             print(total, len(shifted), len(t.records()))
