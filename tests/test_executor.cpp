@@ -8,9 +8,11 @@
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
+#include <cstdlib>
 #include <mutex>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -431,6 +433,26 @@ TEST_P(ExecutorTest, BadOptionsAreClearErrors) {
   o = options();
   o.device_memory_budget = 1000;
   EXPECT_THROW(executor{o}, std::invalid_argument);
+}
+
+// Each variable that has a value is checked when an executor is made, on every backend, even
+// where the feature that reads it (GPUPOOL_EVENT_WAIT: CUDA events) is not used.
+TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
+  for (const char* name : {"GPUPOOL_EVENT_WAIT", "GPUPOOL_PINNED_CACHE_BYTES", "GPUPOOL_QUIET",
+                           "GPUPOOL_CPU_DEVICES"}) {
+    ::setenv(name, "bogus", 1);
+    try {
+      executor ex(options());
+      ADD_FAILURE() << name << "=bogus was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bogus"), std::string::npos) << e.what();
+    }
+    ::unsetenv(name);
+  }
+  ::setenv("GPUPOOL_EVENT_WAIT", "spin", 1);
+  EXPECT_NO_THROW(executor{options()});
+  ::unsetenv("GPUPOOL_EVENT_WAIT");
 }
 
 TEST_P(ExecutorTest, CompletionCallbacksSeeTheResult) {

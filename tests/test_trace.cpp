@@ -2,6 +2,8 @@
 // and the exports.
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <sstream>
 #include <string>
@@ -142,15 +144,41 @@ TEST_P(TraceTest, ExportsNameEveryTaskAndStage) {
   EXPECT_EQ(count(j, "\"ph\":\"b\""), count(j, "\"ph\":\"e\""));
   EXPECT_EQ(count(j, "{"), count(j, "}"));
 
-  std::ostringstream svg;
-  t.write_svg(svg);
-  EXPECT_EQ(svg.str().rfind("<svg", 0), 0u);
-  EXPECT_NE(svg.str().find("</svg>"), std::string::npos);
-  EXPECT_GE(count(svg.str(), "<rect"), 3u * 5u);
+  std::ostringstream records;
+  t.write_records_json(records);
+  const auto parsed = nlohmann::json::parse(records.str());
+  EXPECT_EQ(parsed.at("records").size(), 3u);
+  EXPECT_EQ(parsed.at("records")[0].at("upload").size(), 2u);
 
   std::ostringstream table;
   t.write_stats_table(table);
   EXPECT_NE(table.str().find("all"), std::string::npos);
+}
+
+// Names come from users (kernel names): quotes, backslashes, control characters, markup and
+// bytes that are not UTF-8 must leave both JSON exports parseable and the names intact.
+TEST(TraceExport, UserNamesAreEscaped) {
+  task_record r;
+  r.name = "k\"1\\ <b>&\n\x01";
+  r.started = 1.0;
+  r.done = 2.0;
+  r.upload = {1.0, 1.5};
+  task_record bad = r;
+  bad.id = 1;
+  bad.name = "bad \xff byte";
+  const trace t(backend_kind::cpu, {"dev \"0\""}, 1, {r, bad});
+  std::ostringstream chrome, records;
+  t.write_chrome_json(chrome);
+  t.write_records_json(records);
+  const auto c = nlohmann::json::parse(chrome.str());
+  const auto j = nlohmann::json::parse(records.str());
+  EXPECT_EQ(j.at("records")[0].at("name").get<std::string>(), r.name);
+  EXPECT_EQ(j.at("records")[1].at("name").get<std::string>(), "bad \xef\xbf\xbd byte");
+  bool found = false;
+  for (const auto& e : c.at("traceEvents"))
+    found = found || (e.at("name") == "process_name" &&
+                      e.at("args").at("name").get<std::string>() == "device 0: dev \"0\"");
+  EXPECT_TRUE(found);
 }
 
 executor_options cuda_options(int lanes) {

@@ -1,12 +1,12 @@
 #include "bench_command.hpp"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <barrier>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <fstream>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "gpupool/gpupool.hpp"
+#include "outputs.hpp"
 #include "progress.hpp"
 
 namespace gpupool_cli {
@@ -142,84 +143,14 @@ point run_point(gpupool::executor_options o, int lanes, std::size_t chunk_bytes,
   return p;
 }
 
-void write_svg_plot(const std::string& path, const std::vector<point>& points,
-                    const copy_limits& limits, const std::string& title) {
-  std::ofstream out(path);
-  if (!out) throw std::runtime_error("cannot write " + path);
-  const double w = 900, h = 520, left = 70, right = 160, top = 50, bottom = 60;
-  double x_min = 1e300, x_max = 0, y_max = limits.both * 1.1;
-  for (const auto& p : points) {
-    x_min = std::min(x_min, std::log2(static_cast<double>(p.chunk_bytes)));
-    x_max = std::max(x_max, std::log2(static_cast<double>(p.chunk_bytes)));
-    y_max = std::max(y_max, p.gb_per_s * 1.1);
-  }
-  if (x_max <= x_min) x_max = x_min + 1;
-  if (y_max <= 0) y_max = 1;
-  auto X = [&](double log2_bytes) {
-    return left + (log2_bytes - x_min) / (x_max - x_min) * (w - left - right);
-  };
-  auto Y = [&](double gbps) { return top + (1 - gbps / y_max) * (h - top - bottom); };
-  char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                "font-family=\"sans-serif\" font-size=\"12\"><rect width=\"100%%\" "
-                "height=\"100%%\" fill=\"white\"/>\n<text x=\"%.0f\" y=\"25\" "
-                "font-size=\"15\">%s</text>\n",
-                w, h, left, title.c_str());
-  out << buf;
-  for (int i = 0; i <= 5; ++i) {
-    const double v = y_max * i / 5;
-    std::snprintf(buf, sizeof buf,
-                  "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#ddd\"/><text "
-                  "x=\"%.0f\" y=\"%.1f\" text-anchor=\"end\">%.1f</text>\n",
-                  left, w - right, Y(v), Y(v), left - 6, Y(v) + 4, v);
-    out << buf;
-  }
-  for (double e = x_min; e <= x_max + 1e-9; e += 1) {
-    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.0f\" text-anchor=\"middle\">%s</text>\n",
-                  X(e), h - bottom + 18,
-                  human_bytes(static_cast<std::size_t>(std::exp2(e))).c_str());
-    out << buf;
-  }
-  std::snprintf(buf, sizeof buf,
-                "<text x=\"%.0f\" y=\"%.0f\" text-anchor=\"middle\">chunk size</text><text "
-                "x=\"18\" y=\"%.0f\" transform=\"rotate(-90 18 %.0f)\" "
-                "text-anchor=\"middle\">GB/s of input</text>\n",
-                (left + w - right) / 2, h - 15, (top + h - bottom) / 2, (top + h - bottom) / 2);
-  out << buf;
-  std::snprintf(buf, sizeof buf,
-                "<line x1=\"%.0f\" x2=\"%.0f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"black\" "
-                "stroke-dasharray=\"6 4\"/><text x=\"%.0f\" y=\"%.1f\">copy limit, both "
-                "ways</text>\n",
-                left, w - right, Y(limits.both), Y(limits.both), w - right + 6, Y(limits.both) + 4);
-  out << buf;
-  const char* colors[] = {"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"};
-  std::vector<int> lanes;
-  for (const auto& p : points)
-    if (std::find(lanes.begin(), lanes.end(), p.lanes) == lanes.end()) lanes.push_back(p.lanes);
-  for (std::size_t i = 0; i < lanes.size(); ++i) {
-    const char* color = colors[i % 6];
-    out << "<polyline fill=\"none\" stroke-width=\"2\" stroke=\"" << color << "\" points=\"";
-    for (const auto& p : points)
-      if (p.lanes == lanes[i])
-        out << X(std::log2(static_cast<double>(p.chunk_bytes))) << ',' << Y(p.gb_per_s) << ' ';
-    out << "\"/>\n";
-    std::snprintf(buf, sizeof buf,
-                  "<text x=\"%.0f\" y=\"%.0f\" fill=\"%s\">%d lane%s per device</text>\n",
-                  w - right + 6, top + 20.0 * static_cast<double>(i), color, lanes[i],
-                  lanes[i] == 1 ? "" : "s");
-    out << buf;
-  }
-  out << "</svg>\n";
-}
-
 template <class T>
 int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
   const gpupool::kernel k = kernel_named(flags.kernel);
-  std::vector<std::size_t> sizes;
-  for (const auto& s : flags.sizes) sizes.push_back(parse_bytes(s));
-  const std::size_t total = parse_bytes(flags.total);
+  const std::vector<std::size_t>& sizes = flags.sizes;
+  const std::size_t total = flags.total;
   if (total < sizeof(T)) throw std::invalid_argument("bench: --total is too small");
+  check_writable(flags.csv_path);
+  check_writable(flags.json_path);
 
   std::printf("measuring copy limits...\n");
   std::fflush(stdout);
@@ -264,46 +195,33 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
   gpupool::deallocate_pinned(output, count * sizeof(T));
 
   if (!flags.csv_path.empty()) {
-    std::ofstream csv(flags.csv_path);
-    csv << "lanes,chunk_bytes,dtype,kernel,total_bytes,seconds,input_gb_per_s,fraction_of_limit\n";
+    write_file(flags.csv_path, [&](std::ostream& csv) {
+      csv << "lanes,chunk_bytes,dtype,kernel,total_bytes,seconds,input_gb_per_s,"
+             "fraction_of_limit\n";
+      for (const auto& p : points)
+        csv << p.lanes << ',' << p.chunk_bytes << ',' << flags.dtype << ',' << flags.kernel << ','
+            << total << ',' << p.seconds << ',' << p.gb_per_s << ',' << p.gb_per_s / limits.both
+            << '\n';
+    });
+  }
+  if (!flags.json_path.empty()) {
+    nlohmann::json rows = nlohmann::json::array();
     for (const auto& p : points)
-      csv << p.lanes << ',' << p.chunk_bytes << ',' << flags.dtype << ',' << flags.kernel << ','
-          << total << ',' << p.seconds << ',' << p.gb_per_s << ',' << p.gb_per_s / limits.both
-          << '\n';
-  }
-  std::string json_path = flags.json_path;
-  const bool png = flags.plot_path.size() > 4 &&
-                   flags.plot_path.compare(flags.plot_path.size() - 4, 4, ".png") == 0;
-  if (json_path.empty() && png) json_path = flags.plot_path + ".json";
-  if (!json_path.empty()) {
-    std::ofstream json(json_path);
-    json << "{\"backend\": \"" << backend << "\", \"dtype\": \"" << flags.dtype
-         << "\", \"kernel\": \"" << flags.kernel << "\", \"total_bytes\": " << total
-         << ", \"limits_gb_per_s\": {\"h2d\": " << limits.h2d << ", \"d2h\": " << limits.d2h
-         << ", \"both\": " << limits.both << "}, \"points\": [";
-    for (std::size_t i = 0; i < points.size(); ++i)
-      json << (i ? ", " : "") << "{\"lanes\": " << points[i].lanes
-           << ", \"chunk_bytes\": " << points[i].chunk_bytes
-           << ", \"seconds\": " << points[i].seconds
-           << ", \"input_gb_per_s\": " << points[i].gb_per_s
-           << ", \"fraction_of_limit\": " << points[i].gb_per_s / limits.both << "}";
-    json << "]}\n";
-  }
-  if (!flags.plot_path.empty()) {
-    const std::string title = "gpupool bench: " + flags.kernel + " on " + flags.dtype + ", " +
-                              backend + " (pageable in, pinned out)";
-    if (png) {
-      const std::string command =
-          "python3 -m gpupool.plot \"" + json_path + "\" \"" + flags.plot_path + "\"";
-      if (std::system(command.c_str()) != 0)
-        throw std::runtime_error(
-            "bench: drawing the PNG needs the gpupool Python package with "
-            "matplotlib (" +
-            command + " failed); ask for an .svg instead");
-    } else {
-      write_svg_plot(flags.plot_path, points, limits, title);
-    }
-    std::printf("plot: %s\n", flags.plot_path.c_str());
+      rows.push_back({{"lanes", p.lanes},
+                      {"chunk_bytes", p.chunk_bytes},
+                      {"seconds", p.seconds},
+                      {"input_gb_per_s", p.gb_per_s},
+                      {"fraction_of_limit", p.gb_per_s / limits.both}});
+    const nlohmann::json results = {
+        {"backend", backend},
+        {"dtype", flags.dtype},
+        {"kernel", flags.kernel},
+        {"total_bytes", total},
+        {"limits_gb_per_s", {{"h2d", limits.h2d}, {"d2h", limits.d2h}, {"both", limits.both}}},
+        {"points", std::move(rows)}};
+    write_file(flags.json_path, [&](std::ostream& out) {
+      out << results.dump(1, ' ', false, nlohmann::json::error_handler_t::replace) << '\n';
+    });
   }
   return 0;
 }
@@ -314,22 +232,6 @@ double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   const std::size_t n = v.size();
   return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-std::size_t parse_bytes(const std::string& text) {
-  std::size_t used = 0;
-  unsigned long long n = 0;
-  try {
-    n = std::stoull(text, &used);
-  } catch (const std::exception&) {
-    throw std::invalid_argument("not a size: '" + text + "' (e.g. 4096, 64K, 8M, 1G)");
-  }
-  const std::string suffix = text.substr(used);
-  if (suffix.empty() || suffix == "B") return n;
-  if (suffix == "K" || suffix == "KiB") return n << 10;
-  if (suffix == "M" || suffix == "MiB") return n << 20;
-  if (suffix == "G" || suffix == "GiB") return n << 30;
-  throw std::invalid_argument("not a size: '" + text + "' (e.g. 4096, 64K, 8M, 1G)");
 }
 
 int run_bench(const gpupool::executor_options& base, const bench_flags& flags) {

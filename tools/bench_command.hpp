@@ -11,22 +11,21 @@ namespace gpupool_cli {
 
 struct bench_flags {
   std::vector<int> lanes{1, 2, 4, 8};
-  std::vector<std::string> sizes{"64K", "128K", "256K", "512K", "1M", "2M",
-                                 "4M",  "8M",   "16M",  "32M",  "64M"};
+  std::vector<std::size_t> sizes{
+      std::size_t{64} << 10, std::size_t{128} << 10, std::size_t{256} << 10, std::size_t{512} << 10,
+      std::size_t{1} << 20,  std::size_t{2} << 20,   std::size_t{4} << 20,   std::size_t{8} << 20,
+      std::size_t{16} << 20, std::size_t{32} << 20,  std::size_t{64} << 20};
   std::string dtype = "float64";
   std::string kernel = "square";
-  std::string total = "512M";  // input bytes per measurement
+  std::size_t total = std::size_t{512} << 20;  // input bytes per measurement
   int repeat = 3;
   std::string csv_path;
   std::string json_path;
-  std::string plot_path;  // .svg drawn here; .png through the Python package (matplotlib)
+  std::string plot_path;  // refused here: pictures are drawn by the Python package's command
 };
 
 /// The median of `values` (not empty).
 double median(std::vector<double> values);
-
-/// Parses "64K", "8M", "1G" or a plain byte count. @throw std::invalid_argument.
-std::size_t parse_bytes(const std::string& text);
 
 /// Runs the bench; returns the process exit code.
 int run_bench(const gpupool::executor_options& base, const bench_flags& flags);

@@ -1,5 +1,8 @@
-// The gpupool command-line tool: `gpupool info` and `gpupool demo`.
+// The gpupool command-line tool: `gpupool info`, `gpupool demo` and `gpupool bench`. It writes
+// text, CSV and JSON; pictures of what it writes are drawn by the Python package's `gpupool`
+// command (the same options, over this program), with matplotlib.
 #include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +19,7 @@
 
 #include "bench_command.hpp"
 #include "gpupool/gpupool.hpp"
+#include "outputs.hpp"
 #include "progress.hpp"
 
 namespace {
@@ -38,7 +42,9 @@ struct pool_flags {
     cmd.add_option("--slots", slots, "tasks in flight per lane")->check(CLI::Range(1, 64));
     cmd.add_option("--cpu-devices", cpu_devices, "devices the CPU backend stands in for")
         ->check(CLI::Range(0, 1024));
-    cmd.add_option("--chunk-bytes", chunk_bytes, "largest piece moved through a staging slot");
+    cmd.add_option("--chunk-bytes", chunk_bytes,
+                   "largest piece moved through a staging slot (e.g. 65536, 64K, 8M)")
+        ->transform(CLI::AsSizeValue(false));
   }
 
   gpupool::executor_options options() const {
@@ -53,6 +59,18 @@ struct pool_flags {
     return o;
   }
 };
+
+/// A CLI11 check: the file's extension is `wanted`; otherwise `refusal` (if given) explains.
+CLI::Validator file_type(const std::string& wanted, const std::string& refusal = "") {
+  return CLI::Validator(
+      [wanted, refusal](std::string& path) -> std::string {
+        if (gpupool_cli::extension_of(path) == wanted) return "";
+        std::string message = "'" + path + "' is not a " + wanted + " file";
+        if (!refusal.empty()) message += ": " + refusal;
+        return message;
+      },
+      "*" + wanted);
+}
 
 double gib(std::size_t bytes) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0 * 1024.0);
@@ -96,7 +114,7 @@ struct demo_flags {
   unsigned seed = 42;
   bool json = false;
   std::string trace_path;     // Chrome trace of the last run
-  std::string timeline_path;  // SVG picture of the last run
+  std::string timeline_path;  // the last run's records, as JSON (what the timeline is drawn from)
   bool stats = false;         // per-lane stats of the last run
 };
 
@@ -106,39 +124,13 @@ bool tracing_wanted(const demo_flags& demo) {
 
 // Writes what the demo's flags ask for from the executor's trace.
 void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
-  auto open = [](const std::string& path) {
-    std::ofstream out(path);
-    if (!out) throw std::runtime_error("cannot write " + path);
-    return out;
-  };
   if (!demo.trace_path.empty()) {
-    auto out = open(demo.trace_path);
-    t.write_chrome_json(out);
+    gpupool_cli::write_file(demo.trace_path, [&](std::ostream& o) { t.write_chrome_json(o); });
     std::fprintf(stderr, "trace: %s (%zu tasks; open in Perfetto or chrome://tracing)\n",
                  demo.trace_path.c_str(), t.records().size());
   }
   if (!demo.timeline_path.empty()) {
-    const std::string& path = demo.timeline_path;
-    if (path.size() > 4 && path.compare(path.size() - 4, 4, ".png") == 0) {
-      // PNG through the Python package's matplotlib drawing of the same records.
-      const std::string records = path + ".json";
-      {
-        auto out = open(records);
-        t.write_records_json(out);
-      }
-      const std::string command =
-          "python3 -m gpupool.plot timeline \"" + records + "\" \"" + path + "\"";
-      if (std::system(command.c_str()) != 0)
-        throw std::runtime_error(
-            "drawing a PNG timeline needs the gpupool Python package with "
-            "matplotlib (" +
-            command + " failed); ask for an .svg instead");
-      std::remove(records.c_str());
-    } else {
-      auto out = open(path);
-      t.write_svg(out);
-    }
-    std::fprintf(stderr, "timeline: %s\n", path.c_str());
+    gpupool_cli::write_file(demo.timeline_path, [&](std::ostream& o) { t.write_records_json(o); });
   }
   if (demo.stats) {
     std::ostringstream table;
@@ -149,6 +141,8 @@ void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
 
 // The motivating program: square `chunks` arrays of `size` float64 and bring them back.
 int run_demo(const pool_flags& flags, const demo_flags& demo) {
+  gpupool_cli::check_writable(demo.trace_path);
+  gpupool_cli::check_writable(demo.timeline_path);
   gpupool::executor ex(flags.options());
 
   std::mt19937_64 rng(demo.seed);
@@ -172,6 +166,7 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
     if (run > 0) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     progress.step();
   }
+  progress.clear();
   if (tracing_wanted(demo)) write_trace_outputs(ex.trace(), demo);
 
   std::size_t wrong = 0;
@@ -191,12 +186,17 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   const double gbps = input_bytes / (med * 1e-3) / 1e9;
 
   if (demo.json) {
-    std::printf(
-        "{\"backend\": \"%s\", \"devices\": %zu, \"lanes_per_device\": %d, \"chunks\": %d, "
-        "\"size\": %zu, \"repeat\": %d, \"median_ms\": %.4f, \"best_ms\": %.4f, "
-        "\"input_gb_per_s\": %.3f, \"wrong\": %zu}\n",
-        gpupool::to_string(ex.backend()), ex.devices().size(), ex.lanes_per_device(), demo.chunks,
-        demo.size, demo.repeat, med, best, gbps, wrong);
+    const nlohmann::json report = {{"backend", gpupool::to_string(ex.backend())},
+                                   {"devices", ex.devices().size()},
+                                   {"lanes_per_device", ex.lanes_per_device()},
+                                   {"chunks", demo.chunks},
+                                   {"size", demo.size},
+                                   {"repeat", demo.repeat},
+                                   {"median_ms", med},
+                                   {"best_ms", best},
+                                   {"input_gb_per_s", gbps},
+                                   {"wrong", wrong}};
+    std::printf("%s\n", report.dump().c_str());
     return wrong == 0 ? 0 : 1;
   }
 
@@ -220,11 +220,25 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   return 0;
 }
 
+// The message of an exception, without the "gpupool: " that the library puts before some
+// messages (main adds it to every one).
+std::string without_prefix(std::string message) {
+  constexpr std::string_view prefix = "gpupool: ";
+  while (message.rfind(prefix, 0) == 0) message.erase(0, prefix.size());
+  return message;
+}
+
+constexpr const char* pictures_elsewhere =
+    "this gpupool tool writes no pictures; the `gpupool` command of the Python package "
+    "(pip install .; also `python -m gpupool`) takes the same options and draws .png, .svg and "
+    ".pdf";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"gpupool: many worker lanes per GPU, on every GPU, with a CPU stand-in"};
   app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("gpupool ") + GPUPOOL_VERSION_STRING);
   pool_flags flags;
 
   CLI::App* info =
@@ -244,30 +258,47 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0, 1000));
   demo_cmd->add_option("--seed", demo.seed, "seed of the random inputs");
   demo_cmd->add_flag("--json", demo.json, "print one JSON object instead of the report");
-  demo_cmd->add_option("--trace", demo.trace_path,
-                       "write the last run's per-task trace here (Chrome trace JSON)");
-  demo_cmd->add_option("--timeline", demo.timeline_path,
-                       "draw the last run's timeline here (.svg; .png needs the Python package)");
+  demo_cmd
+      ->add_option("--trace", demo.trace_path,
+                   "write the last run's per-task trace here (.json, Chrome trace format)")
+      ->check(file_type(".json"));
+  demo_cmd
+      ->add_option("--timeline", demo.timeline_path,
+                   "write the last run's timeline records here (.json; the Python package's "
+                   "gpupool command also draws .png, .svg, .pdf)")
+      ->check(file_type(".json", pictures_elsewhere));
   demo_cmd->add_flag("--stats", demo.stats, "print the last run's per-lane stats");
 
   gpupool_cli::bench_flags bench;
   CLI::App* bench_cmd = app.add_subcommand(
       "bench", "Measure the copy limits, then sweep lanes per device x chunk size");
   flags.add_to(*bench_cmd);
-  bench_cmd->add_option("--lanes-list", bench.lanes, "lane counts to sweep")->delimiter(',');
-  bench_cmd->add_option("--sizes", bench.sizes, "chunk sizes to sweep (e.g. 64K,1M,64M)")
-      ->delimiter(',');
+  bench_cmd->add_option("--lanes-list", bench.lanes, "lane counts to sweep")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 256));
+  bench_cmd->add_option("--sizes", bench.sizes, "chunk sizes to sweep (e.g. 64K,1M,64M; K = 1024)")
+      ->delimiter(',')
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{1} << 40));
   bench_cmd->add_option("--dtype", bench.dtype, "float32, float64, int32 or int64")
       ->check(CLI::IsMember({"float32", "float64", "int32", "int64"}));
   bench_cmd->add_option("--kernel", bench.kernel, "square or scale")
       ->check(CLI::IsMember({"square", "scale"}));
-  bench_cmd->add_option("--total", bench.total, "input bytes per measurement (e.g. 512M)");
+  bench_cmd->add_option("--total", bench.total, "input bytes per measurement (e.g. 512M)")
+      ->transform(CLI::AsSizeValue(false))
+      ->check(CLI::Range(std::uint64_t{8}, std::uint64_t{1} << 40));
   bench_cmd->add_option("--repeat", bench.repeat, "timed runs per point (median reported)")
       ->check(CLI::Range(1, 1000));
-  bench_cmd->add_option("--csv", bench.csv_path, "write the points as CSV here");
-  bench_cmd->add_option("--json", bench.json_path, "write limits and points as JSON here");
-  bench_cmd->add_option("--plot", bench.plot_path,
-                        "draw throughput curves here (.svg; .png needs the Python package)");
+  bench_cmd->add_option("--csv", bench.csv_path, "write the points as CSV here (.csv)")
+      ->check(file_type(".csv"));
+  bench_cmd->add_option("--json", bench.json_path, "write limits and points as JSON here (.json)")
+      ->check(file_type(".json"));
+  bench_cmd
+      ->add_option("--plot", bench.plot_path,
+                   "draw throughput curves here (.png, .svg, .pdf: the Python package's gpupool "
+                   "command only)")
+      ->check(CLI::Validator([](std::string&) -> std::string { return pictures_elsewhere; },
+                             "PICTURE"));
 
   CLI11_PARSE(app, argc, argv);
   try {
@@ -275,7 +306,8 @@ int main(int argc, char** argv) {
     if (demo_cmd->parsed()) return run_demo(flags, demo);
     if (bench_cmd->parsed()) return gpupool_cli::run_bench(flags.options(), bench);
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpupool: %s\n", e.what());
+    std::fflush(stdout);
+    std::fprintf(stderr, "gpupool: %s\n", without_prefix(e.what()).c_str());
     return 2;
   }
   return 0;

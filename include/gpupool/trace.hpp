@@ -78,12 +78,10 @@ class trace {
   /// Chrome trace format (Perfetto, chrome://tracing): one track per lane, and one per device
   /// engine (copies in, kernels, copies out).
   void write_chrome_json(std::ostream& out) const;
-  /// A picture of the same timeline: one row per lane and per engine, time across.
-  void write_svg(std::ostream& out) const;
   /// The stats as an aligned text table.
   void write_stats_table(std::ostream& out) const;
   /// The records as a JSON list of objects (the fields of task_record; stages as [begin, end]
-  /// or null), with the backend: what `python -m gpupool.plot timeline` draws.
+  /// or null), with the backend: what `python -m gpupool.plot timeline` (matplotlib) draws.
   void write_records_json(std::ostream& out) const;
 
  private:

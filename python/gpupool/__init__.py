@@ -6,7 +6,12 @@
 
 Python callables submitted to the Executor run on a lane thread with that lane's device current
 and, where CuPy or PyTorch is imported, that lane's stream made their current stream.
+
+The `gpupool` command (also `python -m gpupool`): `info`, `demo`, `bench`, `--version`.
+On the CPU backend, a one-line notice says so once per process; GPUPOOL_QUIET=1 silences it.
 """
+
+from typing import Tuple
 
 from . import kernels
 from ._executor import Executor, Trace, current_lane
@@ -58,9 +63,10 @@ def raw_kernel(source: str, entry: str, inputs: str, output: str, *, block: int 
     return RawKernel(source, entry, inputs, output, block, grid)
 
 
-def cuda_available():
+def cuda_available() -> Tuple[bool, int, str]:
     """(usable, devices, reason): whether the CUDA backend can run in this process."""
-    return _cuda_availability()
+    usable, devices, reason = _cuda_availability()
+    return bool(usable), int(devices), str(reason)
 
 
 __all__ = [

@@ -1,19 +1,56 @@
 """gpupool.Executor: a concurrent.futures.Executor whose workers are gpupool lanes."""
 
+from __future__ import annotations
+
 import concurrent.futures as _futures
 import contextlib
 import functools
 import numbers
+import os
 import sys
 import threading
 import time
+from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, overload
+
+import numpy.typing as npt
 
 from . import _device, _ext
 from ._ext import ElementwiseKernel, Kernel, RawKernel
+from ._timeline import Trace
+
+_T = TypeVar("_T")
+#: What runs in C++ over arrays: a built-in kernel, an elementwise or a raw kernel.
+AnyKernel = Union[Kernel, ElementwiseKernel, RawKernel]
 
 _COMPILED = (ElementwiseKernel, RawKernel)
 
-__all__ = ["Executor", "current_lane"]
+__all__ = ["AnyKernel", "Executor", "Trace", "current_lane"]
+
+
+def _count(name: str, value: object, low: int, high: Optional[int], allowed: str) -> int:
+    """``value`` as an int in [low, high], or an error naming the parameter, the value given
+    and what is allowed. bool, float and str are refused rather than converted."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"gpupool.Executor: {name} must be {allowed}, not "
+                        f"{value!r} ({type(value).__name__})")
+    number = int(value)
+    if number < low or (high is not None and number > high):
+        raise ValueError(f"gpupool.Executor: {name} must be {allowed}, not {number}")
+    return number
+
+
+def _device_list(devices: object) -> Optional[list[int]]:
+    if devices is None:
+        return None
+    allowed = "a list of device ordinals such as [0] or [0, 1], or None for every visible device"
+    if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
+        raise TypeError(f"gpupool.Executor: devices must be {allowed}, not {devices!r} "
+                        f"({type(devices).__name__})")
+    ordinals = [_count("devices[]", d, 0, None, "an ordinal (a whole number from 0)")
+                for d in devices]
+    if not ordinals:
+        raise ValueError(f"gpupool.Executor: devices=[] names no device; give {allowed}")
+    return ordinals
 
 
 def current_lane() -> _ext.Lane:
@@ -49,11 +86,24 @@ class Executor(_futures.Executor):
         ValueError: bad options.
     """
 
-    def __init__(self, threads_per_gpu=None, devices=None, *, backend=None, slots_per_lane=2,
-                 chunk_bytes=8 << 20, device_memory_budget=0, cpu_devices=0):
+    def __init__(self, threads_per_gpu: Optional[int] = None,
+                 devices: Optional[Iterable[int]] = None, *, backend: Optional[str] = None,
+                 slots_per_lane: int = 2, chunk_bytes: int = 8 << 20,
+                 device_memory_budget: int = 0, cpu_devices: int = 0) -> None:
+        lanes = 0 if threads_per_gpu is None else _count(
+            "threads_per_gpu", threads_per_gpu, 1, 256,
+            "a whole number from 1 to 256, or None for the backend's choice")
+        if backend is not None and backend not in ("cpu", "cuda"):
+            raise ValueError(f"gpupool.Executor: backend must be 'cpu', 'cuda' or None (the "
+                             f"GPUPOOL_BACKEND variable, else CUDA when usable), not {backend!r}")
         self._core = _ext.Executor(
-            threads_per_gpu or 0, None if devices is None else list(devices), backend,
-            slots_per_lane, chunk_bytes, device_memory_budget, cpu_devices)
+            lanes, _device_list(devices), backend,
+            _count("slots_per_lane", slots_per_lane, 1, 64, "a whole number from 1 to 64"),
+            _count("chunk_bytes", chunk_bytes, 1, None, "a byte count of at least 1"),
+            _count("device_memory_budget", device_memory_budget, 0, None,
+                   "a byte count, or 0 for no limit"),
+            _count("cpu_devices", cpu_devices, 0, 1024,
+                   "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024"))
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()
         self._pending = set()
@@ -67,7 +117,7 @@ class Executor(_futures.Executor):
         return self._core.backend
 
     @property
-    def devices(self) -> list:
+    def devices(self) -> list[dict[str, Any]]:
         """One dict per device: id, ordinal, name, backend, total_memory, lanes, ..."""
         return self._core.devices
 
@@ -83,13 +133,13 @@ class Executor(_futures.Executor):
     def chunk_bytes(self) -> int:
         return self._core.chunk_bytes
 
-    def memory_stats(self) -> list:
+    def memory_stats(self) -> list[dict[str, Any]]:
         """Per device: bytes gpupool holds now (``in_use``), its ``peak`` and the ``budget``."""
         return self._core.memory_stats()
 
     # -- tracing --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def trace(self, path=None):
+    def trace(self, path: Union[str, os.PathLike[str], None] = None) -> Iterator[Trace]:
         """Records every task's journey inside the ``with`` block.
 
             with ex.trace("w2.json") as t:
@@ -112,20 +162,39 @@ class Executor(_futures.Executor):
             recording.write(path)
 
     # -- work -----------------------------------------------------------------------------------
-    def submit(self, fn, /, *args, **kwargs) -> _futures.Future:
+    @overload
+    def submit(self, fn: AnyKernel, /, *args: Any,
+               **kwargs: Any) -> _futures.Future[npt.NDArray[Any]]: ...
+
+    @overload
+    def submit(self, fn: Callable[..., _T], /, *args: Any,
+               **kwargs: Any) -> _futures.Future[_T]: ...
+
+    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> _futures.Future[Any]:
         """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
 
         With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++."""
         return self._submit(None, fn, args, kwargs)
 
-    def submit_to(self, device: int, fn, /, *args, **kwargs) -> _futures.Future:
+    def submit_to(self, device: int, fn: Callable[..., _T], /, *args: Any,
+                  **kwargs: Any) -> _futures.Future[_T]:
         """Like submit, on a lane of executor device ``device`` (0..len(devices)-1)."""
         if not 0 <= device < len(self._ordinals):
             raise IndexError(f"gpupool: device {device} is not one of this executor's "
                              f"{len(self._ordinals)} devices")
         return self._submit(device, fn, args, kwargs)
 
-    def map(self, fn, *iterables, timeout=None, chunksize=1, progress=False):
+    @overload
+    def map(self, fn: AnyKernel, *iterables: Any, timeout: Optional[float] = None,
+            chunksize: int = 1, progress: bool = False) -> Iterator[npt.NDArray[Any]]: ...
+
+    @overload
+    def map(self, fn: Callable[..., _T], *iterables: Iterable[Any],
+            timeout: Optional[float] = None, chunksize: int = 1,
+            progress: bool = False) -> Iterator[_T]: ...
+
+    def map(self, fn: Any, *iterables: Any, timeout: Optional[float] = None,
+            chunksize: int = 1, progress: bool = False) -> Iterator[Any]:
         """Returns an iterator of ``fn(*items)`` in input order, like Executor.map.
 
         With a built-in kernel, every array is checked at the call (TypeError/ValueError before
@@ -171,7 +240,7 @@ class Executor(_futures.Executor):
                                      getattr(fn, "__name__", "map"))
         return results
 
-    def shutdown(self, wait=True, *, cancel_futures=False):
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stops taking work. With ``cancel_futures``, work not yet started is cancelled. With
         ``wait``, returns once every lane has stopped (every future is then done)."""
         if self._core.is_lane_thread:
@@ -396,63 +465,6 @@ def _ordered_results(pending, deadline):
     finally:
         for future in pending:
             future.cancel()
-
-
-class Trace:
-    """Each task's journey: queued, staged, uploaded, computed, downloaded, handed back."""
-
-    def __init__(self):
-        self._snapshot = None
-
-    def _core(self):
-        if self._snapshot is None:
-            raise RuntimeError("gpupool: the trace is filled when its `with` block ends")
-        return self._snapshot
-
-    def __len__(self):
-        return len(self._core())
-
-    def records(self) -> list:
-        """One dict per task (per piece for kernels over arrays), in submission order. Times are
-        microseconds since the executor started; stages are (begin, end) or None."""
-        return self._core().records()
-
-    def stats(self) -> list:
-        """Per lane, then per device (``lane`` None): tasks, bytes each way, busy time, queue
-        wait (median, 99th percentile), achieved GB/s of input."""
-        return self._core().stats()
-
-    def stats_table(self) -> str:
-        return self._core().stats_table()
-
-    def chrome_json(self) -> str:
-        """The trace in Chrome trace format, for Perfetto or chrome://tracing."""
-        return self._core().chrome_json()
-
-    def svg(self) -> str:
-        """A picture of the timeline: a row per lane and per device engine."""
-        return self._core().svg()
-
-    def write(self, path):
-        """Writes the trace by the file's extension: ``.json`` Chrome trace, ``.svg`` picture,
-        ``.png`` picture (needs matplotlib), ``.txt`` stats table."""
-        path = str(path)
-        if path.endswith(".json"):
-            text = self.chrome_json()
-        elif path.endswith(".svg"):
-            text = self.svg()
-        elif path.endswith(".txt"):
-            text = self.stats_table()
-        elif path.endswith(".png"):
-            from ._timeline import draw_png
-
-            draw_png(self.records(), path, backend=self._core().backend)
-            return
-        else:
-            raise ValueError(f"gpupool: cannot tell the format of {path!r}: use .json, .svg, "
-                             ".png or .txt")
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
 
 
 def _require_cupy(lane):

@@ -1,5 +1,12 @@
-"""The timeline as a PNG, drawn with matplotlib: one row per lane (host work above, stream work
-below) and one per device engine, as in Trace.svg()."""
+"""A trace's timeline as a picture, drawn with matplotlib: one row per lane (host work above,
+stream work below) and one per device engine; and the Trace object that holds a recording."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional, Union
+
+from ._figure import Target, new_figure, save, to_bytes
 
 STAGES = [("stage_in", "stage in (host copy)", "#9e9e9e", "host"),
           ("upload", "upload", "#1f77b4", "stream"),
@@ -9,14 +16,10 @@ STAGES = [("stage_in", "stage in (host copy)", "#9e9e9e", "host"),
 ENGINES = {"upload": "copies in (H2D)", "kernel": "kernels", "download": "copies out (D2H)"}
 
 
-def draw_png(records, path, backend="", title=None):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def timeline_figure(records: List[Dict[str, Any]], backend: str = "",
+                    title: Optional[str] = None) -> Any:
     if not records:
-        raise ValueError("gpupool: the trace is empty")
+        raise ValueError("gpupool: the trace is empty: nothing to draw")
     t0 = min(r["started"] for r in records)
     t1 = max(r["done"] for r in records)
     rows = []  # (label, key)
@@ -26,7 +29,8 @@ def draw_png(records, path, backend="", title=None):
         for stage, engine in ENGINES.items():
             rows.append((f"device {device}: {engine}", ("engine", device, stage)))
     index = {key: i for i, (_, key) in enumerate(rows)}
-    fig, ax = plt.subplots(figsize=(14, 0.45 * len(rows) + 1.5))
+    fig = new_figure(14, 0.45 * len(rows) + 1.5)
+    ax = fig.subplots()
     # Stages narrower than a pixel or two (a 10 us kernel in a 60 ms run) would vanish from the
     # picture: draw every stage at least about 1.5 pixels wide.
     narrowest = (t1 - t0) / 1e3 / 800
@@ -45,13 +49,106 @@ def draw_png(records, path, backend="", title=None):
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
-    ax.set_xlim(0, (t1 - t0) / 1e3)
+    ax.set_xlim(0, max((t1 - t0) / 1e3, 1e-6))
     total = sum(r["bytes_in"] for r in records)
+    seconds = max(t1 - t0, 1e-9)
     ax.set_title(title or f"gpupool timeline: {len(records)} tasks on the {backend} backend, "
-                 f"{(t1 - t0) / 1e3:.3f} ms, {total / ((t1 - t0) * 1e3):.2f} GB/s of input")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for _, _, c, _ in STAGES]
+                 f"{(t1 - t0) / 1e3:.3f} ms, {total / (seconds * 1e3):.2f} GB/s of input")
+    from matplotlib.patches import Rectangle
+
+    handles = [Rectangle((0, 0), 1, 1, color=c) for _, _, c, _ in STAGES]
     ax.legend(handles, [label for _, label, _, _ in STAGES], loc="upper center",
               bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.25), ncol=5, fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
+
+
+def draw_timeline(records: List[Dict[str, Any]], target: Target, backend: str = "",
+                  title: Optional[str] = None, format: Optional[str] = None) -> None:
+    """Draws the records (``Trace.records()``) to ``target``: .png, .svg or .pdf by its
+    extension (or ``format``)."""
+    save(timeline_figure(records, backend, title), target, format)
+
+
+def draw_png(records: List[Dict[str, Any]], path: str, backend: str = "",
+             title: Optional[str] = None) -> None:
+    """Kept for earlier callers: draw_timeline to a .png."""
+    draw_timeline(records, path, backend, title, format="png")
+
+
+class Trace:
+    """Each task's journey: queued, staged, uploaded, computed, downloaded, handed back.
+
+    In Jupyter, a Trace shows its timeline (``_repr_png_``)."""
+
+    def __init__(self) -> None:
+        self._snapshot: Any = None
+
+    def _core(self) -> Any:
+        if self._snapshot is None:
+            raise RuntimeError("gpupool: the trace is filled when its `with` block ends")
+        return self._snapshot
+
+    def __len__(self) -> int:
+        return len(self._core())
+
+    @property
+    def backend(self) -> str:
+        """The backend the traced executor ran on: ``"cuda"`` or ``"cpu"``."""
+        return str(self._core().backend)
+
+    def records(self) -> List[Dict[str, Any]]:
+        """One dict per task (per piece for kernels over arrays), in submission order. Times are
+        microseconds since the executor started; stages are (begin, end) or None."""
+        return list(self._core().records())
+
+    def stats(self) -> List[Dict[str, Any]]:
+        """Per lane, then per device (``lane`` None): tasks, bytes each way, busy time, queue
+        wait (median, 99th percentile), achieved GB/s of input."""
+        return list(self._core().stats())
+
+    def stats_table(self) -> str:
+        """The stats as an aligned text table."""
+        return str(self._core().stats_table())
+
+    def chrome_json(self) -> str:
+        """The trace in Chrome trace format, for Perfetto or chrome://tracing."""
+        return str(self._core().chrome_json())
+
+    def picture(self, format: str = "png") -> bytes:
+        """The timeline drawn as ``"png"``, ``"svg"`` or ``"pdf"`` (matplotlib)."""
+        return to_bytes(timeline_figure(self.records(), self.backend), format)
+
+    def svg(self) -> str:
+        """The timeline as an SVG picture: a row per lane and per device engine."""
+        return self.picture("svg").decode("utf-8")
+
+    def _repr_png_(self) -> Optional[bytes]:
+        # Jupyter shows the picture; an empty (or unfinished) trace falls back to the text repr.
+        if self._snapshot is None or len(self._snapshot) == 0:
+            return None
+        return self.picture("png")
+
+    def __repr__(self) -> str:
+        if self._snapshot is None:
+            return "<gpupool.Trace (recording)>"
+        return f"<gpupool.Trace: {len(self._snapshot)} records on the {self.backend} backend>"
+
+    def write(self, path: Union[str, "os.PathLike[str]"]) -> None:
+        """Writes the trace by the file's extension: ``.json`` Chrome trace, ``.txt`` stats
+        table, ``.png``, ``.svg`` or ``.pdf`` picture of the timeline. Other extensions are
+        refused (ValueError)."""
+        path = os.fspath(path)
+        suffix = os.path.splitext(path)[1].lower()
+        if suffix in (".png", ".svg", ".pdf"):
+            draw_timeline(self.records(), path, backend=self.backend)
+            return
+        if suffix == ".json":
+            text = self.chrome_json()
+        elif suffix == ".txt":
+            text = self.stats_table()
+        else:
+            raise ValueError(f"gpupool: cannot tell the format of {path!r}: use .json, .txt, "
+                             ".png, .svg or .pdf")
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(text)

@@ -317,10 +317,13 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
                           "arrays and device arrays in separate calls")
                              .c_str());
   if (dtype_name(a.dtype()) == nullptr)
-    throw nb::type_error(("gpupool: " + where +
-                          " has an unsupported dtype; expected float32, "
-                          "float64, int32 or int64")
-                             .c_str());
+    throw nb::type_error(
+        ("gpupool: " + where + " has the unsupported dtype " +
+         (nb::hasattr(obj, "dtype")
+              ? std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str())
+              : std::string("(unnamed)")) +
+         "; supported: float32, float64, int32, int64")
+            .c_str());
   if (!is_c_contiguous(a))
     throw nb::value_error(
         ("gpupool: " + where + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
@@ -650,7 +653,9 @@ class py_executor {
       throw nb::value_error(
           ("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
     if (ys && nb::len(*ys) != n)
-      throw nb::value_error("gpupool: the two input lists differ in length");
+      throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
+                             " arrays and " + std::to_string(nb::len(*ys)) + ")")
+                                .c_str());
 
     std::vector<input_array> x(n), y(ys ? n : 0);
     for (std::size_t i = 0; i < n; ++i) {
@@ -659,9 +664,17 @@ class py_executor {
                   "x[" + std::to_string(i) + "]");
       if (ys) {
         y[i] = as_input((*ys)[i], i, "y");
-        if (y[i].dtype() != x[i].dtype() || shape_of(y[i]) != shape_of(x[i]))
-          throw nb::value_error(("gpupool: x[" + std::to_string(i) + "] and y[" +
-                                 std::to_string(i) + "] differ in dtype or shape")
+        const std::string pair = "x[" + std::to_string(i) + "] and y[" + std::to_string(i) + "]";
+        if (y[i].dtype() != x[i].dtype())
+          throw nb::value_error(("gpupool: " + pair + " differ in dtype (" +
+                                 dtype_name(x[i].dtype()) + " and " + dtype_name(y[i].dtype()) +
+                                 "); the two arrays of a call must have the same dtype")
+                                    .c_str());
+        if (shape_of(y[i]) != shape_of(x[i]))
+          throw nb::value_error(("gpupool: " + pair + " differ in length or shape (" +
+                                 std::to_string(x[i].size()) + " and " +
+                                 std::to_string(y[i].size()) +
+                                 " elements); the two arrays of a call must have the same shape")
                                     .c_str());
       }
     }
@@ -1121,10 +1134,6 @@ NB_MODULE(_ext, m) {
             return to_text([&](std::ostream& o) { t.write_chrome_json(o); });
           },
           "The trace in Chrome trace format (Perfetto, chrome://tracing).")
-      .def(
-          "svg",
-          [](const gpupool::trace& t) { return to_text([&](std::ostream& o) { t.write_svg(o); }); },
-          "A picture of the timeline.")
       .def(
           "stats_table",
           [](const gpupool::trace& t) {

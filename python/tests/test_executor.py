@@ -161,6 +161,25 @@ def test_submit_to_pins_a_device():
             ex.submit_to(3, abs, 1)
 
 
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(threads_per_gpu=-1), ValueError,
+     r"threads_per_gpu must be a whole number from 1 to 256.*not -1"),
+    (dict(threads_per_gpu=2.5), TypeError, r"threads_per_gpu must be .*not 2\.5 \(float\)"),
+    (dict(threads_per_gpu="4"), TypeError, r"threads_per_gpu must be .*not '4' \(str\)"),
+    (dict(threads_per_gpu=True), TypeError, r"threads_per_gpu .*not True \(bool\)"),
+    (dict(chunk_bytes=-1), ValueError, r"chunk_bytes must be a byte count of at least 1, not -1"),
+    (dict(slots_per_lane=0), ValueError, r"slots_per_lane must be a whole number from 1 to 64"),
+    (dict(devices=0), TypeError, r"devices must be a list of device ordinals.*not 0 \(int\)"),
+    (dict(devices=[]), ValueError, r"devices=\[\] names no device"),
+    (dict(devices=[0.5]), TypeError, r"devices\[\] must be an ordinal.*not 0\.5"),
+    (dict(backend="tpu"), ValueError, r"backend must be 'cpu', 'cuda' or None.*not 'tpu'"),
+    (dict(cpu_devices=-3), ValueError, r"cpu_devices must be .*not -3"),
+])
+def test_bad_options_name_the_parameter_the_value_and_what_is_allowed(kwargs, error, message):
+    with pytest.raises(error, match=message):
+        gpupool.Executor(**{"backend": "cpu", **kwargs})
+
+
 def test_bad_options_are_clear_errors():
     with pytest.raises(ValueError):
         gpupool.Executor(backend="tpu")

@@ -1,6 +1,7 @@
 """Executor.trace(): the journey of every task, its exports and stats."""
 
 import json
+import xml.etree.ElementTree as ET
 
 import gpupool
 import numpy as np
@@ -58,13 +59,26 @@ def test_stats_add_up(executor, tmp_path):
     assert "GB/s" in t.stats_table()
 
 
-def test_pictures_are_produced(executor, tmp_path):
+def test_pictures_follow_the_extension(executor, tmp_path):
     t, _ = traced_run(executor, tmp_path)
     t.write(tmp_path / "timeline.svg")
-    assert (tmp_path / "timeline.svg").read_text().startswith("<svg")
-    pytest.importorskip("matplotlib")
+    ET.fromstring((tmp_path / "timeline.svg").read_text())  # well-formed XML
     t.write(tmp_path / "timeline.png")
     assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    t.write(tmp_path / "timeline.pdf")
+    assert (tmp_path / "timeline.pdf").read_bytes()[:5] == b"%PDF-"
+    with pytest.raises(ValueError, match=r"\.png, \.svg or \.pdf"):
+        t.picture("jpeg")
+    assert not (tmp_path / "timeline.jpg").exists()
+
+
+def test_jupyter_shows_a_trace_as_its_timeline(executor, tmp_path):
+    t, _ = traced_run(executor, tmp_path)
+    assert t._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "records" in repr(t)
+    with executor.trace() as empty:
+        pass
+    assert empty._repr_png_() is None  # nothing to draw: Jupyter falls back to the text
 
 
 def test_tracing_is_off_outside_the_block(executor):

@@ -33,6 +33,36 @@ int cpu_devices_from_environment() {
   return static_cast<int>(n);
 }
 
+// GPUPOOL_QUIET=1 silences the CPU-backend notice, as executor_options::quiet does.
+bool quiet_from_environment() {
+  const char* v = std::getenv("GPUPOOL_QUIET");
+  if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
+  if (std::string(v) == "1") return true;
+  throw std::invalid_argument(std::string("GPUPOOL_QUIET must be 0 or 1, not '") + v + "'");
+}
+
+// The variables read elsewhere only when their feature is used (GPUPOOL_EVENT_WAIT by the CUDA
+// backend's first event, GPUPOOL_PINNED_CACHE_BYTES by the first pinned allocation) are checked
+// here too, so that a typo is refused when an executor is made, on every backend, instead of
+// being ignored on one.
+void check_environment() {
+  if (const char* v = std::getenv("GPUPOOL_EVENT_WAIT"); v != nullptr && *v != '\0') {
+    const std::string s(v);
+    if (s != "block" && s != "spin")
+      throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'block' or 'spin', not '" + s + "'");
+  }
+  if (const char* v = std::getenv("GPUPOOL_PINNED_CACHE_BYTES"); v != nullptr && *v != '\0') {
+    const std::string s(v);
+    if (s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos)
+      throw std::invalid_argument(
+          "GPUPOOL_PINNED_CACHE_BYTES must be a byte count (digits only, e.g. 1073741824), not '" +
+          s + "'");
+  }
+  (void)quiet_from_environment();
+  (void)backend_from_environment();
+  (void)cpu_devices_from_environment();
+}
+
 }  // namespace
 
 #if !GPUPOOL_HAS_CUDA
@@ -56,6 +86,7 @@ bool cuda_runtime_usable() {
 std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
                                         int cpu_devices, bool quiet) {
   if (cpu_devices < 0) throw std::invalid_argument("gpupool: cpu_devices must not be negative");
+  check_environment();
   const int stand_ins = cpu_devices > 0 ? cpu_devices : cpu_devices_from_environment();
   const std::optional<backend_kind> wanted = requested ? requested : backend_from_environment();
   if (wanted == backend_kind::cpu) return make_cpu_backend(stand_ins);
@@ -64,7 +95,7 @@ std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& reque
   const cuda_probe probe = probe_cuda();
   if (probe.usable) return make_cuda_backend();
   static std::once_flag notice;
-  if (!quiet) {
+  if (!quiet && !quiet_from_environment()) {
     std::call_once(notice, [&] {
       std::fprintf(stderr, "gpupool: no usable GPU (%s); running on the CPU backend\n",
                    probe.reason.c_str());

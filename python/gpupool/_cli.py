@@ -1,0 +1,142 @@
+"""The ``gpupool`` command (also ``python -m gpupool``): ``info``, ``demo``, ``bench``,
+``--version``, with the options of the C++ tool, which does the work. This front end adds
+pictures: ``demo --timeline t.png`` and ``bench --plot b.png`` (.png, .svg or .pdf, drawn with
+matplotlib from the JSON the tool writes). Every other argument goes to the tool unchanged."""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from typing import List, Optional, Sequence
+
+PICTURES = (".png", ".svg", ".pdf")
+
+# The option of each command that names a picture, and what else that option accepts.
+_PICTURE_OPTIONS = {"demo": ("--timeline", (".json",)), "bench": ("--plot", ())}
+
+
+class CommandError(Exception):
+    """A mistake in the command line or an output that cannot be written (exit status 2)."""
+
+
+def tool_path() -> pathlib.Path:
+    """The C++ tool installed inside the package (``pip install .`` builds it)."""
+    return pathlib.Path(__file__).resolve().parent / "bin" / "gpupool"
+
+
+def _take_option(args: List[str], name: str) -> Optional[str]:
+    """Removes ``name VALUE`` or ``name=VALUE`` from ``args``; returns VALUE (None if absent).
+    When given more than once, the last one counts, as in the tool."""
+    value = None
+    i = 0
+    while i < len(args):
+        if args[i] == name and i + 1 < len(args):
+            value = args[i + 1]
+            del args[i:i + 2]
+        elif args[i].startswith(name + "="):
+            value = args[i][len(name) + 1:]
+            del args[i]
+        else:
+            i += 1
+    return value
+
+
+def _option_value(args: Sequence[str], name: str) -> Optional[str]:
+    found = None
+    for i, arg in enumerate(args):
+        if arg == name and i + 1 < len(args):
+            found = args[i + 1]
+        elif arg.startswith(name + "="):
+            found = arg[len(name) + 1:]
+    return found
+
+
+def check_writable(path: str) -> None:
+    """Raises CommandError naming ``path`` when a file cannot be written there."""
+    target = pathlib.Path(path)
+    folder = target.parent if str(target.parent) else pathlib.Path(".")
+    if target.is_dir():
+        raise CommandError(f"cannot write {path}: it is a directory")
+    if not folder.is_dir():
+        raise CommandError(f"cannot write {path}: no such directory {str(folder)!r}")
+    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
+        raise CommandError(f"cannot write {path}: permission denied")
+
+
+def picture_type(option: str, path: str, also: Sequence[str] = ()) -> str:
+    """The extension of ``path`` if it names a type this command writes, else CommandError."""
+    suffix = pathlib.Path(path).suffix.lower()
+    allowed = (*also, *PICTURES)
+    if suffix not in allowed:
+        raise CommandError(f"{option} {path}: the file's type follows its extension, which must "
+                           f"be one of {', '.join(allowed)}")
+    return suffix
+
+
+def _draw(command: str, source: pathlib.Path, picture: str) -> None:
+    import json
+
+    from . import plot
+
+    with open(source, encoding="utf-8") as f:
+        data = json.load(f)
+    if command == "demo":
+        plot.draw_timeline(plot.records_from_json(data), picture, backend=data["backend"])
+    else:
+        plot.draw_bench(data, picture)
+
+
+def run(argv: Sequence[str]) -> int:
+    """Runs the command line ``argv`` (without the program name); returns the exit status."""
+    args = list(argv)
+    command = next((a for a in args if not a.startswith("-")), None)
+    picture = None
+    option = None
+    if command in _PICTURE_OPTIONS:
+        option, also = _PICTURE_OPTIONS[command]
+        picture = _take_option(args, option)
+        if picture is not None:
+            if picture_type(option, picture, also) in also:
+                args += [option, picture]  # the tool writes it itself
+                picture = None
+            else:
+                check_writable(picture)
+    tool = tool_path()
+    if not tool.is_file():
+        raise CommandError(f"the command-line tool is missing from this installation ({tool}); "
+                           "install the package with `pip install .` from a gpupool checkout")
+    with tempfile.TemporaryDirectory(prefix="gpupool-") as scratch:
+        source = None
+        if picture is not None:
+            if command == "demo":
+                source = pathlib.Path(scratch) / "records.json"
+                args += ["--timeline", str(source)]
+            else:
+                given = _option_value(args, "--json")
+                source = pathlib.Path(given) if given else pathlib.Path(scratch) / "bench.json"
+                if not given:
+                    args += ["--json", str(source)]
+        sys.stdout.flush()
+        status = subprocess.call([str(tool), *args])
+        if status != 0 or picture is None or source is None:
+            return status
+        try:
+            _draw(command or "", source, picture)
+        except OSError as exc:
+            raise CommandError(f"cannot write {picture}: {exc.strerror or exc}") from exc
+        print(f"{'timeline' if command == 'demo' else 'plot'}: {picture}",
+              file=sys.stderr if command == "demo" else sys.stdout)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """The console script's entry point."""
+    try:
+        return run(sys.argv[1:] if argv is None else argv)
+    except CommandError as exc:
+        sys.stdout.flush()
+        print(f"gpupool: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,147 @@
+"""The `gpupool` command that `pip install .` installs, and `python -m gpupool`: the commands of
+the C++ tool, with pictures drawn by matplotlib; outputs that cannot be written are errors."""
+
+import json
+import os
+import pathlib
+import pty
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+
+import gpupool
+import pytest
+from gpupool import _cli
+
+PNG = b"\x89PNG\r\n\x1a\n"
+QUIET = dict(os.environ, GPUPOOL_QUIET="1", GPUPOOL_BACKEND="cpu")
+
+
+def console_script():
+    script = pathlib.Path(sys.executable).parent / "gpupool"
+    if not script.exists():
+        pytest.skip(f"no gpupool console script beside {sys.executable} (not a pip install)")
+    return [str(script)]
+
+
+MODULE = [sys.executable, "-m", "gpupool"]
+
+
+def run(command, *args, env=QUIET):
+    return subprocess.run([*command, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=300)
+
+
+def test_the_package_holds_the_tool():
+    assert _cli.tool_path().is_file(), "pip install . puts the C++ tool in gpupool/bin"
+
+
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_demo_draws_the_timeline_as_png(how, tmp_path):
+    command = console_script() if how == "script" else MODULE
+    picture = tmp_path / "demo timeline $HOME.png"  # a space and a $ stay part of the name
+    done = run(command, "demo", "--size", 20000, "--show", 0, "--timeline", picture)
+    assert done.returncode == 0, done.stderr
+    assert "all 100000 results equal the CPU reference" in done.stdout
+    assert picture.read_bytes()[:8] == PNG
+    assert f"timeline: {picture}" in done.stderr
+
+
+def test_version_and_info():
+    for command in (console_script(), MODULE):
+        done = run(command, "--version")
+        assert done.returncode == 0 and done.stdout.strip() == f"gpupool {gpupool.__version__}"
+    done = run(MODULE, "info")
+    assert done.returncode == 0 and "backend:          cpu" in done.stdout
+
+
+def test_picture_types_follow_the_extension(tmp_path):
+    done = run(MODULE, "demo", "--size", 5000, "--show", 0, "--timeline", tmp_path / "t.svg",
+               "--trace", tmp_path / "t.json")
+    assert done.returncode == 0, done.stderr
+    ET.parse(tmp_path / "t.svg")
+    assert "traceEvents" in json.loads((tmp_path / "t.json").read_text())
+    done = run(MODULE, "demo", "--size", 5000, "--show", 0, "--timeline", tmp_path / "t.pdf")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "t.pdf").read_bytes()[:5] == b"%PDF-"
+    # .json: the records themselves, written by the tool.
+    done = run(MODULE, "demo", "--size", 5000, "--show", 0, "--timeline", tmp_path / "r.json")
+    assert done.returncode == 0 and json.loads((tmp_path / "r.json").read_text())["records"]
+    done = run(MODULE, "demo", "--size", 5000, "--timeline", tmp_path / "t.jpg")
+    assert done.returncode == 2
+    assert "--timeline" in done.stderr and ".png, .svg, .pdf" in done.stderr
+    assert not (tmp_path / "t.jpg").exists()
+
+
+def test_bench_plots_and_writes_its_json(tmp_path):
+    done = run(MODULE, "bench", "--lanes-list", "1,2", "--sizes", "64K,128K", "--total", "1M",
+               "--repeat", 1, "--plot", tmp_path / "b.png", "--json", tmp_path / "b.json",
+               "--csv", tmp_path / "b.csv")
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "b.png").read_bytes()[:8] == PNG
+    assert len(json.loads((tmp_path / "b.json").read_text())["points"]) == 4
+    assert len((tmp_path / "b.csv").read_text().splitlines()) == 5
+    assert f"plot: {tmp_path / 'b.png'}" in done.stdout
+
+
+@pytest.mark.parametrize("args", [
+    ["demo", "--size", 1000, "--timeline", "/nonexistent/dir/t.png"],
+    ["demo", "--size", 1000, "--trace", "/nonexistent/dir/t.json"],
+    ["bench", "--sizes", "64K", "--lanes-list", 1, "--total", "1M", "--plot",
+     "/nonexistent/dir/b.svg"],
+    ["bench", "--sizes", "64K", "--lanes-list", 1, "--total", "1M", "--json",
+     "/nonexistent/dir/b.json"],
+])
+def test_outputs_that_cannot_be_written_are_errors(args):
+    done = run(MODULE, *args)
+    assert done.returncode != 0
+    assert "cannot write /nonexistent/dir/" in done.stderr
+    assert "gpupool: gpupool:" not in done.stderr
+
+
+def test_bad_environment_values_are_refused():
+    done = run(MODULE, "info", env=dict(QUIET, GPUPOOL_EVENT_WAIT="bogus"))
+    assert done.returncode != 0
+    assert "GPUPOOL_EVENT_WAIT must be 'block' or 'spin', not 'bogus'" in done.stderr
+    with pytest.raises(ValueError, match="GPUPOOL_PINNED_CACHE_BYTES"):
+        os.environ["GPUPOOL_PINNED_CACHE_BYTES"] = "lots"
+        try:
+            gpupool.Executor(backend="cpu")
+        finally:
+            del os.environ["GPUPOOL_PINNED_CACHE_BYTES"]
+
+
+def test_cpu_notice_once_per_process_and_silenced_by_GPUPOOL_QUIET():
+    code = ("import gpupool\n"
+            "for _ in range(3):\n"
+            "    gpupool.Executor().shutdown()\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("GPUPOOL_BACKEND", "GPUPOOL_QUIET")}
+    if gpupool.cuda_available()[0]:
+        pytest.skip("a usable GPU: there is no CPU-backend notice")
+    loud = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert loud.stderr.count("running on the CPU backend") == 1
+    quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=dict(env, GPUPOOL_QUIET="1"))
+    assert quiet.returncode == 0 and quiet.stderr == ""
+
+
+def test_progress_line_is_cleared_before_the_results():
+    # On a terminal the demo draws a progress line on standard error; the results on standard
+    # output must start on a clean line.
+    tool = _cli.tool_path()
+    pid, fd = pty.fork()
+    if pid == 0:
+        os.execve(str(tool), [str(tool), "demo", "--size", "2000", "--repeat", "20"], QUIET)
+    output = b""
+    while True:
+        try:
+            chunk = os.read(fd, 4096)
+        except OSError:
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.waitpid(pid, 0)
+    assert b"demo runs:" in output, output
+    before, _, _ = output.partition(b"task 0:")
+    assert before.endswith(b"\r\x1b[K"), before[-80:]

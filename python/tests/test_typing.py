@@ -1,0 +1,43 @@
+"""User code type-checks against the package: `mypy --strict` on a small user program."""
+
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+USER_PROGRAM = textwrap.dedent('''
+    import pathlib
+    from concurrent.futures import Future
+    from typing import Any, Iterator, List
+
+    import numpy as np
+    import numpy.typing as npt
+
+    import gpupool
+
+
+    def squares(chunks: List[npt.NDArray[np.float64]]) -> List[npt.NDArray[Any]]:
+        with gpupool.Executor(threads_per_gpu=2, backend="cpu", chunk_bytes=1 << 20) as ex:
+            arrays: Iterator[npt.NDArray[Any]] = ex.map(gpupool.kernels.square, chunks)
+            lengths: Iterator[int] = ex.map(len, chunks)
+            first: Future[int] = ex.submit(len, chunks[0])
+            squared: Future[npt.NDArray[Any]] = ex.submit(gpupool.kernels.square, chunks[0])
+            print(squared.result().shape)
+            total: int = first.result() + sum(lengths)
+            k = gpupool.elementwise("float64 x", "float64 y", "y = x + 1")
+            shifted = list(ex.map(k, chunks))
+            with ex.trace(pathlib.Path("t.json")) as t:
+                out = list(arrays)
+            t.write("t.json")
+            print(total, len(shifted), len(t.records()))
+            return out
+''')
+
+
+def test_user_code_passes_mypy_strict(tmp_path):
+    pytest.importorskip("mypy")
+    (tmp_path / "user.py").write_text(USER_PROGRAM)
+    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                           "user.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
