@@ -1,5 +1,6 @@
 #include "core/lane_worker.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -393,22 +394,62 @@ void lane_worker::end_trace(int slot, const work_item& item, bool failed) noexce
     // Work with no stages of its own (submit): its whole run on the lane.
     r.kernel = {r.started, r.done};
   }
+  if (setup_.recorder != nullptr) setup_.recorder->add(std::move(r));
+}
+
+void trace_recorder::add(task_record&& r) noexcept {
+  std::lock_guard lock(mutex_);
   try {
-    std::lock_guard lock(records_mutex_);
-    records_.push_back(std::move(r));
+    ring_.push_back(std::move(r));
   } catch (...) {
-    // Out of memory for the trace: drop the record rather than the task.
+    ++dropped_;  // out of memory for the trace: drop the record rather than the task
+    return;
+  }
+  trim_locked();
+}
+
+void trace_recorder::trim_locked() noexcept {
+  while (ring_.size() > capacity_) {
+    ring_.pop_front();
+    ++dropped_;
   }
 }
 
-std::vector<task_record> lane_worker::trace_records() const {
-  std::lock_guard lock(records_mutex_);
-  return records_;
+std::vector<task_record> trace_recorder::since(std::uint64_t first_id) const {
+  std::vector<task_record> records;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& r : ring_)
+      if (r.id >= first_id) records.push_back(r);
+  }
+  // Lanes finish in any order; the trace is in submission order.
+  std::sort(records.begin(), records.end(),
+            [](const task_record& a, const task_record& b) { return a.id < b.id; });
+  return records;
 }
 
-void lane_worker::clear_trace() {
-  std::lock_guard lock(records_mutex_);
-  records_.clear();
+std::size_t trace_recorder::dropped() const {
+  std::lock_guard lock(mutex_);
+  return dropped_;
+}
+
+std::size_t trace_recorder::capacity() const {
+  std::lock_guard lock(mutex_);
+  return capacity_;
+}
+
+void trace_recorder::set_capacity(std::size_t records) {
+  std::lock_guard lock(mutex_);
+  capacity_ = std::max<std::size_t>(records, 1);
+  trim_locked();
+  ring_.shrink_to_fit();
+}
+
+void trace_recorder::clear() {
+  std::deque<task_record> gone;
+  std::lock_guard lock(mutex_);
+  gone.swap(ring_);  // a cleared deque may keep its blocks; a fresh one holds none
+  dropped_ = 0;
 }
 
 }  // namespace gpupool::detail
