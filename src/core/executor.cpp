@@ -178,6 +178,7 @@ struct executor::impl {
           setup.queue = &queue;
           setup.memory = memory[d].get();
           setup.recorder = &recorder;
+          setup.faults = &faults;
           setup.device = static_cast<int>(d);
           setup.ordinal = ordinals[d];
           setup.index = static_cast<int>(lanes.size());
@@ -255,6 +256,7 @@ struct executor::impl {
   std::mutex shutdown_mutex;
   std::atomic<bool> tracing{false};
   detail::trace_recorder recorder;
+  const detail::fault_plan faults = detail::fault_plan::from_environment();
   std::atomic<std::uint64_t> next_id{0};
   const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 

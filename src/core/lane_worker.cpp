@@ -64,6 +64,11 @@ void lane_worker::open() {
     slot_host(static_cast<int>(k), 0);
     slot_device(static_cast<int>(k), 0);
   }
+  // Faults are injected into the lane's work, not into its start.
+  if (setup_.faults != nullptr && setup_.faults->any()) {
+    faults_.emplace(*setup_.faults, static_cast<std::uint64_t>(setup_.index));
+    stream_ = with_faults(std::move(stream_), *faults_);
+  }
 }
 
 void lane_worker::close() noexcept {
@@ -130,6 +135,7 @@ void lane_worker::run(std::promise<void> ready) {
         current_slot_ = next_slot;
         begin_trace(next_slot, *item, /*lane_idle=*/window.empty());
         try {
+          if (faults_) faults_->maybe_fail(fault_kind::call);
           item->start(*this, next_slot);
           slots_[static_cast<std::size_t>(next_slot)].done->record();
           window.push_back({std::move(item), next_slot});

@@ -11,10 +11,12 @@
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/fault_injection.hpp"
 #include "core/task_queue.hpp"
 #include "gpupool/lane.hpp"
 #include "gpupool/trace.hpp"
@@ -70,8 +72,9 @@ struct lane_setup {
   task_queue* queue = nullptr;
   device_memory* memory = nullptr;
   trace_recorder* recorder = nullptr;
-  int device = 0;   // executor device index
-  int ordinal = 0;  // backend ordinal
+  const fault_plan* faults = nullptr;  // injected faults (GPUPOOL_FAULTS); null or empty: none
+  int device = 0;                      // executor device index
+  int ordinal = 0;                     // backend ordinal
   int index = 0;
   int index_on_device = 0;
   int slots = 2;
@@ -180,6 +183,7 @@ class lane_worker final : public lane {
 
   lane_setup setup_;
   std::thread thread_;
+  std::optional<fault_injector> faults_;
   std::unique_ptr<backend_stream> stream_;
   std::vector<slot_buffers> slots_;
   std::unique_ptr<backend_event> staging_done_;
