@@ -3,6 +3,8 @@
 // here are the same on both backends); multi-device cases follow GPUPOOL_CPU_DEVICES.
 #include <gtest/gtest.h>
 
+#include <pthread.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -123,6 +125,19 @@ TEST(Lifecycle, AForkedChildIsRefusedClearly) {
                                  << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
   EXPECT_EQ(WEXITSTATUS(status), 0);
   EXPECT_EQ(ex.submit([](lane&) { return 3; }).get(), 3);  // the parent's executor is untouched
+}
+
+TEST(Lifecycle, LanesLeaveAsynchronousSignalsToTheApplication) {
+  executor ex(cpu_options(1));
+  const bool lane_blocks_sigint = ex.submit([](lane&) {
+                                      sigset_t mask;
+                                      pthread_sigmask(SIG_BLOCK, nullptr, &mask);
+                                      return sigismember(&mask, SIGINT) == 1;
+                                    }).get();
+  EXPECT_TRUE(lane_blocks_sigint);  // so Ctrl-C reaches the application's threads
+  sigset_t mine;
+  pthread_sigmask(SIG_BLOCK, nullptr, &mine);
+  EXPECT_EQ(sigismember(&mine, SIGINT), 0);  // the creating thread's mask is as it was
 }
 
 TEST(Lifecycle, TraceRecordsAreARingWithADroppedCount) {

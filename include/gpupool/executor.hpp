@@ -196,7 +196,8 @@ class executor {
                              const std::vector<device_call>& calls);
 
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
-  /// futures throw cancelled_error); otherwise they run. Returns once every lane has stopped;
+  /// futures throw cancelled_error) while started ones, a partly processed map input or
+  /// transform included, run to their end; otherwise every queued task runs. Returns once every lane has stopped;
   /// every future is then resolved. Idempotent.
   /// @throw std::logic_error when called from one of this executor's own tasks.
   void shutdown(bool cancel_pending = false);

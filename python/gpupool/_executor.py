@@ -2,7 +2,6 @@
 
 import concurrent.futures as _futures
 import contextlib
-import functools
 import numbers
 import os
 import sys
@@ -33,6 +32,10 @@ def current_lane() -> _ext.Lane:
     return lane
 
 
+# How often a waiting result() wakes to let Python handle signals (seconds).
+_WAIT_SLICE = 0.05
+
+
 class _Future(_futures.Future):
     """A concurrent.futures.Future whose task waits in gpupool's queue.
 
@@ -58,6 +61,28 @@ class _Future(_futures.Future):
             return self.cancelled()  # a lane has it (or another caller cancelled it just now)
         self._notify_cancelled()
         return True
+
+    def result(self, timeout=None):
+        self._wait_in_slices(timeout)
+        return super().result(timeout=0)
+
+    def exception(self, timeout=None):
+        self._wait_in_slices(timeout)
+        return super().exception(timeout=0)
+
+    def _wait_in_slices(self, timeout):
+        # A signal (Ctrl-C) may be taken by any thread of the process, which does not wake a
+        # main thread asleep on a lock: waking every slice lets Python run its handlers (and
+        # raise KeyboardInterrupt) promptly.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while self._state not in (_CANCELLED, _CANCELLED_AND_NOTIFIED, _FINISHED):
+                wait = _WAIT_SLICE
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        return
+                self._condition.wait(wait)
 
     def set_running_or_notify_cancel(self):
         with self._condition:
@@ -363,10 +388,18 @@ class Executor(_futures.Executor):
                 return None
             try:
                 with bind():
-                    result = fn(*args, **kwargs)
+                    outcome = [future.set_result, fn(*args, **kwargs)]
             except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
-                return functools.partial(future._deliver, future.set_exception, exc)
-            return functools.partial(future._deliver, future.set_result, result)
+                outcome = [future.set_exception, exc]
+
+            # Lets go of the outcome as it hands it over: whoever drops the result next must
+            # not find a copy still held here.
+            def deliver():
+                setter, value = outcome
+                outcome.clear()
+                future._deliver(setter, value)
+
+            return deliver
 
         def on_error(exc):
             if isinstance(exc, _futures.CancelledError):
