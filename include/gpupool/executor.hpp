@@ -197,8 +197,9 @@ class executor {
 
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
   /// futures throw cancelled_error) while started ones, a partly processed map input or
-  /// transform included, run to their end; otherwise every queued task runs. Returns once every lane has stopped;
-  /// every future is then resolved. Idempotent.
+  /// transform included, run to their end; otherwise every queued task runs. Returns once every
+  /// lane has stopped; every future is then resolved. Idempotent. In a child process forked
+  /// after the executor was made, it only stops intake (the lanes are the parent's).
   /// @throw std::logic_error when called from one of this executor's own tasks.
   void shutdown(bool cancel_pending = false);
   [[nodiscard]] bool is_shutdown() const noexcept;
