@@ -143,6 +143,12 @@ EXIT_SCRIPTS = {
         futures = [ex.submit(time.sleep, 0.01) for _ in range(20)]
         raise SystemExit(0)
     """,
+    "shutdown_without_waiting": """
+        import time, gpupool
+        ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
+        futures = [ex.submit(time.sleep, 0.01) for _ in range(20)]
+        ex.shutdown(wait=False)
+    """,
     "kernels": """
         import time, gpupool, numpy as np
         ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
