@@ -218,21 +218,28 @@ def test_ctrl_c_during_a_kernel_map_wakes_promptly_and_cancels_the_rest():
             "slow")
         ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
         ex.submit(slow, np.ones(4), 1).result()  # compiled before the clock starts
-        futures = []
+        began = time.monotonic()
+        ex.submit(slow, np.ones(256), 2_000_000).result()
+        call = (time.monotonic() - began) * 10  # one call below, in seconds
+        sent = None
         def interrupt():
-            time.sleep(0.5)
             global sent
+            while ex._core.queued == 6:  # until the lane has taken the first call
+                time.sleep(0.001)
+            time.sleep(0.2)
             sent = time.monotonic()
             os.kill(os.getpid(), signal.SIGINT)
-        threading.Thread(target=interrupt).start()
+        interrupter = threading.Thread(target=interrupt)
         with ex.trace() as trace:
             results = ex.map(slow, [np.ones(256) for _ in range(6)], 20_000_000)
+            interrupter.start()
             try:
                 list(results)
-                print("not interrupted")
+                print(f"not interrupted (one call takes about {call:.2f} s)")
             except KeyboardInterrupt:
                 print(f"interrupted after {time.monotonic() - sent:.3f}", flush=True)
             ex.shutdown(wait=True)
+        interrupter.join()
         print("ran", len(trace), flush=True)
     """)
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
