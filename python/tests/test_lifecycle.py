@@ -212,6 +212,9 @@ def test_ctrl_c_during_a_kernel_map_wakes_promptly_and_cancels_the_rest():
     code = textwrap.dedent("""
         import os, signal, sys, threading, time
         import gpupool, numpy as np
+        # A shell starts background jobs with SIGINT ignored, and Python then leaves it so:
+        # install Python's own handler, as an interactive run has it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         slow = gpupool.elementwise(
             "float64 x, int64 n", "float64 y",
             "double a = x; for (long k = 0; k < n; ++k) a = a * 0.9999999 + 1e-9; y = a;",
