@@ -46,6 +46,20 @@ class gate {
   bool open_ = false;
 };
 
+// Occupies every lane of `ex` (of every device) with a task that waits for `g`; returns once all
+// of them run, so whatever is submitted next stays queued until `g` opens.
+multi_future<void> hold_every_lane(executor& ex, gate& g) {
+  std::atomic<int> started{0};
+  multi_future<void> holders;
+  for (int i = 0; i < ex.lane_count(); ++i)
+    holders.push_back(ex.submit([&](lane&) {
+      ++started;
+      g.wait();
+    }));
+  while (started.load() < ex.lane_count()) std::this_thread::sleep_for(1ms);
+  return holders;
+}
+
 class ExecutorTest : public ::testing::TestWithParam<backend_kind> {
  protected:
   void SetUp() override { GPUPOOL_SKIP_UNLESS_USABLE(GetParam()); }
@@ -181,19 +195,15 @@ TEST_P(ExecutorTest, AnExceptionInATaskFailsOnlyThatTask) {
 TEST_P(ExecutorTest, CancelStopsAQueuedTaskButNotARunningOne) {
   executor ex(options(1));
   gate g;
-  std::atomic<bool> started{false};
-  auto blocker = ex.submit([&](lane&) {
-    started = true;
-    g.wait();
-  });
-  while (!started) std::this_thread::sleep_for(1ms);
+  auto blockers = hold_every_lane(ex, g);
   std::atomic<bool> ran{false};
   auto queued = ex.submit([&](lane&) { ran = true; });
-  EXPECT_FALSE(blocker.cancel());
+  EXPECT_FALSE(blockers[0].cancel());
+  EXPECT_EQ(blockers[0].status(), task_status::running);
   EXPECT_TRUE(queued.cancel());
   EXPECT_TRUE(queued.ready());
   g.open();
-  blocker.get();
+  blockers.get();
   EXPECT_THROW(queued.get(), cancelled_error);
   ex.shutdown();
   EXPECT_FALSE(ran.load());
@@ -202,12 +212,12 @@ TEST_P(ExecutorTest, CancelStopsAQueuedTaskButNotARunningOne) {
 TEST_P(ExecutorTest, CancelledMapInputNeverRuns) {
   executor ex(options(1));
   gate g;
-  auto blocker = ex.submit([&](lane&) { g.wait(); });
+  auto blockers = hold_every_lane(ex, g);
   const std::vector<std::vector<double>> inputs(3, std::vector<double>(100, 2.0));
   auto fs = ex.map(kernel::square(), inputs);
   EXPECT_TRUE(fs[1].cancel());
   g.open();
-  blocker.get();
+  blockers.get();
   EXPECT_EQ(fs[0].get()[0], 4.0);
   EXPECT_THROW(fs[1].get(), cancelled_error);
   EXPECT_EQ(fs[2].get()[99], 4.0);
@@ -215,13 +225,10 @@ TEST_P(ExecutorTest, CancelledMapInputNeverRuns) {
 
 TEST_P(ExecutorTest, ShutdownWithCancelResolvesThousandsOfPendingTasks) {
   executor ex(options(1));
+  // One blocker per lane: with several devices (each with its lane) every lane must be held, or
+  // the free ones run what the test expects to stay queued.
   gate g;
-  std::atomic<bool> started{false};
-  auto blocker = ex.submit([&](lane&) {
-    started = true;
-    g.wait();
-  });
-  while (!started) std::this_thread::sleep_for(1ms);
+  auto blockers = hold_every_lane(ex, g);
   std::atomic<int> ran{0};
   multi_future<void> pending;
   for (int i = 0; i < 5000; ++i) pending.push_back(ex.submit([&](lane&) { ++ran; }));
@@ -233,7 +240,7 @@ TEST_P(ExecutorTest, ShutdownWithCancelResolvesThousandsOfPendingTasks) {
   g.open();
   stopper.join();
 
-  blocker.get();
+  blockers.get();  // the running ones finished normally
   EXPECT_EQ(ran.load(), 0);
   for (auto& f : pending) {
     ASSERT_TRUE(f.ready());

@@ -103,26 +103,41 @@ TEST_P(TraceTest, StatsAddUpToWhatWasMoved) {
   const std::vector<std::vector<float>> ys(10, std::vector<float>(30'000, 1.0f));
   ex.map(kernel::add(), xs, ys).get();
   const auto stats = ex.trace().stats();
-  std::size_t lane_in = 0, lane_out = 0, lane_tasks = 0;
-  const lane_stats* total = nullptr;
+  // One total per device (several devices share the work): each adds up its own lanes, and the
+  // totals together add up to what was moved.
+  std::vector<std::size_t> lane_in(ex.devices().size()), lane_out(ex.devices().size()),
+      lane_tasks(ex.devices().size());
+  std::size_t total_in = 0, total_out = 0, totals = 0;
+  std::vector<const lane_stats*> total(ex.devices().size(), nullptr);
   for (const auto& s : stats) {
+    const auto d = static_cast<std::size_t>(s.device);
+    ASSERT_LT(d, ex.devices().size());
     if (s.lane < 0) {
-      total = &s;
+      total[d] = &s;
+      total_in += s.bytes_in;
+      total_out += s.bytes_out;
+      ++totals;
       continue;
     }
-    lane_in += s.bytes_in;
-    lane_out += s.bytes_out;
-    lane_tasks += s.tasks;
+    lane_in[d] += s.bytes_in;
+    lane_out[d] += s.bytes_out;
+    lane_tasks[d] += s.tasks;
     EXPECT_LE(s.busy_us, s.wall_us + 1e-6);
     EXPECT_LE(s.queue_wait_p50_us, s.queue_wait_p99_us);
   }
-  ASSERT_NE(total, nullptr);
-  EXPECT_EQ(total->bytes_in, 2 * 10 * 30'000 * sizeof(float));  // two inputs
-  EXPECT_EQ(total->bytes_out, 10 * 30'000 * sizeof(float));
-  EXPECT_EQ(lane_in, total->bytes_in);
-  EXPECT_EQ(lane_out, total->bytes_out);
-  EXPECT_EQ(lane_tasks, total->tasks);
-  EXPECT_GT(total->input_gb_per_s(), 0.0);
+  EXPECT_EQ(total_in, 2 * 10 * 30'000 * sizeof(float));  // two inputs
+  EXPECT_EQ(total_out, 10 * 30'000 * sizeof(float));
+  EXPECT_LE(totals, ex.devices().size());
+  for (std::size_t d = 0; d < total.size(); ++d) {
+    if (total[d] == nullptr) {  // a device that took no piece has no total
+      EXPECT_EQ(lane_tasks[d], 0u);
+      continue;
+    }
+    EXPECT_EQ(lane_in[d], total[d]->bytes_in);
+    EXPECT_EQ(lane_out[d], total[d]->bytes_out);
+    EXPECT_EQ(lane_tasks[d], total[d]->tasks);
+    EXPECT_GT(total[d]->input_gb_per_s(), 0.0);
+  }
 }
 
 TEST_P(TraceTest, ExportsNameEveryTaskAndStage) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -60,12 +61,22 @@ class executor {
   [[nodiscard]] bool is_lane_thread() const noexcept;
 
   /// Records the journey of every task taken from now on (off by default). Records accumulate
-  /// until `clear_trace()`. Thread-safe.
+  /// until `clear_trace()`, in a ring of `trace_capacity()` records: once it is full the oldest
+  /// are dropped (and counted by `trace_dropped()`). Thread-safe.
   void set_tracing(bool on) noexcept;
   [[nodiscard]] bool tracing() const noexcept;
-  /// A snapshot of every task recorded so far, in submission order. Thread-safe.
-  [[nodiscard]] gpupool::trace trace() const;
+  /// A snapshot of every task recorded (and not dropped) so far, in submission order; with
+  /// `first_task`, only tasks submitted from then on (see `next_task_id()`). Thread-safe.
+  [[nodiscard]] gpupool::trace trace(std::uint64_t first_task = 0) const;
+  /// Forgets every record and the dropped count, giving their memory back.
   void clear_trace();
+  /// The most records kept (default 262,144, about 200-300 bytes each); at least 1.
+  void set_trace_capacity(std::size_t records);
+  [[nodiscard]] std::size_t trace_capacity() const;
+  /// Records dropped since the last `clear_trace()` because the ring was full.
+  [[nodiscard]] std::size_t trace_dropped() const;
+  /// The number the next submitted task will get: pass it to `trace()` to see only later tasks.
+  [[nodiscard]] std::uint64_t next_task_id() const noexcept;
 
   /// Runs `f(lane&)` on any lane. @throw std::runtime_error after shutdown.
   template <class F>
@@ -185,8 +196,10 @@ class executor {
                              const std::vector<device_call>& calls);
 
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
-  /// futures throw cancelled_error); otherwise they run. Returns once every lane has stopped;
-  /// every future is then resolved. Idempotent.
+  /// futures throw cancelled_error) while started ones, a partly processed map input or
+  /// transform included, run to their end; otherwise every queued task runs. Returns once every
+  /// lane has stopped; every future is then resolved. Idempotent. In a child process forked
+  /// after the executor was made, it only stops intake (the lanes are the parent's).
   /// @throw std::logic_error when called from one of this executor's own tasks.
   void shutdown(bool cancel_pending = false);
   [[nodiscard]] bool is_shutdown() const noexcept;

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import concurrent.futures as _futures
 import contextlib
-import functools
 import numbers
 import os
 import sys
 import threading
 import time
+import weakref
+from concurrent.futures._base import (CANCELLED as _CANCELLED,
+                                      CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED,
+                                      FINISHED as _FINISHED, PENDING as _PENDING,
+                                      RUNNING as _RUNNING)
 from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, overload
 
 import numpy.typing as npt
@@ -64,6 +68,148 @@ def current_lane() -> _ext.Lane:
     return lane
 
 
+# How often a waiting result() wakes to let Python handle signals (seconds).
+_WAIT_SLICE = 0.05
+
+
+class _Future(_futures.Future):
+    """A concurrent.futures.Future whose task waits in gpupool's queue.
+
+    cancel() asks the queue first: it succeeds only while no lane has taken the task (a task
+    that started runs to its end, and cancel() returns False), and a cancelled future is
+    reported finished at once (waiters of ``wait``/``as_completed`` wake, callbacks run), as
+    ``set_running_or_notify_cancel`` does for the standard executors."""
+
+    def __init__(self):
+        super().__init__()
+        # Cancels the task in the queue; True if it had not started. Set once queued, dropped
+        # once the task ended (it holds the task's inputs).
+        self._cancel_queued = None
+
+    def cancel(self):
+        with self._condition:
+            if self._state in (_RUNNING, _FINISHED):
+                return False
+            if self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED):
+                return True
+            cancel_queued = self._cancel_queued
+        if cancel_queued is not None and not cancel_queued():
+            return self.cancelled()  # a lane has it (or another caller cancelled it just now)
+        self._notify_cancelled()
+        return True
+
+    def result(self, timeout=None):
+        self._wait_in_slices(timeout)
+        return super().result(timeout=0)
+
+    def exception(self, timeout=None):
+        self._wait_in_slices(timeout)
+        return super().exception(timeout=0)
+
+    def _wait_in_slices(self, timeout):
+        # A signal (Ctrl-C) may be taken by any thread of the process, which does not wake a
+        # main thread asleep on a lock: waking every slice lets Python run its handlers (and
+        # raise KeyboardInterrupt) promptly.
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._condition:
+            while self._state not in (_CANCELLED, _CANCELLED_AND_NOTIFIED, _FINISHED):
+                wait = _WAIT_SLICE
+                if deadline is not None:
+                    wait = min(wait, deadline - time.monotonic())
+                    if wait <= 0:
+                        return
+                self._condition.wait(wait)
+
+    def set_running_or_notify_cancel(self):
+        with self._condition:
+            if self._state == _CANCELLED_AND_NOTIFIED:
+                return False
+            return super().set_running_or_notify_cancel()
+
+    def _notify_cancelled(self):
+        """Ends the future as cancelled and notified; False if it had already ended."""
+        with self._condition:
+            if self._state not in (_PENDING, _CANCELLED):
+                return False
+            callbacks_ran = self._state == _CANCELLED
+            self._state = _CANCELLED_AND_NOTIFIED
+            self._cancel_queued = None
+            for waiter in self._waiters:
+                waiter.add_cancelled(self)
+            self._condition.notify_all()
+        if not callbacks_ran:
+            self._invoke_callbacks()
+        return True
+
+    def _deliver(self, setter, value):
+        """Hands the task's outcome over, unless the future already ended."""
+        self._cancel_queued = None
+        with contextlib.suppress(_futures.InvalidStateError):
+            setter(value)
+
+
+def _adopt(pending):
+    """One Future for a task gpupool runs in C++ (a kernel): its outcome is handed over by one
+    callback once the task ends."""
+    future = _Future()
+    future._cancel_queued = pending.cancel
+
+    def complete():
+        if pending.cancelled():
+            future._notify_cancelled()
+            return
+        try:
+            value = pending.result(0)
+        except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
+            future._deliver(future.set_exception, exc)
+        else:
+            future._deliver(future.set_result, value)
+
+    pending.add_done_callback(complete)
+    return future
+
+
+# Every executor not yet shut down. At exit they are shut down (intake stopped, queued work run,
+# lanes joined) while the interpreter is still whole, as concurrent.futures does for its pools:
+# a lane must never reach for Python once the interpreter is finalizing.
+_live_executors = weakref.WeakSet()
+_live_lock = threading.Lock()
+_exiting = False
+
+
+def _shut_down_at_exit():
+    global _exiting
+    with _live_lock:
+        _exiting = True
+        executors = list(_live_executors)
+    for executor in executors:
+        with contextlib.suppress(Exception):
+            executor.shutdown(wait=True)
+
+
+if hasattr(threading, "_register_atexit"):
+    # Runs when the main thread ends, before atexit callbacks and finalization (Python 3.9+).
+    threading._register_atexit(_shut_down_at_exit)
+else:  # pragma: no cover
+    import atexit
+
+    atexit.register(_shut_down_at_exit)
+
+
+def _after_fork_in_child():
+    # The lanes did not survive fork(): the child's copies take no work (the core refuses it with
+    # a clear error) and must not wait for lanes at exit.
+    with _live_lock:
+        executors = list(_live_executors)
+        _live_executors.clear()
+    for executor in executors:
+        executor._forked = True
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 class Executor(_futures.Executor):
     """Runs tasks on many lanes (threads) per GPU, on every GPU.
 
@@ -106,9 +252,12 @@ class Executor(_futures.Executor):
                    "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024"))
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()
-        self._pending = set()
         self._closed = False
+        self._forked = False
         self._framework_streams = {}
+        self._trace_depth = 0
+        with _live_lock:
+            _live_executors.add(self)
 
     # -- information ----------------------------------------------------------------------------
     @property
@@ -139,7 +288,8 @@ class Executor(_futures.Executor):
 
     # -- tracing --------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def trace(self, path: Union[str, os.PathLike[str], None] = None) -> Iterator[Trace]:
+    def trace(self, path: Union[str, os.PathLike[str], None] = None, *,
+              capacity: Optional[int] = None) -> Iterator[Trace]:
         """Records every task's journey inside the ``with`` block.
 
             with ex.trace("w2.json") as t:
@@ -147,17 +297,38 @@ class Executor(_futures.Executor):
             print(t.stats_table())
 
         Yields a Trace, filled when the block ends: ``records()``, ``stats()``,
-        ``chrome_json()``, ``svg()``, ``stats_table()``, ``write(path)``. With ``path``, the trace
-        is also written there (see Trace.write)."""
+        ``chrome_json()``, ``svg()``, ``stats_table()``, ``write(path)``, and ``dropped``. With
+        ``path``, the trace is also written there (see Trace.write).
+
+        Records are kept in a ring of ``capacity`` records (default: as set before, initially
+        262,144, about 200-300 bytes each); once it is full the oldest are dropped and counted
+        in ``Trace.dropped``. The records are released when the outermost block ends. Blocks may
+        nest: an inner block's trace holds the tasks submitted inside it, and the outer block
+        keeps its own."""
         recording = Trace()
-        self._core.clear_trace()
-        self._core.set_tracing(True)
+        with self._lock:
+            if capacity is not None:
+                if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+                    raise ValueError("gpupool: trace(capacity=...) must be a whole number of "
+                                     f"records, at least 1, not {capacity!r}")
+                self._core.set_trace_capacity(capacity)
+            if self._trace_depth == 0:
+                self._core.clear_trace()
+                self._core.set_tracing(True)
+            self._trace_depth += 1
+            first_task = self._core.next_task_id
         try:
             yield recording
         finally:
-            self._core.set_tracing(False)
-            recording._snapshot = self._core.trace_snapshot()
-            self._core.clear_trace()
+            with self._lock:
+                self._trace_depth -= 1
+                outermost = self._trace_depth == 0
+                if outermost:
+                    self._core.set_tracing(False)
+                recording._snapshot = self._core.trace_snapshot(first_task)
+                recording.dropped = self._core.trace_dropped
+                if outermost:
+                    self._core.clear_trace()
         if path is not None:
             recording.write(path)
 
@@ -219,7 +390,7 @@ class Executor(_futures.Executor):
                 pending = []
                 try:
                     for args in calls:
-                        pending.append(self._core.launch_compiled(fn, args))
+                        pending.append(_adopt(self._core.launch_compiled(fn, args)))
                 except BaseException:
                     for started in pending:
                         started.cancel()
@@ -230,8 +401,8 @@ class Executor(_futures.Executor):
                     f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
             with self._lock:
                 self._check_open()
-                pending = self._kernel_futures(
-                    fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
+                pending = [_adopt(p) for p in self._kernel_futures(
+                    fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)]
         else:
             pending = [self.submit(fn, *args) for args in zip(*iterables)]
         results = _ordered_results(pending, deadline)
@@ -241,15 +412,15 @@ class Executor(_futures.Executor):
         return results
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
-        """Stops taking work. With ``cancel_futures``, work not yet started is cancelled. With
-        ``wait``, returns once every lane has stopped (every future is then done)."""
+        """Stops taking work. With ``cancel_futures``, work no lane has taken yet is cancelled
+        (its futures end cancelled, waiters notified); work already running finishes normally.
+        With ``wait``, returns once every lane has stopped (every future is then done)."""
         if self._core.is_lane_thread:
             raise ValueError("gpupool: an executor cannot be shut down by its own tasks")
         with self._lock:
             self._closed = True
-            to_cancel = list(self._pending) if cancel_futures else []
-        for future in to_cancel:
-            future.cancel()
+        if self._forked:
+            return  # the lanes are the parent's; there is nothing here to stop
         if wait:
             self._core.shutdown(cancel_futures)
         else:
@@ -258,19 +429,13 @@ class Executor(_futures.Executor):
 
     # -- internals ------------------------------------------------------------------------------
     def _check_open(self):
+        if self._forked:
+            raise RuntimeError("gpupool: this Executor was created in the parent process; its "
+                               "lanes did not survive fork(). Create a new Executor in the child")
         if self._closed:
             raise RuntimeError("cannot schedule new futures after shutdown")
-
-    def _track(self, future):
-        # The callback holds the set, not the executor: a future must not keep its pool alive.
-        pending, lock = self._pending, self._lock
-
-        def untrack(done):
-            with lock:
-                pending.discard(done)
-
-        pending.add(future)
-        future.add_done_callback(untrack)
+        if _exiting:
+            raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def _kernel_futures(self, kernel, xs, ys):
         """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""
@@ -283,7 +448,7 @@ class Executor(_futures.Executor):
     def _submit(self, device, fn, args, kwargs):
         if isinstance(fn, (Kernel, *_COMPILED)):
             return self._submit_kernel(device, fn, args, kwargs)
-        future = _futures.Future()
+        future = _Future()
         bind = self._bind_frameworks
 
         # Runs on the lane; what it returns hands the outcome over once the lane's stream has
@@ -293,19 +458,28 @@ class Executor(_futures.Executor):
                 return None
             try:
                 with bind():
-                    result = fn(*args, **kwargs)
+                    outcome = [future.set_result, fn(*args, **kwargs)]
             except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
-                return functools.partial(future.set_exception, exc)
-            return functools.partial(future.set_result, result)
+                outcome = [future.set_exception, exc]
+
+            # Lets go of the outcome as it hands it over: whoever drops the result next must
+            # not find a copy still held here.
+            def deliver():
+                setter, value = outcome
+                outcome.clear()
+                future._deliver(setter, value)
+
+            return deliver
 
         def on_error(exc):
-            with contextlib.suppress(_futures.InvalidStateError):
-                future.set_exception(exc)
+            if isinstance(exc, _futures.CancelledError):
+                future._notify_cancelled()  # cancelled in the queue (shutdown)
+            else:
+                future._deliver(future.set_exception, exc)
 
         with self._lock:
             self._check_open()
-            self._track(future)
-            self._core.submit_call(run, on_error, device)
+            future._cancel_queued = self._core.submit_call(run, on_error, device)
         return future
 
     def _submit_kernel(self, device, kernel, args, kwargs):
@@ -329,29 +503,7 @@ class Executor(_futures.Executor):
             else:
                 pending = self._kernel_futures(
                     kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
-            future = _futures.Future()
-            self._track(future)
-
-        def cancel_core(f):
-            if f.cancelled():
-                pending.cancel()
-
-        def complete():
-            if pending.cancelled():
-                future.cancel()
-                return
-            try:
-                value = pending.result(0)
-            except BaseException as exc:  # noqa: B902
-                outcome = (future.set_exception, exc)
-            else:
-                outcome = (future.set_result, value)
-            with contextlib.suppress(_futures.InvalidStateError):
-                outcome[0](outcome[1])
-
-        future.add_done_callback(cancel_core)
-        pending.add_done_callback(complete)
-        return future
+        return _adopt(pending)
 
     @contextlib.contextmanager
     def _bind_frameworks(self):
@@ -451,17 +603,28 @@ def _with_progress(results, total, label):
             yield result
 
 
+def _result_or_cancel(future, timeout=None):
+    # Cancels a future left waiting (timeout, Ctrl-C) and keeps no reference to it or its result
+    # once its result is handed on, as concurrent.futures does.
+    try:
+        try:
+            return future.result(timeout)
+        finally:
+            future.cancel()
+    finally:
+        del future
+
+
 def _ordered_results(pending, deadline):
-    """Yields results in order; cancels what is left if the consumer stops early."""
+    """Yields results in order, holding none once handed on; cancels what is left if the
+    consumer stops early, a result times out or the wait is interrupted (Ctrl-C)."""
     try:
         pending.reverse()
         while pending:
-            future = pending.pop()
-            remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                yield future.result(remaining)
-            except TimeoutError as exc:
-                raise _futures.TimeoutError() from exc
+            if deadline is None:
+                yield _result_or_cancel(pending.pop())
+            else:
+                yield _result_or_cancel(pending.pop(), max(0.0, deadline - time.monotonic()))
     finally:
         for future in pending:
             future.cancel()

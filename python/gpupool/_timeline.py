@@ -83,6 +83,8 @@ class Trace:
 
     def __init__(self) -> None:
         self._snapshot: Any = None
+        #: Records dropped because the executor's trace ring was full (the oldest go first).
+        self.dropped = 0
 
     def _core(self) -> Any:
         if self._snapshot is None:

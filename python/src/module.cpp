@@ -600,9 +600,10 @@ class py_executor {
   // Runs `call()` on a lane (of `device`, if given) with the GIL and the lane current. `call`
   // returns a callable (or None) that hands the outcome over; it is called once the lane's
   // stream has finished what `call` enqueued, so results made on the GPU are complete by then.
-  // If the lane fails the task after `call` returned (a CUDA error), `on_error(exception)` is
-  // called instead.
-  void submit_call(nb::callable call, nb::callable on_error, std::optional<int> device) {
+  // If the lane fails the task after `call` returned (a CUDA error), or the task is cancelled
+  // before it starts (by shutdown), `on_error(exception)` is called instead (a CancelledError for
+  // a cancellation). Returns `cancel()`: true if the task had not started and is now cancelled.
+  nb::object submit_call(nb::callable call, nb::callable on_error, std::optional<int> device) {
     using deliverer = std::shared_ptr<py_ref>;
     auto ref = std::make_shared<py_ref>(call);
     auto task = [ref](gpupool::lane& l) -> deliverer {
@@ -619,8 +620,9 @@ class py_executor {
     };
     auto f = device ? get().submit_to(*device, std::move(task)) : get().submit(std::move(task));
     auto error_ref = std::make_shared<py_ref>(on_error);
-    f.on_complete([error_ref](gpupool::future<deliverer>& done) {
-      if (!interpreter_alive() || done.status() == gpupool::task_status::cancelled) return;
+    auto handle = std::make_shared<gpupool::future<deliverer>>(std::move(f));
+    handle->on_complete([error_ref](gpupool::future<deliverer>& done) {
+      if (!interpreter_alive()) return;
       deliverer deliver;
       std::exception_ptr failure;
       try {
@@ -639,6 +641,7 @@ class py_executor {
         e.discard_as_unraisable("gpupool: handing over a task's result");
       }
     });
+    return nb::cpp_function([handle]() { return handle->cancel(); });
   }
 
   std::vector<std::unique_ptr<array_future>> map_kernel(
@@ -1221,15 +1224,22 @@ NB_MODULE(_ext, m) {
       .def(
           "set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
       .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
-      .def("trace_snapshot",
-           [](py_executor& e) {
-             gpupool::trace t;
-             {
-               nb::gil_scoped_release nogil;
-               t = e.get().trace();
-             }
-             return t;
-           })
+      .def(
+          "trace_snapshot",
+          [](py_executor& e, std::uint64_t first_task) {
+            gpupool::trace t;
+            {
+              nb::gil_scoped_release nogil;
+              t = e.get().trace(first_task);
+            }
+            return t;
+          },
+          "first_task"_a = 0)
+      .def("set_trace_capacity",
+           [](py_executor& e, std::size_t records) { e.get().set_trace_capacity(records); })
+      .def_prop_ro("trace_capacity", [](py_executor& e) { return e.get().trace_capacity(); })
+      .def_prop_ro("trace_dropped", [](py_executor& e) { return e.get().trace_dropped(); })
+      .def_prop_ro("next_task_id", [](py_executor& e) { return e.get().next_task_id(); })
       .def_prop_ro(
           "backend",
           [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })

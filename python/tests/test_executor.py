@@ -56,17 +56,21 @@ def test_exception_comes_back_with_its_traceback(executor):
 
 
 def blocked_executor(backend):
-    """An executor with one lane, held by a task until the returned event is set."""
+    """An executor with one lane per device, every lane held by a task until the returned event
+    is set (with several devices, a free lane would run what the tests expect to stay queued).
+    Returns the executor, the first holder's future and the event."""
     ex = gpupool.Executor(threads_per_gpu=1, backend=backend)
-    release, started = threading.Event(), threading.Event()
+    release = threading.Event()
+    started = threading.Semaphore(0)
 
     def hold():
-        started.set()
+        started.release()
         release.wait(30)
 
-    blocker = ex.submit(hold)
-    assert started.wait(10)
-    return ex, blocker, release
+    holders = [ex.submit(hold) for _ in range(ex.lane_count)]
+    for _ in holders:
+        assert started.acquire(timeout=10)
+    return ex, holders[0], release
 
 
 def test_cancel_a_queued_task(backend):
@@ -144,7 +148,8 @@ def test_current_lane_only_inside_a_task(executor):
         return lane.device, lane.index, lane.__cuda_stream__()
 
     device, index, (version, stream) = executor.submit(describe).result(timeout=10)
-    assert device == 0 and 0 <= index < executor.lane_count and version == 0
+    assert 0 <= device < len(executor.devices) and 0 <= index < executor.lane_count
+    assert version == 0
     if executor.backend == "cuda":
         assert stream != 0
     kept = executor.submit(gpupool.current_lane).result(timeout=10)

@@ -115,11 +115,6 @@ def test_no_memory_growth_over_ten_thousand_tasks(executor):
     gc.collect()
     assert gpupool._ext.pinned_bytes_in_use() <= pinned
     assert [m["in_use"] for m in executor.memory_stats()] == device
-    # Done-callbacks run just after result() wakes its waiter; give the last ones a moment.
-    deadline = time.monotonic() + 5
-    while executor._pending and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert not executor._pending
 
 
 def test_pinned_arrays():

@@ -85,7 +85,10 @@ bool cuda_runtime_usable() {
 
 std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
                                         int cpu_devices, bool quiet) {
-  if (cpu_devices < 0) throw std::invalid_argument("gpupool: cpu_devices must not be negative");
+  if (cpu_devices < 0 || cpu_devices > 1024)
+    throw std::invalid_argument("gpupool: cpu_devices must be from 1 to 1024 (0: " +
+                                std::string("GPUPOOL_CPU_DEVICES, else 1), not ") +
+                                std::to_string(cpu_devices));
   check_environment();
   const int stand_ins = cpu_devices > 0 ? cpu_devices : cpu_devices_from_environment();
   const std::optional<backend_kind> wanted = requested ? requested : backend_from_environment();

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <future>
@@ -13,7 +14,11 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <thread>
+
+#include <pthread.h>
+#include <unistd.h>
 
 #include "core/backend.hpp"
 #include "core/elementwise_piece.hpp"
@@ -30,6 +35,9 @@ constexpr const char* shut_down_message =
 constexpr std::size_t chunk_alignment = 256;
 constexpr std::size_t smallest_chunk = 4096;
 constexpr int most_lanes_per_device = 256;
+// Lane threads of one executor, all devices together: far beyond any useful count, and low
+// enough that a mistaken option fails at once instead of exhausting the process's threads.
+constexpr int most_lanes = 4096;
 constexpr int most_slots_per_lane = 64;
 // W1 on an H200 (5 x 8 MB): 8 lanes beat 4 (4.4 vs 5.3 ms) and 16 (9.6 ms); see
 // docs/performance.md.
@@ -37,6 +45,38 @@ constexpr int cuda_default_lanes = 8;
 constexpr int cpu_most_default_lanes = 8;
 // Two device buffers per slot: two-input kernels stage both inputs.
 constexpr std::size_t device_buffers_per_slot = 2;
+
+// Counts fork()s this process came out of (as the child). An executor remembers the count it was
+// made under: a different one means its lanes belong to another process.
+std::atomic<unsigned> fork_generation{0};
+
+void count_fork_in_child() noexcept {
+  fork_generation.fetch_add(1, std::memory_order_relaxed);  // lock-free: safe in the child
+}
+
+unsigned current_fork_generation() {
+  static const bool registered = [] {
+    if (pthread_atfork(nullptr, nullptr, count_fork_in_child) != 0)
+      throw std::runtime_error("gpupool: could not register the fork handler");
+    return true;
+  }();
+  (void)registered;
+  return fork_generation.load(std::memory_order_relaxed);
+}
+
+// Test hook: GPUPOOL_TEST_FAIL_LANE_START=<n> makes starting the lane thread numbered n fail as
+// thread creation does when the process has no threads left (EAGAIN). -1: no fault.
+int lane_start_fault() {
+  const char* value = std::getenv("GPUPOOL_TEST_FAIL_LANE_START");
+  if (value == nullptr || *value == '\0') return -1;
+  char* end = nullptr;
+  const long n = std::strtol(value, &end, 10);
+  if (*end != '\0' || n < 0 || n > most_lanes)
+    throw std::invalid_argument(
+        std::string("GPUPOOL_TEST_FAIL_LANE_START must be a lane number from 0 to ") +
+        std::to_string(most_lanes) + ", not '" + value + "'");
+  return static_cast<int>(n);
+}
 
 std::vector<int> choose_ordinals(const executor_options& options, int available) {
   std::vector<int> ordinals = options.devices;
@@ -69,6 +109,10 @@ int choose_lanes(const executor_options& options, backend_kind kind, std::size_t
     throw std::invalid_argument("gpupool: lanes_per_device must be from 1 to " +
                                 std::to_string(most_lanes_per_device) + ", not " +
                                 std::to_string(lanes));
+  if (static_cast<std::size_t>(lanes) * devices > static_cast<std::size_t>(most_lanes))
+    throw std::invalid_argument("gpupool: " + std::to_string(devices) + " devices x " +
+                                std::to_string(lanes) + " lanes is more than the limit of " +
+                                std::to_string(most_lanes) + " lanes per executor");
   return lanes;
 }
 
@@ -101,7 +145,8 @@ std::size_t choose_chunk_bytes(const executor_options& options, int lanes) {
 
 struct executor::impl {
   explicit impl(const executor_options& options)
-      : owner(detail::select_backend(options.backend, options.cpu_devices, options.quiet)),
+      : generation(current_fork_generation()),
+        owner(detail::select_backend(options.backend, options.cpu_devices, options.quiet)),
         ordinals(choose_ordinals(options, owner->device_count())),
         lanes_per_device(choose_lanes(options, owner->kind(), ordinals.size())),
         slots(options.slots_per_lane),
@@ -117,27 +162,49 @@ struct executor::impl {
     start_lanes();
   }
 
+  // Starts every lane and waits until each holds its stream and slots. If any cannot start (no
+  // thread left, no memory), those already running are stopped and joined before the error
+  // leaves, so a failed constructor leaves nothing behind and never waits on a lane.
   void start_lanes() {
+    const int fault_at = lane_start_fault();
+    const int total = static_cast<int>(ordinals.size()) * lanes_per_device;
     std::vector<std::future<void>> ready;
-    for (std::size_t d = 0; d < ordinals.size(); ++d) {
-      for (int i = 0; i < lanes_per_device; ++i) {
-        detail::lane_setup setup;
-        setup.owner = owner.get();
-        setup.queue = &queue;
-        setup.memory = memory[d].get();
-        setup.device = static_cast<int>(d);
-        setup.ordinal = ordinals[d];
-        setup.index = static_cast<int>(lanes.size());
-        setup.index_on_device = i;
-        setup.slots = slots;
-        setup.chunk_bytes = chunk_bytes;
-        setup.tracing = &tracing;
-        setup.epoch = epoch;
-        lanes.push_back(std::make_unique<detail::lane_worker>(setup));
-        ready.push_back(lanes.back()->start());
-      }
-    }
     std::exception_ptr first_failure;
+    try {
+      for (std::size_t d = 0; d < ordinals.size(); ++d) {
+        for (int i = 0; i < lanes_per_device; ++i) {
+          detail::lane_setup setup;
+          setup.owner = owner.get();
+          setup.queue = &queue;
+          setup.memory = memory[d].get();
+          setup.recorder = &recorder;
+          setup.faults = &faults;
+          setup.device = static_cast<int>(d);
+          setup.ordinal = ordinals[d];
+          setup.index = static_cast<int>(lanes.size());
+          setup.index_on_device = i;
+          setup.slots = slots;
+          setup.chunk_bytes = chunk_bytes;
+          setup.tracing = &tracing;
+          setup.epoch = epoch;
+          lanes.push_back(std::make_unique<detail::lane_worker>(setup));
+          try {
+            if (setup.index == fault_at)
+              throw std::system_error(
+                  std::make_error_code(std::errc::resource_unavailable_try_again),
+                  "injected by GPUPOOL_TEST_FAIL_LANE_START");
+            ready.push_back(lanes.back()->start());
+          } catch (const std::system_error& e) {
+            throw std::runtime_error("gpupool: could not start lane " +
+                                     std::to_string(setup.index) + " of " + std::to_string(total) +
+                                     " (no thread: " + e.what() +
+                                     "); the lanes already started were stopped");
+          }
+        }
+      }
+    } catch (...) {
+      first_failure = std::current_exception();
+    }
     for (auto& r : ready) {
       try {
         r.get();
@@ -146,10 +213,16 @@ struct executor::impl {
       }
     }
     if (first_failure) {
-      stop(/*cancel_pending=*/true);
+      accepting.store(false);
+      queue.close();
+      for (auto& l : lanes) l->join();
+      lanes.clear();
       std::rethrow_exception(first_failure);
     }
   }
+
+  // True in a child process forked after this executor was made: its lanes are not here.
+  [[nodiscard]] bool forked() const { return generation != fork_generation.load(); }
 
   void stop(bool cancel_pending) {
     // A lane cannot wait for itself to stop.
@@ -158,12 +231,18 @@ struct executor::impl {
           "gpupool: an executor cannot be shut down or destroyed by its own tasks");
     std::lock_guard lock(shutdown_mutex);
     accepting.store(false);
-    if (cancel_pending)
-      for (auto& item : queue.drain()) item->cancel();
+    if (forked()) return;  // nothing of the parent's lanes to stop here
+    if (cancel_pending) {
+      // Tasks not started are cancelled; pieces of a task that has started go back to the queue
+      // and run, so that task ends normally, like every running one.
+      for (auto& [item, device] : queue.drain())
+        if (!item->cancel()) queue.push(std::move(item), device);
+    }
     queue.close();
     for (auto& l : lanes) l->join();
   }
 
+  const unsigned generation;
   std::shared_ptr<detail::backend> owner;
   std::vector<int> ordinals;
   int lanes_per_device;
@@ -176,10 +255,17 @@ struct executor::impl {
   std::atomic<bool> accepting{true};
   std::mutex shutdown_mutex;
   std::atomic<bool> tracing{false};
+  detail::trace_recorder recorder;
+  const detail::fault_plan faults = detail::fault_plan::from_environment();
   std::atomic<std::uint64_t> next_id{0};
   const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
   void require_accepting() const {
+    if (forked())
+      throw std::runtime_error(
+          "gpupool: this executor was made before fork(); its lanes are not in this process "
+          "(pid " +
+          std::to_string(getpid()) + "), so it takes no work here. Make a new executor in it");
     if (!accepting.load()) throw std::runtime_error(shut_down_message);
   }
 
@@ -226,6 +312,12 @@ struct executor::impl {
 executor::executor(executor_options options) : impl_(std::make_unique<impl>(options)) {}
 
 executor::~executor() {
+  if (impl_->forked()) {
+    // In a fork()ed child: the lanes (and the device state) belong to the parent. Joining or
+    // freeing them here could hang or crash, so this copy is left as it is.
+    (void)impl_.release();
+    return;
+  }
   try {
     shutdown(/*cancel_pending=*/false);
   } catch (const std::exception& e) {
@@ -281,22 +373,31 @@ bool executor::tracing() const noexcept {
   return impl_->tracing.load();
 }
 
-trace executor::trace() const {
-  std::vector<task_record> records;
-  for (const auto& l : impl_->lanes) {
-    auto mine = l->trace_records();
-    records.insert(records.end(), std::make_move_iterator(mine.begin()),
-                   std::make_move_iterator(mine.end()));
-  }
-  std::sort(records.begin(), records.end(),
-            [](const task_record& a, const task_record& b) { return a.id < b.id; });
+trace executor::trace(std::uint64_t first_task) const {
   std::vector<std::string> names;
   for (const auto& d : impl_->devices) names.push_back(d.name);
-  return gpupool::trace(backend(), std::move(names), impl_->lanes_per_device, std::move(records));
+  return gpupool::trace(backend(), std::move(names), impl_->lanes_per_device,
+                        impl_->recorder.since(first_task));
 }
 
 void executor::clear_trace() {
-  for (const auto& l : impl_->lanes) l->clear_trace();
+  impl_->recorder.clear();
+}
+
+void executor::set_trace_capacity(std::size_t records) {
+  impl_->recorder.set_capacity(records);
+}
+
+std::size_t executor::trace_capacity() const {
+  return impl_->recorder.capacity();
+}
+
+std::size_t executor::trace_dropped() const {
+  return impl_->recorder.dropped();
+}
+
+std::uint64_t executor::next_task_id() const noexcept {
+  return impl_->next_id.load(std::memory_order_relaxed);
 }
 
 void executor::require_open() const {

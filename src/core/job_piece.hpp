@@ -35,13 +35,12 @@ class job_piece : public work_item {
 
   void fail(std::exception_ptr e) noexcept override { job_->piece_failed(std::move(e)); }
 
-  void cancel() noexcept override {
-    if (!job_->state().try_cancel()) {
-      // Other pieces of the job already ran: it cannot end as "cancelled", but it must end.
-      job_->state().set_exception(std::make_exception_ptr(cancelled_error(
-          "gpupool: the executor shut down before every piece of this input was processed")));
-    }
+  bool cancel() noexcept override {
+    // A job some of whose pieces were taken is running: its other pieces must run too, so that it
+    // ends normally, as a running task does at shutdown(cancel_pending).
+    if (!job_->state().try_cancel() && !job_->state().done()) return false;
     job_->piece_done();
+    return true;
   }
 
  protected:

@@ -1,5 +1,10 @@
 #include "core/lane_worker.hpp"
 
+#include <pthread.h>
+#include <signal.h>
+
+#include <algorithm>
+#include <csignal>
 #include <cstring>
 #include <string>
 #include <utility>
@@ -42,7 +47,21 @@ lane_worker::~lane_worker() {
 std::future<void> lane_worker::start() {
   std::promise<void> ready;
   auto started = ready.get_future();
-  thread_ = std::thread([this, ready = std::move(ready)]() mutable { run(std::move(ready)); });
+  // Lanes never take the process's asynchronous signals (Ctrl-C, termination, timers): the
+  // kernel then hands them to the application's own threads, where a Python main thread sees
+  // them at once. A thread inherits its creator's mask, so it is set around the creation only.
+  sigset_t asynchronous, previous;
+  sigemptyset(&asynchronous);
+  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGCHLD, SIGWINCH})
+    sigaddset(&asynchronous, s);
+  pthread_sigmask(SIG_BLOCK, &asynchronous, &previous);
+  try {
+    thread_ = std::thread([this, ready = std::move(ready)]() mutable { run(std::move(ready)); });
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
   return started;
 }
 
@@ -62,6 +81,11 @@ void lane_worker::open() {
     // path. The second is only for two-input kernels and comes on first use.
     slot_host(static_cast<int>(k), 0);
     slot_device(static_cast<int>(k), 0);
+  }
+  // Faults are injected into the lane's work, not into its start.
+  if (setup_.faults != nullptr && setup_.faults->any()) {
+    faults_.emplace(*setup_.faults, static_cast<std::uint64_t>(setup_.index));
+    stream_ = with_faults(std::move(stream_), *faults_);
   }
 }
 
@@ -129,6 +153,7 @@ void lane_worker::run(std::promise<void> ready) {
         current_slot_ = next_slot;
         begin_trace(next_slot, *item, /*lane_idle=*/window.empty());
         try {
+          if (faults_) faults_->maybe_fail(fault_kind::call);
           item->start(*this, next_slot);
           slots_[static_cast<std::size_t>(next_slot)].done->record();
           window.push_back({std::move(item), next_slot});
@@ -393,22 +418,62 @@ void lane_worker::end_trace(int slot, const work_item& item, bool failed) noexce
     // Work with no stages of its own (submit): its whole run on the lane.
     r.kernel = {r.started, r.done};
   }
+  if (setup_.recorder != nullptr) setup_.recorder->add(std::move(r));
+}
+
+void trace_recorder::add(task_record&& r) noexcept {
+  std::lock_guard lock(mutex_);
   try {
-    std::lock_guard lock(records_mutex_);
-    records_.push_back(std::move(r));
+    ring_.push_back(std::move(r));
   } catch (...) {
-    // Out of memory for the trace: drop the record rather than the task.
+    ++dropped_;  // out of memory for the trace: drop the record rather than the task
+    return;
+  }
+  trim_locked();
+}
+
+void trace_recorder::trim_locked() noexcept {
+  while (ring_.size() > capacity_) {
+    ring_.pop_front();
+    ++dropped_;
   }
 }
 
-std::vector<task_record> lane_worker::trace_records() const {
-  std::lock_guard lock(records_mutex_);
-  return records_;
+std::vector<task_record> trace_recorder::since(std::uint64_t first_id) const {
+  std::vector<task_record> records;
+  {
+    std::lock_guard lock(mutex_);
+    for (const auto& r : ring_)
+      if (r.id >= first_id) records.push_back(r);
+  }
+  // Lanes finish in any order; the trace is in submission order.
+  std::sort(records.begin(), records.end(),
+            [](const task_record& a, const task_record& b) { return a.id < b.id; });
+  return records;
 }
 
-void lane_worker::clear_trace() {
-  std::lock_guard lock(records_mutex_);
-  records_.clear();
+std::size_t trace_recorder::dropped() const {
+  std::lock_guard lock(mutex_);
+  return dropped_;
+}
+
+std::size_t trace_recorder::capacity() const {
+  std::lock_guard lock(mutex_);
+  return capacity_;
+}
+
+void trace_recorder::set_capacity(std::size_t records) {
+  std::lock_guard lock(mutex_);
+  capacity_ = std::max<std::size_t>(records, 1);
+  trim_locked();
+  ring_.shrink_to_fit();
+}
+
+void trace_recorder::clear() {
+  std::deque<task_record> gone;
+  std::lock_guard lock(mutex_);
+  gone.swap(ring_);  // a cleared deque may keep its blocks; a fresh one holds none
+  dropped_ = 0;
 }
 
 }  // namespace gpupool::detail

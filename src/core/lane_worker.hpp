@@ -5,15 +5,18 @@
 #include <atomic>
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/fault_injection.hpp"
 #include "core/task_queue.hpp"
 #include "gpupool/lane.hpp"
 #include "gpupool/trace.hpp"
@@ -37,12 +40,41 @@ class device_memory {
   std::atomic<std::size_t> peak_{0};
 };
 
+/// The executor's trace records, shared by its lanes: a ring of at most `capacity()` records
+/// (the oldest are dropped, and counted, once it is full). Thread-safe.
+class trace_recorder {
+ public:
+  /// About 200-300 bytes a record: the default holds about 60 MB at most.
+  static constexpr std::size_t default_capacity = std::size_t{1} << 18;
+
+  void add(task_record&& r) noexcept;
+  /// Records of tasks numbered `first_id` or later, in submission order.
+  [[nodiscard]] std::vector<task_record> since(std::uint64_t first_id) const;
+  /// Records dropped to stay within the capacity since the last clear().
+  [[nodiscard]] std::size_t dropped() const;
+  [[nodiscard]] std::size_t capacity() const;
+  /// Sets the most records kept (at least 1); drops the oldest beyond it now.
+  void set_capacity(std::size_t records);
+  /// Forgets every record and the dropped count, and gives their memory back.
+  void clear();
+
+ private:
+  void trim_locked() noexcept;
+
+  mutable std::mutex mutex_;
+  std::deque<task_record> ring_;
+  std::size_t capacity_ = default_capacity;
+  std::size_t dropped_ = 0;
+};
+
 struct lane_setup {
   backend* owner = nullptr;
   task_queue* queue = nullptr;
   device_memory* memory = nullptr;
-  int device = 0;   // executor device index
-  int ordinal = 0;  // backend ordinal
+  trace_recorder* recorder = nullptr;
+  const fault_plan* faults = nullptr;  // injected faults (GPUPOOL_FAULTS); null or empty: none
+  int device = 0;                      // executor device index
+  int ordinal = 0;                     // backend ordinal
   int index = 0;
   int index_on_device = 0;
   int slots = 2;
@@ -113,10 +145,6 @@ class lane_worker final : public lane {
   [[nodiscard]] bool traced(int slot) const noexcept;
   [[nodiscard]] double now_us() const noexcept { return clock_us(setup_.epoch); }
 
-  /// Every record this lane has finished, oldest first.
-  [[nodiscard]] std::vector<task_record> trace_records() const;
-  void clear_trace();
-
  private:
   struct slot_buffers {
     std::vector<void*> host;    // one pinned buffer per array operand, made on first use
@@ -155,6 +183,7 @@ class lane_worker final : public lane {
 
   lane_setup setup_;
   std::thread thread_;
+  std::optional<fault_injector> faults_;
   std::unique_ptr<backend_stream> stream_;
   std::vector<slot_buffers> slots_;
   std::unique_ptr<backend_event> staging_done_;
@@ -166,8 +195,6 @@ class lane_worker final : public lane {
   std::unique_ptr<backend_timer> probe_;      // calibration's spare mark (made once, reused)
   double reference_us_ = 0.0;
   double calibrated_at_us_ = 0.0;
-  mutable std::mutex records_mutex_;
-  std::vector<task_record> records_;
 };
 
 }  // namespace gpupool::detail

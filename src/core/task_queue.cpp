@@ -61,13 +61,13 @@ void task_queue::close() {
   available_.notify_all();
 }
 
-std::vector<work_item_ptr> task_queue::drain() {
+std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain() {
   std::lock_guard lock(mutex_);
-  std::vector<work_item_ptr> items;
+  std::vector<std::pair<work_item_ptr, std::optional<int>>> items;
   items.reserve(size_);
-  for (auto& q : per_device_)
-    for (auto& item : q) items.push_back(std::move(item));
-  for (auto& item : shared_) items.push_back(std::move(item));
+  for (std::size_t d = 0; d < per_device_.size(); ++d)
+    for (auto& item : per_device_[d]) items.emplace_back(std::move(item), static_cast<int>(d));
+  for (auto& item : shared_) items.emplace_back(std::move(item), std::nullopt);
   for (auto& q : per_device_) q.clear();
   shared_.clear();
   size_ = 0;

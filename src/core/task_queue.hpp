@@ -6,6 +6,7 @@
 #include <deque>
 #include <mutex>
 #include <optional>
+#include <utility>
 #include <vector>
 
 #include "gpupool/detail/work_item.hpp"
@@ -29,8 +30,8 @@ class task_queue {
 
   /// Stops accepting work and wakes every waiting lane.
   void close();
-  /// Removes and returns everything still queued.
-  std::vector<work_item_ptr> drain();
+  /// Removes and returns everything still queued, each with the device it was queued for.
+  std::vector<std::pair<work_item_ptr, std::optional<int>>> drain();
   [[nodiscard]] std::size_t size() const;
   [[nodiscard]] bool closed() const;
 

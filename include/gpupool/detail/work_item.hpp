@@ -18,7 +18,9 @@ namespace gpupool::detail {
 /// `start()` (enqueue work on the lane's stream), then, once the stream has passed that point,
 /// `finish()` (host work after the device's, e.g. copying results out) and `complete()` (hand the
 /// result over). If `start` or `finish` throws, the lane calls `fail()` instead. `cancel()` is
-/// called for items still queued at `shutdown(cancel_pending=true)`.
+/// called for items still queued at `shutdown(cancel_pending=true)`: it cancels the item's task
+/// if that has not started and returns true (the item is done with), or returns false when the
+/// item is a piece of a task that already started elsewhere, which must then run to its end.
 class work_item {
  public:
   virtual ~work_item() = default;
@@ -27,7 +29,7 @@ class work_item {
   virtual void finish(lane& l, int slot) = 0;
   virtual void complete() noexcept = 0;
   virtual void fail(std::exception_ptr e) noexcept = 0;
-  virtual void cancel() noexcept = 0;
+  [[nodiscard]] virtual bool cancel() noexcept = 0;
 
   /// For the trace: what to call this item, and the bytes it moves each way.
   [[nodiscard]] virtual const char* trace_name() const noexcept { return "task"; }
@@ -73,7 +75,10 @@ class callable_item final : public work_item {
   }
 
   void fail(std::exception_ptr e) noexcept override { state_->set_exception(std::move(e)); }
-  void cancel() noexcept override { state_->try_cancel(); }
+  bool cancel() noexcept override {
+    state_->try_cancel();  // a queued callable cannot have started
+    return true;
+  }
 
  private:
   struct no_value {};

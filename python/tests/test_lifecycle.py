@@ -1,0 +1,307 @@
+"""The life of tasks and executors: cancellation as concurrent.futures defines it, exit with work
+pending, constructors that cannot finish, Ctrl-C, fork(), and the trace's bounded memory.
+
+Every test runs on the CPU backend; GPUPOOL_CPU_DEVICES makes it stand in for several devices."""
+
+import concurrent.futures as cf
+import gc
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import weakref
+
+import gpupool
+import numpy as np
+import pytest
+
+# A kernel that takes a while per element, to have kernel work that is running for sure.
+SLOW = gpupool.elementwise(
+    "float64 x, int64 n", "float64 y",
+    "double a = x; for (long k = 0; k < n; ++k) a = a * 0.9999999 + 1e-9; y = a;", "slow")
+
+
+def hold_every_lane(ex):
+    """Occupies every lane with a Python task until the returned event is set."""
+    release = threading.Event()
+    started = threading.Semaphore(0)
+
+    def hold():
+        started.release()
+        release.wait(30)
+
+    holders = [ex.submit(hold) for _ in range(ex.lane_count)]
+    for _ in holders:
+        assert started.acquire(timeout=10)
+    return holders, release
+
+
+@pytest.fixture
+def cpu_executor():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        yield ex
+
+
+# -- cancellation -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kind", ["callable", "kernel", "compiled"])
+def test_a_future_cancelled_while_queued_is_reported_finished(cpu_executor, kind):
+    holders, release = hold_every_lane(cpu_executor)
+    try:
+        if kind == "callable":
+            queued = cpu_executor.submit(abs, -1)
+        elif kind == "kernel":
+            queued = cpu_executor.submit(gpupool.kernels.square, np.ones(10))
+        else:
+            queued = cpu_executor.submit(SLOW, np.ones(10), 1)
+        assert queued.cancel() and queued.cancelled() and queued.done()
+        # The standard library's waiters see it at once (they used to block forever).
+        done, not_done = cf.wait([queued], timeout=5)
+        assert done == {queued} and not not_done
+        assert list(cf.as_completed([queued], timeout=5)) == [queued]
+        with pytest.raises(cf.CancelledError):
+            queued.result(timeout=0)
+    finally:
+        release.set()
+    assert all(h.result(timeout=10) is None for h in holders)
+
+
+def test_cancel_on_running_work_returns_false(cpu_executor):
+    holders, release = hold_every_lane(cpu_executor)
+    assert not holders[0].cancel() and holders[0].running()
+    release.set()
+    assert holders[0].result(timeout=10) is None
+
+    # A kernel a lane has taken runs to its end: cancel() says so.
+    running = cpu_executor.submit(SLOW, np.ones(64), 3_000_000)
+    deadline = time.monotonic() + 10
+    while cpu_executor._core.queued and time.monotonic() < deadline:
+        time.sleep(0.001)
+    time.sleep(0.05)
+    assert not running.cancel()
+    assert not running.cancelled()
+    assert running.result(timeout=60).shape == (64,)
+
+
+def test_shutdown_cancel_futures_cancels_only_what_has_not_started():
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu")
+    holders, release = hold_every_lane(ex)
+    queued = [ex.submit(abs, -i) for i in range(200)]
+    kernels = [ex.submit(gpupool.kernels.square, np.ones(100)) for _ in range(20)]
+    threading.Timer(0.2, release.set).start()
+    ex.shutdown(wait=True, cancel_futures=True)
+    # The running ones finished normally, the rest are cancelled and reported finished.
+    assert all(not h.cancelled() and h.result(timeout=0) is None for h in holders)
+    assert all(f.cancelled() for f in queued + kernels)
+    done, not_done = cf.wait(queued + kernels + holders, timeout=5)
+    assert not not_done
+
+
+def test_a_cancelled_queued_task_never_runs_its_callable(cpu_executor):
+    holders, release = hold_every_lane(cpu_executor)
+    ran = []
+    futures = [cpu_executor.submit(ran.append, i) for i in range(50)]
+    assert all(f.cancel() for f in futures)
+    release.set()
+    cpu_executor.shutdown(wait=True)
+    assert ran == []
+    assert all(h.done() for h in holders)
+
+
+def test_map_holds_no_result_once_handed_on(cpu_executor):
+    class Big:
+        pass
+
+    refs = []
+    for obj in cpu_executor.map(lambda _: Big(), range(10)):
+        refs.append(weakref.ref(obj))
+        del obj
+        gc.collect()
+        assert refs[-1]() is None
+
+    for out in cpu_executor.map(gpupool.kernels.square, [np.ones(1000) for _ in range(5)]):
+        ref = weakref.ref(out)
+        del out
+        gc.collect()
+        assert ref() is None
+
+
+# -- exit with work pending -------------------------------------------------------------------
+
+EXIT_SCRIPTS = {
+    "ends": """
+        import time, gpupool
+        ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
+        futures = [ex.submit(time.sleep, 0.01) for _ in range(20)]
+    """,
+    "raises": """
+        import time, gpupool
+        ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
+        futures = [ex.submit(time.sleep, 0.01) for _ in range(20)]
+        raise SystemExit(0)
+    """,
+    "shutdown_without_waiting": """
+        import time, gpupool
+        ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
+        futures = [ex.submit(time.sleep, 0.01) for _ in range(20)]
+        ex.shutdown(wait=False)
+    """,
+    "kernels": """
+        import time, gpupool, numpy as np
+        ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
+        futures = [ex.submit(time.sleep, 0.005) for _ in range(10)]
+        results = ex.map(gpupool.kernels.square, [np.ones(100_000) for _ in range(20)])
+        done = [ex.submit(lambda: None) for _ in range(50)]
+    """,
+}
+
+
+@pytest.mark.parametrize("script", sorted(EXIT_SCRIPTS))
+def test_exit_with_work_pending_never_aborts(script):
+    code = textwrap.dedent(EXIT_SCRIPTS[script])
+    for run in range(20):
+        proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, f"run {run}: exit {proc.returncode}\n{proc.stderr}"
+        assert "Fatal Python error" not in proc.stderr, f"run {run}:\n{proc.stderr}"
+        assert "terminate called" not in proc.stderr, f"run {run}:\n{proc.stderr}"
+
+
+def test_queued_work_runs_before_exit():
+    code = textwrap.dedent("""
+        import time, gpupool
+        ex = gpupool.Executor(threads_per_gpu=1, backend="cpu")
+        ex.submit(lambda: (time.sleep(0.2), print("apple", flush=True)))
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "apple", proc.stderr
+
+
+# -- constructors -----------------------------------------------------------------------------
+
+def test_a_lane_that_cannot_start_fails_the_constructor_clearly():
+    code = textwrap.dedent("""
+        import gpupool
+        try:
+            gpupool.Executor(threads_per_gpu=4, backend="cpu")
+        except RuntimeError as e:
+            print("refused:", e)
+        ex = None
+    """)
+    env = dict(os.environ, GPUPOOL_TEST_FAIL_LANE_START="2")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: gpupool: could not start lane 2" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_absurd_counts_are_refused_with_the_limit():
+    with pytest.raises(ValueError, match="1024"):
+        gpupool.Executor(backend="cpu", cpu_devices=10**6)
+    with pytest.raises(ValueError, match="limit of 4096"):
+        gpupool.Executor(threads_per_gpu=8, backend="cpu", cpu_devices=1024)
+
+
+# -- Ctrl-C -----------------------------------------------------------------------------------
+
+def test_ctrl_c_during_a_kernel_map_wakes_promptly_and_cancels_the_rest():
+    code = textwrap.dedent("""
+        import os, signal, sys, threading, time
+        import gpupool, numpy as np
+        # A shell starts background jobs with SIGINT ignored, and Python then leaves it so:
+        # install Python's own handler, as an interactive run has it.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        slow = gpupool.elementwise(
+            "float64 x, int64 n", "float64 y",
+            "double a = x; for (long k = 0; k < n; ++k) a = a * 0.9999999 + 1e-9; y = a;",
+            "slow")
+        ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
+        ex.submit(slow, np.ones(4), 1).result()  # compiled before the clock starts
+        began = time.monotonic()
+        ex.submit(slow, np.ones(256), 2_000_000).result()
+        call = (time.monotonic() - began) * 10  # one call below, in seconds
+        sent = None
+        def interrupt():
+            global sent
+            while ex._core.queued == 6:  # until the lane has taken the first call
+                time.sleep(0.001)
+            time.sleep(0.2)
+            sent = time.monotonic()
+            os.kill(os.getpid(), signal.SIGINT)
+        interrupter = threading.Thread(target=interrupt)
+        with ex.trace() as trace:
+            results = ex.map(slow, [np.ones(256) for _ in range(6)], 20_000_000)
+            interrupter.start()
+            try:
+                list(results)
+                print(f"not interrupted (one call takes about {call:.2f} s)")
+            except KeyboardInterrupt:
+                print(f"interrupted after {time.monotonic() - sent:.3f}", flush=True)
+            ex.shutdown(wait=True)
+        interrupter.join()
+        print("ran", len(trace), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n")
+    assert lines[0].startswith("interrupted after"), proc.stdout + proc.stderr
+    assert float(lines[0].split()[-1]) < 1.0, proc.stdout
+    # What had not started was cancelled: of 6 calls, only those the lane had taken ran.
+    assert lines[1].startswith("ran ") and int(lines[1].split()[1]) <= 2, proc.stdout
+
+
+# -- fork -------------------------------------------------------------------------------------
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+def test_a_forked_child_gets_a_clear_error():
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu")
+    assert ex.submit(abs, -1).result(timeout=10) == 1
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report what happened through the pipe, never return to pytest
+        message = b"accepted"
+        try:
+            signal.alarm(20)
+            try:
+                ex.submit(abs, -2)
+            except RuntimeError as e:
+                message = str(e).encode()
+            ex.shutdown()
+            with gpupool.Executor(threads_per_gpu=1, backend="cpu") as fresh:
+                if fresh.submit(abs, -3).result(timeout=10) != 3:
+                    message = b"a fresh executor failed"
+        except BaseException as e:  # noqa: B902
+            message = repr(e).encode()
+        finally:
+            os.write(write, message)
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read, "rb") as pipe:
+        message = pipe.read().decode()
+    _, status = os.waitpid(pid, 0)
+    assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0
+    assert "fork()" in message, message
+    assert ex.submit(abs, -4).result(timeout=10) == 4
+    ex.shutdown()
+
+
+# -- tracing memory ---------------------------------------------------------------------------
+
+def test_trace_is_a_bounded_ring_released_at_block_end(cpu_executor):
+    with cpu_executor.trace(capacity=50) as outer:
+        cf.wait([cpu_executor.submit(abs, i) for i in range(130)])
+        with cpu_executor.trace() as inner:
+            list(cpu_executor.map(abs, range(7)))
+        assert len(inner) == 7  # only its own tasks
+        list(cpu_executor.map(abs, range(3)))
+    assert len(outer) == 50 and outer.dropped == 140 - 50
+    ids = [r["id"] for r in outer.records()]
+    assert ids == sorted(ids)
+    # Released when the outermost block ended; nesting did not clear the outer trace early.
+    assert len(cpu_executor._core.trace_snapshot()) == 0
+    assert cpu_executor._core.trace_capacity == 50
