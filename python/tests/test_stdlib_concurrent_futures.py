@@ -8,11 +8,12 @@ Where the suite comes from, first found wins:
    package from 3.12);
 2. ``GPUPOOL_CPYTHON_FUTURES_TESTS``: the path of another CPython's ``test_concurrent_futures.py``
    (or of its package folder);
-3. another CPython installed beside this one (pyenv's ``versions/*``), the nearest version first.
+3. another CPython installed beside this one (pyenv's ``versions/*``) or the distribution's
+   (``/usr/lib/python3.*``, e.g. Debian's ``libpython3.11-testsuite``), the nearest version first.
 
 Some distributions (and some pyenv builds) leave ``test_concurrent_futures`` out of the
 standard library; then 2 or 3 supplies a neighbouring version's copy, imported as it is. Without
-any, the tests skip and say why.
+any, the tests skip and say why (under CI, with ``CI`` set, they fail instead).
 
 Three tests of the shutdown class are left out, because they cannot name gpupool's class: they
 start a fresh, isolated interpreter (``-I``) that runs ``from concurrent.futures import
@@ -52,7 +53,10 @@ def _neighbours():
     here = sys.version_info[:2]
     found = []
     versions = pathlib.Path(sys.base_prefix).parent
-    for lib in versions.glob("*/lib/python3.*"):
+    # Beside pyenv's and similar side-by-side installs, the distribution's own (Debian:
+    # libpython3.X-testsuite, installed by scripts/install-deps).
+    libs = list(versions.glob("*/lib/python3.*")) + list(pathlib.Path("/usr/lib").glob("python3.*"))
+    for lib in libs:
         match = re.fullmatch(r"python3\.(\d+)", lib.name)
         if not match:
             continue
@@ -101,6 +105,9 @@ def _parts(module):
 
 _suite, _source = _find_suite()
 if _suite is None:
+    # CI must run these: there a missing suite is a failure, not a skip.
+    if os.environ.get("CI"):
+        pytest.fail(_source, pytrace=False)
     pytest.skip(_source, allow_module_level=True)
 
 
