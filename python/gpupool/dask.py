@@ -71,6 +71,9 @@ PLUGIN_NAME = "gpupool"
 _EXECUTOR_OPTIONS = ("threads_per_gpu", "devices", "backend", "slots_per_lane", "chunk_bytes",
                      "device_memory_budget", "cpu_devices")
 
+#: What a plugin holds on its worker alone (never pickled).
+_WORKER_STATE = ("executor", "clock_offset_us", "_tracing", "_lock")
+
 #: How many pools this process's plugin has created and shut down (a worker process normally
 #: has one of each over its life; ``pool_info`` reports them).
 _pools_created = 0
@@ -94,6 +97,9 @@ class PoolPlugin(distributed.WorkerPlugin):
             raise TypeError(f"gpupool.dask: unknown Executor option(s) {', '.join(unknown)}; "
                             f"allowed: {', '.join(_EXECUTOR_OPTIONS)}")
         self.executor_kwargs: Dict[str, Any] = dict(executor_kwargs)
+        self._reset()
+
+    def _reset(self) -> None:
         self.executor: Optional[_executor.Executor] = None
         #: Microseconds to add to the pool's trace times (since the pool started) to get
         #: microseconds since the Unix epoch on this worker's clock.
@@ -102,11 +108,13 @@ class PoolPlugin(distributed.WorkerPlugin):
         self._lock = threading.Lock()
 
     def __getstate__(self) -> Dict[str, Any]:
-        # Only the settings travel to the workers; each builds its own pool.
-        return {"executor_kwargs": self.executor_kwargs}
+        # The settings (and a subclass's own attributes) travel to the workers; each worker
+        # builds its own pool.
+        return {k: v for k, v in self.__dict__.items() if k not in _WORKER_STATE}
 
     def __setstate__(self, state: Dict[str, Any]) -> None:
-        self.__init__(**state["executor_kwargs"])  # type: ignore[misc]
+        self.__dict__.update(state)
+        self._reset()
 
     def setup(self, worker: Any) -> None:
         global _pools_created
