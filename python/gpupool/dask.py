@@ -160,16 +160,27 @@ def install(client: "distributed.Client", **executor_kwargs: Any) -> Dict[str, A
     join: each gets one gpupool.Executor(**executor_kwargs) over the GPUs it sees. Installing
     again replaces every worker's pool (the old one is shut down first). Returns each worker's
     reply; a worker whose pool could not be created (``backend="cuda"`` without a GPU, a bad
-    option) raises here."""
+    option) raises here, and leaves no pool (nor the plugin) on any worker."""
     plugin = PoolPlugin(**executor_kwargs)
-    replies = client.register_plugin(plugin, name=PLUGIN_NAME)
+    try:
+        replies = client.register_plugin(plugin, name=PLUGIN_NAME)
+    except BaseException:
+        # Left registered, the plugin would fail again on every worker that joins.
+        _uninstall(client)
+        raise
     failed = {w: r for w, r in (replies or {}).items()
               if isinstance(r, dict) and r.get("status") not in (None, "OK")}
     if failed:
+        _uninstall(client)
         address, reply = next(iter(failed.items()))
         raise RuntimeError(f"gpupool.dask: the pool could not be created on {len(failed)} "
                            f"worker(s), e.g. {address}: {reply.get('exception', reply)}")
     return dict(replies or {})
+
+
+def _uninstall(client: "distributed.Client") -> None:
+    with contextlib.suppress(Exception):
+        client.unregister_worker_plugin(PLUGIN_NAME)
 
 
 def _installed(client: "distributed.Client") -> bool:
@@ -746,7 +757,11 @@ def trace(client: "distributed.Client",
     per worker (and device). A worker that joins, or is restarted, during the block is left
     out; one that is lost takes its records with it."""
     recording = ClusterTrace()
-    client.run(_trace_begin)
+    try:
+        client.run(_trace_begin)
+    except BaseException:
+        client.run(_trace_end, on_error="return")  # those that did start stop again
+        raise
     try:
         yield recording
     finally:

@@ -258,6 +258,14 @@ def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
     with local_cluster() as cluster, Client(cluster) as c:
         message = c.submit(_no_pool, pure=False).result()
         assert "gpupool.dask.install" in message
+        with pytest.raises(RuntimeError, match="gpupool.dask.install"):
+            with gd.trace(c):
+                pass
+        if not gpupool.cuda_available()[0]:
+            # A pool that cannot be made fails the install, and leaves no plugin behind.
+            with pytest.raises(gpupool.BackendUnavailableError):
+                gd.install(c, backend="cuda")
+            assert not gd._installed(c)
         c.register_plugin(LoggingPlugin(str(log), threads_per_gpu=3), name=gd.PLUGIN_NAME)
         x = da.arange(4_000, chunks=100, dtype=np.float64)
         for blocks_per_task in (1, 4, 40):
