@@ -11,14 +11,15 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
 2. Dask: a cluster with one worker process per GPU (worker i: CUDA_VISIBLE_DEVICES=i, as
    dask-cuda's LocalCUDACluster lays them out; dask-cuda is not needed), gpupool.dask.install,
    the blocks made on the workers (dask.array.random, persisted and spread evenly before the
-   clock starts), then gpupool.dask.map_blocks(square, x, blocks_per_task) persisted: results
-   stay on the workers, as the baseline's stay in its processes. Rate: input bytes over the
-   wall time (median of --repeat).
+   clock starts), then gpupool.dask.map_blocks(square, x, blocks_per_task) persisted, for each
+   of --blocks-per-task: results stay on the workers, as the baseline's stay in its processes.
+   Rate: input bytes over the wall time (median of --repeat). blocks_per_task=1 is one Dask
+   task per block; more join each group's results (one more host copy of the output).
 3. gpupool.dask.Executor: map(square, block futures, chunksize=blocks_per_task); its results come
    back to this process, as concurrent.futures results must, so this one also measures the
    link between the workers and the client (loopback TCP here).
 
-ratio = dask rate / baseline rate (the target on two H200s: at least 0.9).
+ratio = dask rate / baseline rate, per blocks_per_task (the target on two H200s: at least 0.9).
 """
 
 import argparse
@@ -119,24 +120,27 @@ def cluster_runs(args):
         placed = client.has_what()
         out["input_blocks_per_worker"] = {
             a: sum(1 for k in placed[a] if any(k[0] == x.name for x in xs)) for a in addresses}
-        seconds = []
-        for run in range(args.repeat + 1):  # the first run warms up
-            ys = [gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=args.blocks_per_task,
-                                name=f"w2-square-{uuid.uuid4().hex}") for x in xs]
-            start = time.perf_counter()
-            ys = client.persist(ys)
-            wait(ys)
-            if run:
-                seconds.append(time.perf_counter() - start)
-            if run == args.repeat:
-                held = client.has_what()
-                out["result_blocks_per_worker"] = {
-                    a: sum(1 for k in held[a] if any(k[0] == y.name for y in ys))
-                    for a in addresses}
-            del ys
-        total = share * args.gpus * args.elements * 8
-        out["dask"] = {"gb_s": total / statistics.median(seconds) / 1e9, "seconds": seconds,
-                       "blocks_per_task": args.blocks_per_task}
+        share_bytes = share * args.gpus * args.elements * 8
+        out["dask"] = {}
+        for bpt in [int(b) for b in args.blocks_per_task.split(",")]:
+            seconds = []
+            for run in range(args.repeat + 1):  # the first run warms up
+                ys = [gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=bpt,
+                                    name=f"w2-square-{uuid.uuid4().hex}") for x in xs]
+                start = time.perf_counter()
+                ys = client.persist(ys)
+                wait(ys)
+                if run:
+                    seconds.append(time.perf_counter() - start)
+                if run == args.repeat:
+                    held = client.has_what()
+                    placed_out = {a: sum(1 for k in held[a] if any(k[0] == y.name for y in ys))
+                                  for a in addresses}
+                del ys
+            out["dask"][f"blocks_per_task={bpt}"] = {
+                "gb_s": share_bytes / statistics.median(seconds) / 1e9, "seconds": seconds,
+                "result_chunks_per_worker": placed_out}
+        total = share_bytes
         if args.executor:
             from distributed import futures_of
 
@@ -146,7 +150,7 @@ def cluster_runs(args):
                 for run in range(args.repeat + 1):
                     start = time.perf_counter()
                     results = list(ex.map(gpupool.kernels.square, block_futures,
-                                          chunksize=args.blocks_per_task))
+                                          chunksize=args.executor_chunksize))
                     if run:
                         seconds.append(time.perf_counter() - start)
                     del results
@@ -162,9 +166,13 @@ def main():
     parser.add_argument("--blocks", type=int, default=200)
     parser.add_argument("--elements", type=int, default=1_000_000, help="float64 per block")
     parser.add_argument("--threads-per-gpu", type=int, default=8, help="lanes per GPU")
-    parser.add_argument("--blocks-per-task", type=int, default=10)
+    parser.add_argument("--blocks-per-task", default="1,10",
+                        help="comma-separated; 1 is one Dask task per block (no join), more "
+                        "join each group's results into one chunk (one host copy of the output)")
     parser.add_argument("--worker-threads", type=int, default=4,
                         help="Dask threads per worker (tasks it runs at once)")
+    parser.add_argument("--executor-chunksize", type=int, default=10,
+                        help="gpupool.dask.Executor.map's chunksize")
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--no-executor", dest="executor", action="store_false",
                         help="skip the gpupool.dask.Executor measurement")
@@ -182,7 +190,8 @@ def main():
               "threads_per_gpu": args.threads_per_gpu,
               "baseline": baseline(args, os.path.abspath(__file__))}
     result.update(cluster_runs(args))
-    result["ratio"] = result["dask"]["gb_s"] / result["baseline"]["gb_s"]
+    result["ratio"] = {name: run["gb_s"] / result["baseline"]["gb_s"]
+                       for name, run in result["dask"].items()}
     if "executor" in result:
         result["executor_ratio"] = result["executor"]["gb_s"] / result["baseline"]["gb_s"]
     print(json.dumps(result, indent=1))

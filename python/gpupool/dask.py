@@ -415,8 +415,8 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
     A Dask task costs about a millisecond of scheduling, more than a GPU spends on a small
     block; grouping divides that cost by ``blocks_per_task`` without a rechunk (no extra
     tasks, no copies before the kernel). The result has the inputs' shape and chunks, except
-    that along ``axis`` each group's chunks are one chunk (``blocks_per_task=1``: the inputs'
-    chunks exactly).
+    that along ``axis`` each group's chunks are one chunk, joined with one host copy
+    (``blocks_per_task=1``: the inputs' chunks exactly, no copy).
 
     ``args``: Dask arrays of one shape (arrays after the first are rechunked to its chunks if
     they differ) and, for compiled kernels, numbers passed to every call. Built-in kernels take
