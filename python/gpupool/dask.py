@@ -516,7 +516,9 @@ class Executor(_futures.Executor):
     ``executor_kwargs`` (gpupool.Executor's options) install the plugin with those settings
     (see :func:`install`); without them it is installed with defaults if it is not there yet.
     ``shutdown`` stops taking work and, with ``wait``, waits for this executor's futures; with
-    ``cancel_futures`` their Dask tasks are cancelled. It never closes the client.
+    ``cancel_futures`` every future not yet done is cancelled with its Dask task (a call
+    already running on a worker still runs to its end there; its result is dropped). It never
+    closes the client.
 
     A future can be cancelled until its result is back (its Dask task is cancelled too). A
     worker lost mid-task is Dask's business: the task is run again elsewhere."""

@@ -149,7 +149,7 @@ def test_executor_shutdown_semantics(client):
         ex.submit(pow, 2, 2)
 
     ex = gd.Executor(client)
-    queued = [ex.submit(time.sleep, 2) for _ in range(12)]  # 4 threads: most must wait
+    queued = [ex.submit(time.sleep, 1) for _ in range(12)]  # 4 threads: most must wait
     ex.shutdown(wait=True, cancel_futures=True)
     assert all(f.done() for f in queued)
     assert any(f.cancelled() for f in queued)
