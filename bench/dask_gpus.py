@@ -83,7 +83,11 @@ def baseline(args, script):
         walls.append(last - first)
     alone = [per_process * args.elements * 8 / statistics.median(s[1] - s[0] for s in r["spans"])
              for r in reports]
+    # Runs that did not start together (a process late past --start-at) are not a fair sum.
+    skew = [max(r["spans"][run][0] for r in reports) - min(r["spans"][run][0] for r in reports)
+            for run in range(args.repeat)]
     return {"gb_s": total / statistics.median(walls) / 1e9, "seconds": walls,
+            "start_skew_s": skew,
             "per_process_gb_s": [a / 1e9 for a in alone],
             "processes": [{k: r[k] for k in ("backend", "devices", "cuda_visible_devices")}
                           for r in reports]}
