@@ -1,0 +1,205 @@
+"""W2-sized work (200 x 1M float64, squared) on a Dask cluster of one worker per GPU, against the
+same GPUs driven by one single-GPU gpupool.Executor per process, both at once. Prints JSON.
+
+    python bench/dask_gpus.py --gpus 2                 # on a machine with 2 GPUs
+    GPUPOOL_BACKEND=cpu python bench/dask_gpus.py --gpus 2 --elements 100000 --blocks 40  # a try
+
+1. Baseline: --gpus processes at the same time, process i with CUDA_VISIBLE_DEVICES=i, each making
+   --blocks/--gpus blocks in its own memory and timing ex.map(gpupool.kernels.square, blocks)
+   (results into pinned NumPy arrays). Rate: all the input bytes over the time from the first
+   start to the last end (median of --repeat runs).
+2. Dask: a cluster with one worker process per GPU (worker i: CUDA_VISIBLE_DEVICES=i, as
+   dask-cuda's LocalCUDACluster lays them out; dask-cuda is not needed), gpupool.dask.install,
+   the blocks made on the workers (dask.array.random, persisted and spread evenly before the
+   clock starts), then gpupool.dask.map_blocks(square, x, blocks_per_task) persisted, for each
+   of --blocks-per-task: results stay on the workers, as the baseline's stay in its processes.
+   Rate: input bytes over the wall time (median of --repeat). blocks_per_task=1 is one Dask
+   task per block; more join each group's results (one more host copy of the output).
+3. gpupool.dask.Executor: map(square, block futures, chunksize=blocks_per_task); its results come
+   back to this process, as concurrent.futures results must, so this one also measures the
+   link between the workers and the client (loopback TCP here).
+
+ratio = dask rate / baseline rate, per blocks_per_task (the target on two H200s: at least 0.9).
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import uuid
+
+os.environ.setdefault("GPUPOOL_QUIET", "1")
+
+
+def single(args):
+    """One process, one executor over the GPUs it sees; waits for --start-at, then times."""
+    import numpy as np
+
+    import gpupool
+
+    rng = np.random.default_rng(os.getpid())
+    blocks = [rng.random(args.elements) for _ in range(args.blocks)]
+    spans = []
+    with gpupool.Executor(threads_per_gpu=args.threads_per_gpu) as ex:
+        list(ex.map(gpupool.kernels.square, blocks[:4]))  # warm: lanes, pinned cache
+        info = {"backend": ex.backend, "devices": [d["ordinal"] for d in ex.devices],
+                "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+        for run in range(args.repeat):
+            target = args.start_at + run * args.run_spacing
+            time.sleep(max(0.0, target - time.time()))
+            start = time.time()
+            results = list(ex.map(gpupool.kernels.square, blocks))
+            end = time.time()
+            spans.append([start, end])
+            del results
+    print(json.dumps(dict(info, spans=spans)), flush=True)
+
+
+def baseline(args, script):
+    per_process = args.blocks // args.gpus
+    start_at = time.time() + args.startup_s
+    children = []
+    for gpu in range(args.gpus):
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+        command = [sys.executable, script, "--single", "--blocks", str(per_process),
+                   "--elements", str(args.elements), "--threads-per-gpu",
+                   str(args.threads_per_gpu), "--repeat", str(args.repeat), "--start-at",
+                   str(start_at), "--run-spacing", str(args.run_spacing)]
+        children.append(subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True))
+    reports = []
+    for child in children:
+        out, _ = child.communicate(timeout=args.startup_s + args.repeat * args.run_spacing + 300)
+        if child.returncode != 0:
+            raise SystemExit(f"a single-GPU process failed ({child.returncode})")
+        reports.append(json.loads(out.strip().splitlines()[-1]))
+    total = per_process * args.gpus * args.elements * 8
+    walls = []
+    for run in range(args.repeat):
+        first = min(r["spans"][run][0] for r in reports)
+        last = max(r["spans"][run][1] for r in reports)
+        walls.append(last - first)
+    alone = [per_process * args.elements * 8 / statistics.median(s[1] - s[0] for s in r["spans"])
+             for r in reports]
+    # Runs that did not start together (a process late past --start-at) are not a fair sum.
+    skew = [max(r["spans"][run][0] for r in reports) - min(r["spans"][run][0] for r in reports)
+            for run in range(args.repeat)]
+    return {"gb_s": total / statistics.median(walls) / 1e9, "seconds": walls,
+            "start_skew_s": skew,
+            "per_process_gb_s": [a / 1e9 for a in alone],
+            "processes": [{k: r[k] for k in ("backend", "devices", "cuda_visible_devices")}
+                          for r in reports]}
+
+
+def cluster_runs(args):
+    import dask
+    import dask.array as da
+    from distributed import Client, Nanny, Scheduler, SpecCluster, wait
+
+    import gpupool
+    import gpupool.dask as gd
+
+    workers = {f"gpu{gpu}": {"cls": Nanny, "options": {
+        "nthreads": args.worker_threads,
+        "env": {"CUDA_VISIBLE_DEVICES": str(gpu), "GPUPOOL_QUIET": "1"}}}
+        for gpu in range(args.gpus)}
+    scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
+    out = {}
+    with SpecCluster(workers=workers, scheduler=scheduler) as cluster, Client(cluster) as client:
+        client.wait_for_workers(args.gpus)
+        gd.install(client, threads_per_gpu=args.threads_per_gpu)
+        out["workers"] = list(gd.pool_info(client).values())
+        # The input is made on the workers, an equal share on each (as data read where it
+        # lives would be), before the clock starts; where the map's tasks run is Dask's choice.
+        addresses = sorted(client.scheduler_info()["workers"])
+        share = args.blocks // args.gpus
+        xs = []
+        for address in addresses:
+            with dask.annotate(workers=[address], allow_other_workers=False):
+                xs.append(da.random.random(share * args.elements, chunks=args.elements))
+        xs = client.persist(xs, optimize_graph=False)
+        wait(xs)
+        placed = client.has_what()
+        out["input_blocks_per_worker"] = {
+            a: sum(1 for k in placed[a] if any(k[0] == x.name for x in xs)) for a in addresses}
+        share_bytes = share * args.gpus * args.elements * 8
+        out["dask"] = {}
+        for bpt in [int(b) for b in args.blocks_per_task.split(",")]:
+            seconds = []
+            for run in range(args.repeat + 1):  # the first run warms up
+                ys = [gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=bpt,
+                                    name=f"w2-square-{uuid.uuid4().hex}") for x in xs]
+                start = time.perf_counter()
+                ys = client.persist(ys)
+                wait(ys)
+                if run:
+                    seconds.append(time.perf_counter() - start)
+                if run == args.repeat:
+                    held = client.has_what()
+                    placed_out = {a: sum(1 for k in held[a] if any(k[0] == y.name for y in ys))
+                                  for a in addresses}
+                del ys
+            out["dask"][f"blocks_per_task={bpt}"] = {
+                "gb_s": share_bytes / statistics.median(seconds) / 1e9, "seconds": seconds,
+                "result_chunks_per_worker": placed_out}
+        total = share_bytes
+        if args.executor:
+            from distributed import futures_of
+
+            block_futures = [f for x in xs for f in sorted(futures_of(x), key=lambda f: f.key)]
+            seconds = []
+            with gd.Executor(client) as ex:
+                for run in range(args.repeat + 1):
+                    start = time.perf_counter()
+                    results = list(ex.map(gpupool.kernels.square, block_futures,
+                                          chunksize=args.executor_chunksize))
+                    if run:
+                        seconds.append(time.perf_counter() - start)
+                    del results
+            out["executor"] = {"gb_s": total / statistics.median(seconds) / 1e9,
+                               "seconds": seconds,
+                               "note": "results come back to the client: includes the link"}
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=2, help="GPUs, one worker (process) each")
+    parser.add_argument("--blocks", type=int, default=200)
+    parser.add_argument("--elements", type=int, default=1_000_000, help="float64 per block")
+    parser.add_argument("--threads-per-gpu", type=int, default=8, help="lanes per GPU")
+    parser.add_argument("--blocks-per-task", default="1,10",
+                        help="comma-separated; 1 is one Dask task per block (no join), more "
+                        "join each group's results into one chunk (one host copy of the output)")
+    parser.add_argument("--worker-threads", type=int, default=4,
+                        help="Dask threads per worker (tasks it runs at once)")
+    parser.add_argument("--executor-chunksize", type=int, default=10,
+                        help="gpupool.dask.Executor.map's chunksize")
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-executor", dest="executor", action="store_false",
+                        help="skip the gpupool.dask.Executor measurement")
+    parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start-at", type=float, default=0.0, help=argparse.SUPPRESS)
+    parser.add_argument("--run-spacing", type=float, default=3.0,
+                        help="seconds between the baseline's synchronised runs")
+    parser.add_argument("--startup-s", type=float, default=20.0,
+                        help="seconds the baseline's processes get to start and make their data")
+    args = parser.parse_args()
+    if args.single:
+        single(args)
+        return
+    result = {"gpus": args.gpus, "blocks": args.blocks, "elements": args.elements,
+              "threads_per_gpu": args.threads_per_gpu,
+              "baseline": baseline(args, os.path.abspath(__file__))}
+    result.update(cluster_runs(args))
+    result["ratio"] = {name: run["gb_s"] / result["baseline"]["gb_s"]
+                       for name, run in result["dask"].items()}
+    if "executor" in result:
+        result["executor_ratio"] = result["executor"]["gb_s"] / result["baseline"]["gb_s"]
+    print(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()

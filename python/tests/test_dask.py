@@ -1,0 +1,286 @@
+"""gpupool.dask on a LocalCluster of 2 worker processes on the CPU backend: grouped and per-block
+map_blocks and the cluster Executor give NumPy's results, a worker killed mid-run loses no
+block, each worker's pool is created once and shut down with it, and a cluster trace comes
+back as one Chrome trace with a process per worker."""
+
+import concurrent.futures as cf
+import json
+import os
+import pathlib
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import gpupool
+
+pytest.importorskip("dask.array", reason="dask[array] is not installed (pip install '.[dask]')")
+pytest.importorskip("distributed", reason="distributed is not installed (pip install '.[dask]')")
+
+import dask.array as da  # noqa: E402
+from distributed import Client, LocalCluster  # noqa: E402
+
+import gpupool.dask as gd  # noqa: E402
+
+WORKER_ENV = {"GPUPOOL_BACKEND": "cpu", "GPUPOOL_QUIET": "1"}
+
+
+def local_cluster(**kwargs):
+    # No dashboard (bokeh is not installed either); the scheduler's small HTTP server (health,
+    # metrics) takes any free loopback port, so that clusters started side by side never clash.
+    options = dict(n_workers=2, processes=True, threads_per_worker=2, host="127.0.0.1",
+                   dashboard_address=":0", env=WORKER_ENV)
+    return LocalCluster(**dict(options, **kwargs))
+
+
+@pytest.fixture(scope="module")
+def client():
+    with local_cluster() as cluster, Client(cluster) as c:
+        gd.install(c, threads_per_gpu=2)
+        yield c
+
+
+# -- map_blocks ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("blocks_per_task", [1, 7, 500])
+def test_grouped_map_blocks_equals_numpy(client, blocks_per_task):
+    # 10,007 elements in 101 blocks, the last one short: groups of 7 leave a short group too.
+    x = da.random.random(10_007, chunks=100)
+    y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task)
+    groups = -(-x.numblocks[0] // blocks_per_task)
+    assert y.numblocks == (groups,)
+    assert len(y.dask.layers[y.name]) == groups  # one Dask task per group, nothing else added
+    assert sum(y.chunks[0]) == x.shape[0]
+    values, squares = client.compute([x, y], sync=True)  # one graph: the same random blocks
+    np.testing.assert_array_equal(squares, values * values)
+
+
+def test_grouped_map_blocks_two_arrays_and_other_axis(client):
+    x = da.random.random((60, 90), chunks=(20, 10)).astype(np.float32)
+    y = da.random.random((60, 90), chunks=(30, 45)).astype(np.float32)  # rechunked to x's
+    z = gd.map_blocks(gpupool.kernels.axpy(2.0), x, y, blocks_per_task=4, axis=1)
+    assert z.chunks == ((20, 20, 20), (40, 40, 10))
+    xs, ys, zs = client.compute([x, y, z], sync=True)
+    assert zs.dtype == np.float32
+    np.testing.assert_allclose(zs, 2.0 * xs + ys, rtol=1e-6)
+
+
+def test_grouped_map_blocks_compiled_kernel_with_number(client):
+    k = gpupool.elementwise("int64 x, int64 a", "int64 y", "y = a * x + 1", name="affine")
+    x = da.arange(5_000, chunks=64, dtype=np.int64)
+    y = gd.map_blocks(k, x, 3, blocks_per_task=16)
+    assert y.dtype == np.int64
+    np.testing.assert_array_equal(y.compute(), 3 * np.arange(5_000) + 1)
+
+
+def test_kernel_in_dask_map_blocks(client):
+    x = da.random.random(4_000, chunks=250)
+    values, squares = client.compute([x, x.map_blocks(gd.kernel(gpupool.kernels.square))],
+                                     sync=True)
+    np.testing.assert_array_equal(squares, values * values)
+    k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = a * x * x")
+    values, scaled = client.compute([x, x.map_blocks(gd.kernel(k), 2.5)], sync=True)
+    np.testing.assert_allclose(scaled, 2.5 * values * values)
+
+
+def test_map_blocks_refuses_bad_arguments():
+    x = da.ones(10, chunks=5)
+    with pytest.raises(ValueError, match="blocks_per_task"):
+        gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=0)
+    with pytest.raises(TypeError, match="takes 2 array"):
+        gd.map_blocks(gpupool.kernels.add, x)
+    with pytest.raises(ValueError, match="differ in shape"):
+        gd.map_blocks(gpupool.kernels.add, x, da.ones(11, chunks=5))
+    with pytest.raises(TypeError, match="from_array"):
+        gd.map_blocks(gpupool.kernels.add, x, np.ones(10))
+    with pytest.raises(TypeError, match="gpupool kernel"):
+        gd.map_blocks(np.square, x)
+
+
+def test_off_a_worker_the_local_scheduler_uses_one_process_pool():
+    x = da.arange(1_000, chunks=100, dtype=np.float64)
+    y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=3)
+    np.testing.assert_array_equal(y.compute(scheduler="threads"), np.arange(1_000.0) ** 2)
+    assert gd.worker_executor() is gd.worker_executor()
+
+
+# -- the Executor ---------------------------------------------------------------------------------
+
+def test_executor_futures_work_with_the_standard_library(client):
+    chunks = [np.random.rand(1_000 + i) for i in range(12)]
+    with gd.Executor(client) as ex:
+        futures = {ex.submit(gpupool.kernels.square, c): i for i, c in enumerate(chunks)}
+        assert all(isinstance(f, cf.Future) for f in futures)
+        seen = set()
+        for f in cf.as_completed(futures, timeout=60):
+            i = futures[f]
+            np.testing.assert_array_equal(f.result(), chunks[i] ** 2)
+            seen.add(i)
+        assert seen == set(range(len(chunks)))
+        done, not_done = cf.wait([ex.submit(pow, 2, 10)], timeout=60)
+        assert not not_done and done.pop().result() == 1024
+        for got, want in zip(ex.map(gpupool.kernels.square, chunks, chunksize=5), chunks):
+            np.testing.assert_array_equal(got, want ** 2)
+        assert list(ex.map(divmod, range(7), [3] * 7)) == [divmod(i, 3) for i in range(7)]
+        assert list(ex.map(divmod, range(7), [3] * 7, chunksize=3)) == \
+            [divmod(i, 3) for i in range(7)]
+
+
+def test_executor_runs_callables_on_a_lane_and_returns_their_errors(client):
+    def lane_backend():
+        return gpupool.current_lane().backend
+
+    def fail():
+        raise KeyError("from the worker")
+
+    with gd.Executor(client) as ex:
+        assert ex.submit(lane_backend).result(timeout=60) == "cpu"
+        with pytest.raises(KeyError, match="from the worker"):
+            ex.submit(fail).result(timeout=60)
+
+
+def test_executor_shutdown_semantics(client):
+    ex = gd.Executor(client)
+    slow = ex.submit(time.sleep, 0.5)
+    ex.shutdown(wait=True)
+    assert slow.done() and slow.exception() is None
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(pow, 2, 2)
+
+    ex = gd.Executor(client)
+    queued = [ex.submit(time.sleep, 1) for _ in range(12)]  # 4 threads: most must wait
+    ex.shutdown(wait=True, cancel_futures=True)
+    assert all(f.done() for f in queued)
+    assert any(f.cancelled() for f in queued)
+
+
+# -- the cluster trace ----------------------------------------------------------------------------
+
+def test_cluster_trace_is_one_chrome_trace_with_a_process_per_worker(client, tmp_path):
+    x = da.random.random(20_000, chunks=500)
+    y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=4)
+    path = tmp_path / "cluster.json"
+    with gd.trace(client, path) as t:
+        y.compute()
+    workers = sorted(client.scheduler_info()["workers"])
+    assert t.workers == workers
+    # Every block once, whichever worker ran it (tasks left running by earlier tests may add
+    # records of their own).
+    assert sum(r["name"] == "square" for r in t.records()) == 40
+    chrome = json.loads(path.read_text())
+    names = {e["pid"]: e["args"]["name"] for e in chrome["traceEvents"]
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    assert len(names) == 2  # one CPU stand-in device per worker
+    assert {n.split(" (")[1].split(")")[0] for n in names.values()} == set(workers)
+    spans = [e for e in chrome["traceEvents"] if e.get("ph") == "X"]
+    assert {e["pid"] for e in spans} == set(names)
+    assert min(e["ts"] for e in spans) >= 0
+    # The workers ran at the same time: their busy spans, on the common clock, overlap.
+    ends = {pid: (min(e["ts"] for e in spans if e["pid"] == pid),
+                  max(e["ts"] + e["dur"] for e in spans if e["pid"] == pid)) for pid in names}
+    (a0, a1), (b0, b1) = ends.values()
+    assert a0 < b1 and b0 < a1
+    records = t.records()
+    assert {r["worker"] for r in records} == set(workers)
+    assert "lane" in t.stats_table()
+
+
+# -- a worker killed mid-run; the plugin's life ----------------------------------------------------
+
+def _kill_once(block, marker, block_info=None):
+    """Kills its own worker process (SIGKILL: no cleanup) the first time it sees block 5."""
+    if block_info[0]["chunk-location"][0] == 5:
+        try:
+            fd = os.open(marker, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return block
+        os.close(fd)
+        os.kill(os.getpid(), signal.SIGKILL)
+    return block
+
+
+def test_a_worker_killed_mid_run_loses_no_block(tmp_path):
+    marker = str(tmp_path / "killed")
+    with local_cluster() as cluster, Client(cluster) as c:
+        gd.install(c, threads_per_gpu=2)
+        before = {info["pid"] for info in gd.pool_info(c).values()}
+        x = da.arange(48 * 2_000, chunks=2_000, dtype=np.float64)
+        y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=2)  # 24 tasks
+        z = y.map_blocks(_kill_once, marker, dtype=np.float64)
+        result = z.compute()
+        assert os.path.exists(marker)  # a worker did die
+        for block in range(48):  # every block, each checked
+            part = slice(block * 2_000, (block + 1) * 2_000)
+            np.testing.assert_array_equal(result[part], np.arange(48 * 2_000.0)[part] ** 2)
+        # The nanny started a new worker process, and the plugin gave it a pool of its own.
+        deadline = time.monotonic() + 30
+        while len(c.scheduler_info()["workers"]) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        after = gd.pool_info(c)
+        assert len(after) == 2 and all(i["installed"] for i in after.values())
+        assert len({i["pid"] for i in after.values()} - before) == 1
+        assert all(i["pools_created"] == 1 for i in after.values())
+
+
+def _no_pool():
+    try:
+        gd.worker_executor()
+    except RuntimeError as exc:
+        return str(exc)
+    return "no error"
+
+
+def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
+    log = tmp_path / "pools.log"
+
+    class LoggingPlugin(gd.PoolPlugin):
+        def __init__(self, path, **kwargs):
+            super().__init__(**kwargs)
+            self.path = path
+
+        def setup(self, worker):
+            super().setup(worker)
+            with open(self.path, "a") as out:
+                out.write(f"setup {os.getpid()} {self.executor.lane_count}\n")
+
+        def teardown(self, worker):
+            pool = self.executor
+            super().teardown(worker)
+            try:
+                pool.submit(int)
+                state = "open"
+            except RuntimeError:
+                state = "closed"
+            with open(self.path, "a") as out:
+                out.write(f"teardown {os.getpid()} {state}\n")
+
+    with local_cluster() as cluster, Client(cluster) as c:
+        message = c.submit(_no_pool, pure=False).result()
+        assert "gpupool.dask.install" in message
+        with pytest.raises(RuntimeError, match="gpupool.dask.install"):
+            with gd.trace(c):
+                pass
+        if not gpupool.cuda_available()[0]:
+            # A pool that cannot be made fails the install, and leaves no plugin behind.
+            with pytest.raises(gpupool.BackendUnavailableError):
+                gd.install(c, backend="cuda")
+            assert not gd._installed(c)
+        c.register_plugin(LoggingPlugin(str(log), threads_per_gpu=3), name=gd.PLUGIN_NAME)
+        x = da.arange(4_000, chunks=100, dtype=np.float64)
+        for blocks_per_task in (1, 4, 40):
+            y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task)
+            np.testing.assert_array_equal(y.compute(), np.arange(4_000.0) ** 2)
+        info = gd.pool_info(c)
+        assert [i["lanes"] for i in info.values()] == [3, 3]
+        assert [i["pools_created"] for i in info.values()] == [1, 1]
+        assert [i["pools_closed"] for i in info.values()] == [0, 0]
+        pids = {i["pid"] for i in info.values()}
+    lines = pathlib.Path(log).read_text().splitlines()
+    assert sorted(lines) == sorted([f"setup {pid} 3" for pid in pids] +
+                                   [f"teardown {pid} closed" for pid in pids])
+
+
+def test_install_refuses_unknown_options():
+    with pytest.raises(TypeError, match="threads_per_gpu"):
+        gd.PoolPlugin(threads=4)
