@@ -1,3 +1,5 @@
+import threading
+
 import gpupool
 import pytest
 
@@ -21,3 +23,30 @@ def backend(request):
 def executor(backend):
     with gpupool.Executor(threads_per_gpu=4, backend=backend) as ex:
         yield ex
+
+
+@pytest.fixture
+def hold_every_lane():
+    """A function that occupies every lane of an executor with a Python task until the event it
+    returns is set: ``holders, release = hold_every_lane(ex)``. (With several devices, one free
+    lane would run what a test expects to stay queued.) Lanes still held at the test's end are
+    released."""
+    releases = []
+
+    def hold_all(ex):
+        release = threading.Event()
+        started = threading.Semaphore(0)
+        releases.append(release)
+
+        def hold():
+            started.release()
+            release.wait(30)
+
+        holders = [ex.submit(hold) for _ in range(ex.lane_count)]
+        for _ in holders:
+            assert started.acquire(timeout=10)
+        return holders, release
+
+    yield hold_all
+    for release in releases:
+        release.set()

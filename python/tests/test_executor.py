@@ -55,26 +55,16 @@ def test_exception_comes_back_with_its_traceback(executor):
     assert executor.submit(lambda: 5).result(timeout=10) == 5
 
 
-def blocked_executor(backend):
+def blocked_executor(backend, hold_every_lane):
     """An executor with one lane per device, every lane held by a task until the returned event
-    is set (with several devices, a free lane would run what the tests expect to stay queued).
-    Returns the executor, the first holder's future and the event."""
+    is set. Returns the executor, the first holder's future and the event."""
     ex = gpupool.Executor(threads_per_gpu=1, backend=backend)
-    release = threading.Event()
-    started = threading.Semaphore(0)
-
-    def hold():
-        started.release()
-        release.wait(30)
-
-    holders = [ex.submit(hold) for _ in range(ex.lane_count)]
-    for _ in holders:
-        assert started.acquire(timeout=10)
+    holders, release = hold_every_lane(ex)
     return ex, holders[0], release
 
 
-def test_cancel_a_queued_task(backend):
-    ex, blocker, release = blocked_executor(backend)
+def test_cancel_a_queued_task(backend, hold_every_lane):
+    ex, blocker, release = blocked_executor(backend, hold_every_lane)
     ran = []
     queued = ex.submit(ran.append, 1)
     assert not blocker.cancel()
@@ -86,8 +76,8 @@ def test_cancel_a_queued_task(backend):
         queued.result()
 
 
-def test_shutdown_cancel_futures_resolves_everything_pending(backend):
-    ex, blocker, release = blocked_executor(backend)
+def test_shutdown_cancel_futures_resolves_everything_pending(backend, hold_every_lane):
+    ex, blocker, release = blocked_executor(backend, hold_every_lane)
     pending = [ex.submit(time.sleep, 0) for _ in range(2000)]
     kernels = [ex.submit(gpupool.kernels.square, np.ones(100)) for _ in range(20)]
     threading.Timer(0.2, release.set).start()
@@ -113,8 +103,8 @@ def test_shutdown_waits_for_pending_work(backend):
     assert len(counter) == 3000 and all(f.done() for f in futures)
 
 
-def test_map_timeout(backend):
-    ex, blocker, release = blocked_executor(backend)
+def test_map_timeout(backend, hold_every_lane):
+    ex, blocker, release = blocked_executor(backend, hold_every_lane)
     try:
         results = ex.map(gpupool.kernels.square, [np.ones(10)], timeout=0.05)
         with pytest.raises(cf.TimeoutError):

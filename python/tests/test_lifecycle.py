@@ -25,20 +25,6 @@ SLOW = gpupool.elementwise(
     "double a = x; for (long k = 0; k < n; ++k) a = a * 0.9999999 + 1e-9; y = a;", "slow")
 
 
-def hold_every_lane(ex):
-    """Occupies every lane with a Python task until the returned event is set."""
-    release = threading.Event()
-    started = threading.Semaphore(0)
-
-    def hold():
-        started.release()
-        release.wait(30)
-
-    holders = [ex.submit(hold) for _ in range(ex.lane_count)]
-    for _ in holders:
-        assert started.acquire(timeout=10)
-    return holders, release
-
 
 @pytest.fixture
 def cpu_executor():
@@ -49,7 +35,8 @@ def cpu_executor():
 # -- cancellation -----------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kind", ["callable", "kernel", "compiled"])
-def test_a_future_cancelled_while_queued_is_reported_finished(cpu_executor, kind):
+def test_a_future_cancelled_while_queued_is_reported_finished(cpu_executor, kind,
+                                                              hold_every_lane):
     holders, release = hold_every_lane(cpu_executor)
     try:
         if kind == "callable":
@@ -70,7 +57,7 @@ def test_a_future_cancelled_while_queued_is_reported_finished(cpu_executor, kind
     assert all(h.result(timeout=10) is None for h in holders)
 
 
-def test_cancel_on_running_work_returns_false(cpu_executor):
+def test_cancel_on_running_work_returns_false(cpu_executor, hold_every_lane):
     holders, release = hold_every_lane(cpu_executor)
     assert not holders[0].cancel() and holders[0].running()
     release.set()
@@ -87,7 +74,7 @@ def test_cancel_on_running_work_returns_false(cpu_executor):
     assert running.result(timeout=60).shape == (64,)
 
 
-def test_shutdown_cancel_futures_cancels_only_what_has_not_started():
+def test_shutdown_cancel_futures_cancels_only_what_has_not_started(hold_every_lane):
     ex = gpupool.Executor(threads_per_gpu=1, backend="cpu")
     holders, release = hold_every_lane(ex)
     queued = [ex.submit(abs, -i) for i in range(200)]
@@ -101,7 +88,7 @@ def test_shutdown_cancel_futures_cancels_only_what_has_not_started():
     assert not not_done
 
 
-def test_a_cancelled_queued_task_never_runs_its_callable(cpu_executor):
+def test_a_cancelled_queued_task_never_runs_its_callable(cpu_executor, hold_every_lane):
     holders, release = hold_every_lane(cpu_executor)
     ran = []
     futures = [cpu_executor.submit(ran.append, i) for i in range(50)]
