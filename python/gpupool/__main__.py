@@ -1,4 +1,4 @@
-"""``python -m gpupool``: the ``gpupool`` command (``info``, ``demo``, ``bench``, ``--version``)."""
+"""``python -m gpupool``: the ``gpupool`` command (``info``, ``demo``, ``bench``, ``compare``, ``--version``)."""
 
 import sys
 

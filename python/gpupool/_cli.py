@@ -93,6 +93,11 @@ def run(argv: Sequence[str]) -> int:
     """Runs the command line ``argv`` (without the program name); returns the exit status."""
     args = list(argv)
     command = next((a for a in args if not a.startswith("-")), None)
+    if args and args[0] == "compare":
+        # The comparison harness is Python (it drives CuPy, PyTorch and the C++ programs).
+        from .compare import main as compare_main
+
+        return compare_main(args[1:])
     picture = None
     option = None
     if command in _PICTURE_OPTIONS:

@@ -2,6 +2,9 @@
 
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -163,4 +166,17 @@ def test_a_whole_run_reports_a_wrong_variant_failed_untimed_and_exits_1(tmp_path
     assert wrong["status"] == FAILED and "wrong result" in wrong["reason"]
     assert wrong["figure"] is None and wrong["repeats_s"] == []
     ours = next(r for name, r in got.items() if name.startswith("gpupool (Python) map, defaults"))
+    assert ours["status"] == OK and ours["repeats_s"]
+
+
+def test_the_gpupool_command_runs_compare(tmp_path):
+    out = tmp_path / "compare.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpupool", "compare", "--tiny", "--backend", "cpu", "--repeat", "1",
+         "--min-repeat", "1", "--seconds", "0.1", "--workloads", "W1", "--quiet",
+         "--json", str(out)], capture_output=True, text=True, timeout=300,
+        env=dict(os.environ, GPUPOOL_QUIET="1"))
+    assert proc.returncode == 0, proc.stderr
+    ours = next(r for name, r in rows(json.loads(out.read_text()), "W1").items()
+                if name.startswith("gpupool (Python) map, defaults"))
     assert ours["status"] == OK and ours["repeats_s"]
