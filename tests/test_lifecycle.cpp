@@ -24,11 +24,7 @@ namespace {
 using namespace std::chrono_literals;
 
 executor_options cpu_options(int lanes) {
-  executor_options o;
-  o.backend = backend_kind::cpu;
-  o.lanes_per_device = lanes;
-  o.quiet = true;
-  return o;
+  return testing::quiet_options(backend_kind::cpu, lanes);
 }
 
 TEST(Lifecycle, ShutdownWithCancelLetsAStartedMapFinish) {

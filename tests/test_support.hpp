@@ -27,6 +27,16 @@ inline std::string backend_name(const ::testing::TestParamInfo<backend_kind>& in
   return to_string(info.param);
 }
 
+/// Options for an executor on `kind` with `lanes` lanes per device, without the CPU-backend
+/// notice.
+inline executor_options quiet_options(backend_kind kind, int lanes) {
+  executor_options o;
+  o.backend = kind;
+  o.lanes_per_device = lanes;
+  o.quiet = true;
+  return o;
+}
+
 /// Skips the current test (with the reason) when `kind` cannot run here.
 #define GPUPOOL_SKIP_UNLESS_USABLE(kind)                                                    \
   do {                                                                                      \

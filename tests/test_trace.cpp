@@ -197,11 +197,7 @@ TEST(TraceExport, UserNamesAreEscaped) {
 }
 
 executor_options cuda_options(int lanes) {
-  executor_options o;
-  o.backend = backend_kind::cuda;
-  o.lanes_per_device = lanes;
-  o.quiet = true;
-  return o;
+  return testing::quiet_options(backend_kind::cuda, lanes);
 }
 
 // The GPU's stage times measure the work itself: a kernel that holds the GPU for 2 ms shows a
