@@ -4,7 +4,7 @@ stream work below) and one per device engine; and the Trace object that holds a 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from ._figure import Target, new_figure, save, to_bytes
 
@@ -76,6 +76,26 @@ def draw_png(records: List[Dict[str, Any]], path: str, backend: str = "",
     draw_timeline(records, path, backend, title, format="png")
 
 
+def write_by_suffix(path: Union[str, "os.PathLike[str]"], who: str,
+                    texts: Dict[str, Callable[[], str]],
+                    files: Optional[Dict[str, Callable[[str], None]]] = None) -> None:
+    """Writes ``path`` by its extension: the text ``texts[suffix]()`` makes, or what
+    ``files[suffix](path)`` writes itself. Other extensions are refused (ValueError)."""
+    path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    files = files or {}
+    if suffix in files:
+        files[suffix](path)
+        return
+    if suffix not in texts:
+        known = [*texts, *files]
+        raise ValueError(f"{who}: cannot tell the format of {path!r}: use "
+                         f"{', '.join(known[:-1])} or {known[-1]}")
+    text = texts[suffix]()
+    with open(path, "w", encoding="utf-8") as out:
+        out.write(text)
+
+
 class Trace:
     """Each task's journey: queued, staged, uploaded, computed, downloaded, handed back.
 
@@ -140,17 +160,8 @@ class Trace:
         """Writes the trace by the file's extension: ``.json`` Chrome trace, ``.txt`` stats
         table, ``.png``, ``.svg`` or ``.pdf`` picture of the timeline. Other extensions are
         refused (ValueError)."""
-        path = os.fspath(path)
-        suffix = os.path.splitext(path)[1].lower()
-        if suffix in (".png", ".svg", ".pdf"):
+        def picture(path: str) -> None:
             draw_timeline(self.records(), path, backend=self.backend)
-            return
-        if suffix == ".json":
-            text = self.chrome_json()
-        elif suffix == ".txt":
-            text = self.stats_table()
-        else:
-            raise ValueError(f"gpupool: cannot tell the format of {path!r}: use .json, .txt, "
-                             ".png, .svg or .pdf")
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
+
+        write_by_suffix(path, "gpupool", {".json": self.chrome_json, ".txt": self.stats_table},
+                        {".png": picture, ".svg": picture, ".pdf": picture})

@@ -49,6 +49,7 @@ except ImportError as _missing:  # pragma: no cover - exercised only without the
 
 from . import _executor
 from ._ext import ElementwiseKernel, Kernel, RawKernel
+from ._timeline import write_by_suffix
 
 __all__ = [
     "ClusterTrace",
@@ -727,17 +728,8 @@ class ClusterTrace:
 
     def write(self, path: Union[str, "os.PathLike[str]"]) -> None:
         """Writes ``.json`` (the Chrome trace) or ``.txt`` (the stats tables)."""
-        path = os.fspath(path)
-        suffix = os.path.splitext(path)[1].lower()
-        if suffix == ".json":
-            text = self.chrome_json()
-        elif suffix == ".txt":
-            text = self.stats_table()
-        else:
-            raise ValueError(f"gpupool.dask: cannot tell the format of {path!r}: use .json or "
-                             ".txt")
-        with open(path, "w", encoding="utf-8") as out:
-            out.write(text)
+        write_by_suffix(path, "gpupool.dask",
+                        {".json": self.chrome_json, ".txt": self.stats_table})
 
     def __repr__(self) -> str:
         if self._parts is None:
