@@ -185,6 +185,9 @@ def _shut_down_at_exit():
     for executor in executors:
         with contextlib.suppress(Exception):
             executor.shutdown(wait=True)
+    # Executors dropped by one of their own tasks stop on a thread of their own: wait for those
+    # too, so that no lane releases a Python object while the interpreter finalizes.
+    _ext.join_orphaned_executors()
 
 
 if hasattr(threading, "_register_atexit"):

@@ -11,6 +11,7 @@
 
 #include <cfloat>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <limits>
 #include <memory>
@@ -48,6 +49,21 @@ bool interpreter_alive() {
 #else
   return Py_IsInitialized() && !_Py_IsFinalizing();
 #endif
+}
+
+// Executors whose last reference died inside one of their own tasks are stopped by a thread of
+// their own (a lane cannot wait for itself). Those threads, and the lanes they stop, may still
+// release Python objects; the interpreter's exit waits for them (join_orphaned_executors, called
+// before finalization) so that none reaches for Python once it is finalizing. Leaked on purpose:
+// a detached thread may outlive static destruction.
+struct orphaned_executors {
+  std::mutex mutex;
+  std::condition_variable stopped;
+  int stopping = 0;
+};
+orphaned_executors& orphans() {
+  static auto* const state = new orphaned_executors;
+  return *state;
 }
 
 // A strong reference to a Python object that may be released on a lane thread, without the GIL.
@@ -584,7 +600,16 @@ class py_executor {
     if (executor_ && executor_->is_lane_thread()) {
       // The last reference died inside one of its own tasks: a lane cannot wait for itself,
       // so another thread drains and stops the executor.
-      std::thread([e = std::move(executor_)]() mutable { e.reset(); }).detach();
+      {
+        std::lock_guard lock(orphans().mutex);
+        ++orphans().stopping;
+      }
+      std::thread([e = std::move(executor_)]() mutable {
+        e.reset();
+        std::lock_guard lock(orphans().mutex);
+        --orphans().stopping;
+        orphans().stopped.notify_all();
+      }).detach();
       return;
     }
     // Draining may need the GIL (queued Python tasks): let the lanes have it.
@@ -1303,6 +1328,14 @@ NB_MODULE(_ext, m) {
         gpupool::wait_for_stream(stream);
       },
       "stream"_a);
+  m.def(
+      "join_orphaned_executors",
+      []() {
+        std::unique_lock lock(orphans().mutex);
+        orphans().stopped.wait(lock, [] { return orphans().stopping == 0; });
+      },
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Waits until every executor dropped by one of its own tasks has stopped (called at exit).");
   m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
   m.def("kernels_compiled", &gpupool::kernels_compiled,
         "How many kernels this process compiled (rather than found in a cache).");
