@@ -19,8 +19,8 @@
 #include <string>
 #include <vector>
 
-#include "core/kernel_cache.hpp"
-#include "core/kernel_source.hpp"
+#include "core/kernels/kernel_cache.hpp"
+#include "core/kernels/kernel_source.hpp"
 #include "test_support.hpp"
 
 namespace gpupool {

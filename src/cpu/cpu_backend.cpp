@@ -12,7 +12,7 @@
 #include <thread>
 
 #include "core/backend.hpp"
-#include "core/elementwise_math.hpp"
+#include "core/kernels/elementwise_math.hpp"
 #include "cpu/host_compiler.hpp"
 #include "gpupool/error.hpp"
 

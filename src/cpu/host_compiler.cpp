@@ -19,9 +19,9 @@
 #include <string>
 #include <vector>
 
-#include "core/compile_once.hpp"
-#include "core/kernel_cache.hpp"
-#include "core/kernel_source.hpp"
+#include "core/kernels/compile_once.hpp"
+#include "core/kernels/kernel_cache.hpp"
+#include "core/kernels/kernel_source.hpp"
 
 extern char** environ;
 

@@ -14,7 +14,7 @@
 #include <string>
 
 #include "core/backend.hpp"
-#include "core/kernel_source.hpp"
+#include "core/kernels/kernel_source.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.hpp"
 #include "cuda/host_memory.hpp"

@@ -1,6 +1,6 @@
 #include <cuda_runtime.h>
 
-#include "core/elementwise_math.hpp"
+#include "core/kernels/elementwise_math.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.hpp"
 #include "cuda/global_clock.cuh"

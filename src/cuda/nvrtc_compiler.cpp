@@ -8,9 +8,9 @@
 #include <utility>
 #include <vector>
 
-#include "core/compile_once.hpp"
-#include "core/kernel_cache.hpp"
-#include "core/kernel_source.hpp"
+#include "core/kernels/compile_once.hpp"
+#include "core/kernels/kernel_cache.hpp"
+#include "core/kernels/kernel_source.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail::cuda {

@@ -16,9 +16,9 @@
 #include <string_view>
 #include <vector>
 
-#include "core/kernel_cache.hpp"
-#include "core/kernel_source.hpp"
-#include "core/user_call.hpp"
+#include "core/kernels/kernel_cache.hpp"
+#include "core/kernels/kernel_source.hpp"
+#include "core/kernels/user_call.hpp"
 #include "gpupool/elementwise.hpp"
 
 namespace {

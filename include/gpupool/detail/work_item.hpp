@@ -31,6 +31,16 @@ class work_item {
   virtual void fail(std::exception_ptr e) noexcept = 0;
   [[nodiscard]] virtual bool cancel() noexcept = 0;
 
+  /// Coalescing: `next` was queued right behind this item, for the same device, while this one
+  /// still waits in the queue (no lane has taken it). An item that can carry `next`'s work along
+  /// with its own (the same built-in kernel and type, within its size bound) takes it over and
+  /// returns true, leaving `next` empty; then `next` is never queued on its own. Called with the
+  /// queue's lock held: cheap, never blocks. The default takes nothing.
+  [[nodiscard]] virtual bool absorb(std::unique_ptr<work_item>& next) noexcept {
+    (void)next;
+    return false;
+  }
+
   /// For the trace: what to call this item, and the bytes it moves each way.
   [[nodiscard]] virtual const char* trace_name() const noexcept { return "task"; }
   [[nodiscard]] virtual std::size_t bytes_in() const noexcept { return 0; }

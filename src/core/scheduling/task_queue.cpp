@@ -1,4 +1,4 @@
-#include "core/task_queue.hpp"
+#include "core/scheduling/task_queue.hpp"
 
 #include <utility>
 

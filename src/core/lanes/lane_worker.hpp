@@ -17,7 +17,7 @@
 
 #include "core/backend.hpp"
 #include "core/fault_injection.hpp"
-#include "core/task_queue.hpp"
+#include "core/scheduling/task_queue.hpp"
 #include "gpupool/lane.hpp"
 #include "gpupool/trace.hpp"
 

@@ -1,10 +1,10 @@
-#include "core/user_kernel_piece.hpp"
+#include "core/lanes/user_kernel_piece.hpp"
 
 #include <cstring>
 
-#include "core/lane_worker.hpp"
-#include "core/nvtx.hpp"
-#include "core/staging.hpp"
+#include "core/lanes/lane_worker.hpp"
+#include "core/tracing/nvtx.hpp"
+#include "core/lanes/staging.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 

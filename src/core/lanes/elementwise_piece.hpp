@@ -5,7 +5,7 @@
 #include <cstddef>
 #include <memory>
 
-#include "core/job_piece.hpp"
+#include "core/lanes/job_piece.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 

@@ -1,11 +1,11 @@
-#include "core/elementwise_piece.hpp"
+#include "core/lanes/elementwise_piece.hpp"
 
 #include <cstring>
 
-#include "core/elementwise_math.hpp"
-#include "core/lane_worker.hpp"
-#include "core/nvtx.hpp"
-#include "core/staging.hpp"
+#include "core/kernels/elementwise_math.hpp"
+#include "core/lanes/lane_worker.hpp"
+#include "core/tracing/nvtx.hpp"
+#include "core/lanes/staging.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "core/lane_worker.hpp"
+#include "core/lanes/lane_worker.hpp"
 #include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {

@@ -1,4 +1,4 @@
-#include "core/kernel_source.hpp"
+#include "core/kernels/kernel_source.hpp"
 
 #include <cstdio>
 #include <set>

@@ -1,4 +1,4 @@
-#include "core/user_call.hpp"
+#include "core/kernels/user_call.hpp"
 
 #include <algorithm>
 #include <cmath>

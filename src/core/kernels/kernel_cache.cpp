@@ -1,6 +1,6 @@
 // Where compiled kernels live between processes, and the checks that keep what another account,
 // a crash or a full disk left there from being run.
-#include "core/kernel_cache.hpp"
+#include "core/kernels/kernel_cache.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>

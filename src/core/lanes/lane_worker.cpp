@@ -1,4 +1,4 @@
-#include "core/lane_worker.hpp"
+#include "core/lanes/lane_worker.hpp"
 
 #include <pthread.h>
 #include <signal.h>
@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "core/nvtx.hpp"
-#include "core/user_call.hpp"
+#include "core/tracing/nvtx.hpp"
+#include "core/kernels/user_call.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 
