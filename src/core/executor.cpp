@@ -21,11 +21,11 @@
 #include <unistd.h>
 
 #include "core/backend.hpp"
+#include "core/kernels/user_call.hpp"
 #include "core/lanes/elementwise_piece.hpp"
 #include "core/lanes/lane_worker.hpp"
-#include "core/scheduling/task_queue.hpp"
-#include "core/kernels/user_call.hpp"
 #include "core/lanes/user_kernel_piece.hpp"
+#include "core/scheduling/task_queue.hpp"
 
 namespace gpupool {
 namespace {

@@ -4,8 +4,8 @@
 
 #include "core/kernels/elementwise_math.hpp"
 #include "core/lanes/lane_worker.hpp"
-#include "core/tracing/nvtx.hpp"
 #include "core/lanes/staging.hpp"
+#include "core/tracing/nvtx.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 

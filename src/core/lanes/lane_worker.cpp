@@ -9,8 +9,8 @@
 #include <string>
 #include <utility>
 
-#include "core/tracing/nvtx.hpp"
 #include "core/kernels/user_call.hpp"
+#include "core/tracing/nvtx.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 

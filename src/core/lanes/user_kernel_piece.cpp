@@ -3,8 +3,8 @@
 #include <cstring>
 
 #include "core/lanes/lane_worker.hpp"
-#include "core/tracing/nvtx.hpp"
 #include "core/lanes/staging.hpp"
+#include "core/tracing/nvtx.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
 

@@ -9,8 +9,8 @@
 #include <vector>
 
 #include "core/backend.hpp"
-#include "core/lanes/job_piece.hpp"
 #include "core/kernels/user_call.hpp"
+#include "core/lanes/job_piece.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
