@@ -119,8 +119,8 @@ class trace {
   /// The stats as an aligned text table.
   void write_stats_table(std::ostream& out) const;
   /// The records as a JSON list of objects (the fields of task_record; stages as [begin, end]
-  /// or null), with the backend and `trace_stages`: what `python -m gpupool.plot timeline`
-  /// (matplotlib) draws.
+  /// or null; `on_stream`: went_through_stream), with the backend and `trace_stages`: what `python
+  /// -m gpupool.plot timeline` (matplotlib) draws.
   void write_records_json(std::ostream& out) const;
 
  private:

@@ -1,44 +1,43 @@
 // Host array and number intake, array results in pinned memory, and the pinned-memory calls.
 #include "arrays.hpp"
 
-#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <iterator>
 #include <limits>
 #include <span>
+#include <tuple>
+#include <type_traits>
 
 namespace gpupool_python {
 
+// gpupool's dtypes by name, for messages: "float32, float64, int32" + last + "int64".
+std::string dtype_names(const char* last) {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(gpupool::dtypes); ++i)
+    out += (i == 0                                ? ""
+            : i + 1 == std::size(gpupool::dtypes) ? last
+                                                  : ", ") +
+           std::string(gpupool::dtypes[i].name);
+  return out;
+}
+
+nb::dlpack::dtype dlpack_of(gpupool::dtype t) {
+  return gpupool::visit_dtype(t, []<class T>() { return nb::dtype<T>(); });
+}
+
 const char* dtype_name(nb::dlpack::dtype t) {
-  if (t == nb::dtype<float>()) return "float32";
-  if (t == nb::dtype<double>()) return "float64";
-  if (t == nb::dtype<std::int32_t>()) return "int32";
-  if (t == nb::dtype<std::int64_t>()) return "int64";
+  for (const gpupool::dtype_info& info : gpupool::dtypes)
+    if (dlpack_of(info.type) == t) return info.name;
   return nullptr;
 }
 
 gpupool::dtype dtype_from_name(const std::string& name) {
-  if (name == "float32") return gpupool::dtype::float32;
-  if (name == "float64") return gpupool::dtype::float64;
-  if (name == "int32") return gpupool::dtype::int32;
-  if (name == "int64") return gpupool::dtype::int64;
+  for (const gpupool::dtype_info& info : gpupool::dtypes)
+    if (name == info.name) return info.type;
   throw nb::type_error(
-      ("gpupool: unsupported dtype " + name + "; expected float32, float64, int32 or int64")
-          .c_str());
-}
-
-nb::dlpack::dtype dlpack_of(gpupool::dtype t) {
-  switch (t) {
-    case gpupool::dtype::float32:
-      return nb::dtype<float>();
-    case gpupool::dtype::float64:
-      return nb::dtype<double>();
-    case gpupool::dtype::int32:
-      return nb::dtype<std::int32_t>();
-    case gpupool::dtype::int64:
-      return nb::dtype<std::int64_t>();
-  }
-  return nb::dtype<double>();
+      ("gpupool: unsupported dtype " + name + "; expected " + dtype_names(" or ")).c_str());
 }
 
 bool is_c_contiguous(const input_array& a) {
@@ -63,8 +62,8 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
               std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str());
     throw nb::type_error(
         ("gpupool: " + where + " is a " + what +
-         (parameter.empty() ? "; expected an array" : "; expected a number or an array") +
-         " of float32, float64, int32 or int64")
+         (parameter.empty() ? "; expected an array" : "; expected a number or an array") + " of " +
+         dtype_names(" or "))
             .c_str());
   }
   if (a.device_type() != nb::device::cpu::value)
@@ -78,7 +77,7 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
          (nb::hasattr(obj, "dtype")
               ? std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str())
               : std::string("(unnamed)")) +
-         "; supported: float32, float64, int32, int64")
+         "; supported: " + dtype_names(", "))
             .c_str());
   if (!is_c_contiguous(a))
     throw nb::value_error(
@@ -88,15 +87,9 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
 }
 
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {
-  const auto t = a.dtype();
-  const std::size_t n = a.size();
-  if (t == nb::dtype<float>())
-    return std::span<const float>(static_cast<const float*>(a.data()), n);
-  if (t == nb::dtype<double>())
-    return std::span<const double>(static_cast<const double*>(a.data()), n);
-  if (t == nb::dtype<std::int32_t>())
-    return std::span<const std::int32_t>(static_cast<const std::int32_t*>(a.data()), n);
-  return std::span<const std::int64_t>(static_cast<const std::int64_t*>(a.data()), n);
+  return gpupool::visit_dtype(dtype_from_name(dtype_name(a.dtype())), [&]<class T>() {
+    return gpupool::kernel_argument(std::span<const T>(static_cast<const T*>(a.data()), a.size()));
+  });
 }
 
 const char* kind_name(number_kind k) {
@@ -147,8 +140,20 @@ std::string describe_value(nb::handle value) {
 
 gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
                                          const std::string& where) {
-  const bool integer_type = type == gpupool::dtype::int32 || type == gpupool::dtype::int64;
+  const bool integer_type = gpupool::info_of(type).is_integer;
+  // The type's range: integers from low to high; floating point up to `largest` in magnitude.
+  const auto [low, high, largest] = gpupool::visit_dtype(type, []<class T>() {
+    using limits = std::numeric_limits<T>;
+    if constexpr (std::is_integral_v<T>)
+      return std::tuple<long long, long long, double>{limits::min(), limits::max(), 0.0};
+    else
+      return std::tuple<long long, long long, double>{0, 0, static_cast<double>(limits::max())};
+  });
   const std::string type_name = gpupool::to_string(type);
+  char largest_text[32];
+  std::snprintf(largest_text, sizeof largest_text, "%.8g", largest);
+  const std::string out_of_float_range =
+      ", out of range for " + type_name + " (largest magnitude " + largest_text + ")";
   const std::string what = "gpupool: " + where + " is " + describe_value(n.value) +
                            (n.kind == number_kind::integer ? ", an " : ", a ") + kind_name(n.kind);
   PyObject* p = n.value.ptr();
@@ -163,12 +168,6 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
         int overflow = 0;
         const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
         if (v == -1 && PyErr_Occurred()) throw nb::python_error();
-        const long long low = type == gpupool::dtype::int32
-                                  ? std::numeric_limits<std::int32_t>::min()
-                                  : std::numeric_limits<std::int64_t>::min();
-        const long long high = type == gpupool::dtype::int32
-                                   ? std::numeric_limits<std::int32_t>::max()
-                                   : std::numeric_limits<std::int64_t>::max();
         if (overflow != 0 || v < low || v > high)
           throw_python(PyExc_OverflowError, what + ", out of range for " + type_name + " (" +
                                                 std::to_string(low) + ".." + std::to_string(high) +
@@ -180,9 +179,7 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
         PyErr_Clear();
         throw_python(PyExc_OverflowError, what + ", too large for " + type_name);
       }
-      if (type == gpupool::dtype::float32 && std::fabs(d) > FLT_MAX)
-        throw_python(PyExc_OverflowError,
-                     what + ", out of range for float32 (largest magnitude 3.4028235e+38)");
+      if (std::fabs(d) > largest) throw_python(PyExc_OverflowError, what + out_of_float_range);
       return gpupool::kernel_argument(d);
     }
     case number_kind::real: {
@@ -191,9 +188,8 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
                      what + "; NumPy's same_kind casting does not turn a float into " + type_name +
                          " (it would drop the fraction): pass an int");
       const double d = PyFloat_AsDouble(p);
-      if (type == gpupool::dtype::float32 && std::isfinite(d) && std::fabs(d) > FLT_MAX)
-        throw_python(PyExc_OverflowError,
-                     what + ", out of range for float32 (largest magnitude 3.4028235e+38)");
+      if (std::isfinite(d) && std::fabs(d) > largest)
+        throw_python(PyExc_OverflowError, what + out_of_float_range);
       return gpupool::kernel_argument(d);
     }
     case number_kind::complex:

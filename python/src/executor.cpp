@@ -321,17 +321,10 @@ class py_executor {
 
   static gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
                                                   gpupool::dtype t) {
-    switch (t) {
-      case gpupool::dtype::float32:
-        return std::span<const float>(reinterpret_cast<const float*>(address), count);
-      case gpupool::dtype::float64:
-        return std::span<const double>(reinterpret_cast<const double*>(address), count);
-      case gpupool::dtype::int32:
-        return std::span<const std::int32_t>(reinterpret_cast<const std::int32_t*>(address), count);
-      case gpupool::dtype::int64:
-        break;
-    }
-    return std::span<const std::int64_t>(reinterpret_cast<const std::int64_t*>(address), count);
+    return gpupool::visit_dtype(t, [&]<class T>() {
+      return gpupool::kernel_argument(
+          std::span<const T>(reinterpret_cast<const T*>(address), count));
+    });
   }
 
   template <class T>
@@ -346,11 +339,8 @@ class py_executor {
 
   gpupool::future<void> launch(const gpupool::kernel& k, const input_array& x, const input_array* y,
                                void* out) {
-    const auto t = x.dtype();
-    if (t == nb::dtype<float>()) return launch_typed<float>(k, x, y, out);
-    if (t == nb::dtype<double>()) return launch_typed<double>(k, x, y, out);
-    if (t == nb::dtype<std::int32_t>()) return launch_typed<std::int32_t>(k, x, y, out);
-    return launch_typed<std::int64_t>(k, x, y, out);
+    return gpupool::visit_dtype(dtype_from_name(dtype_name(x.dtype())),
+                                [&]<class T>() { return launch_typed<T>(k, x, y, out); });
   }
 
   std::unique_ptr<gpupool::executor> executor_;

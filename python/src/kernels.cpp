@@ -3,7 +3,9 @@
 #include "kernels.hpp"
 
 #include <cstdint>
+#include <deque>
 #include <limits>
+#include <string>
 
 #include "arrays.hpp"
 
@@ -14,7 +16,7 @@ namespace {
 // object: the C++ kernel carries a double, which tells neither 2 from 2.0 nor every int64 apart.
 constexpr const char* alpha_attribute = "_alpha_value";
 
-nb::object alpha_kernel(gpupool::kernel (*make)(double), const char* op_name, nb::handle alpha) {
+nb::object alpha_kernel(gpupool::op operation, const char* op_name, nb::handle alpha) {
   const std::string where = std::string("alpha of gpupool.kernels.") + op_name;
   const auto n = as_number(alpha);
   if (!n || n->kind == number_kind::complex)
@@ -35,7 +37,7 @@ nb::object alpha_kernel(gpupool::kernel (*make)(double), const char* op_name, nb
   } else {
     value = PyFloat_AsDouble(n->value.ptr());
   }
-  nb::object kernel = nb::cast(make(value));
+  nb::object kernel = nb::cast(gpupool::kernel::of(operation, value));
   kernel.attr(alpha_attribute) = n->value;
   return kernel;
 }
@@ -44,16 +46,14 @@ nb::object alpha_kernel(gpupool::kernel (*make)(double), const char* op_name, nb
 
 void check_alpha(nb::handle kernel_object, const gpupool::kernel& k, gpupool::dtype type,
                  const std::string& arrays) {
-  if (k.operation() != gpupool::op::scale && k.operation() != gpupool::op::axpy) return;
+  if (!k.takes_alpha()) return;
   nb::object given = nb::getattr(kernel_object, alpha_attribute, nb::none());
   const auto kind = python_number_kind(given.ptr());
   const number n = kind ? number{*kind, given} : number{number_kind::real, nb::float_(k.alpha())};
   const std::string where = std::string("alpha of gpupool.kernels.") + k.name() + " (for " +
                             arrays + " of " + gpupool::to_string(type) + ")";
   const auto argument = scalar_argument(n, type, where);
-  if (n.kind != number_kind::integer ||
-      (type != gpupool::dtype::int32 && type != gpupool::dtype::int64))
-    return;
+  if (n.kind != number_kind::integer || !gpupool::info_of(type).is_integer) return;
   // The kernel computes with static_cast<T>(alpha): the double must be that int exactly.
   const double a = k.alpha();
   constexpr double two_to_63 = 9223372036854775808.0;
@@ -99,26 +99,54 @@ unsigned count_argument(nb::handle value, const char* function, const char* para
 
 void bind_kernels(nb::module_& m) {
   using namespace nb::literals;
-  nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.", nb::dynamic_attr())
-      .def_static("square", &gpupool::kernel::square, "out = x * x")
-      .def_static(
-          "scale",
-          [](nb::handle alpha) { return alpha_kernel(&gpupool::kernel::scale, "scale", alpha); },
-          "alpha"_a.none(), "out = alpha * x")
-      .def_static("add", &gpupool::kernel::add, "out = x + y")
-      .def_static(
-          "axpy",
-          [](nb::handle alpha) { return alpha_kernel(&gpupool::kernel::axpy, "axpy", alpha); },
-          "alpha"_a.none(), "out = alpha * x + y")
-      .def_prop_ro("name", [](const gpupool::kernel& k) { return std::string(k.name()); })
-      .def_prop_ro("arity", &gpupool::kernel::arity)
-      .def_prop_ro("alpha", &gpupool::kernel::alpha)
-      .def("__repr__", [](const gpupool::kernel& k) {
-        std::string s = std::string("gpupool.kernels.") + k.name();
-        if (k.operation() == gpupool::op::scale || k.operation() == gpupool::op::axpy)
-          s += "(" + std::to_string(k.alpha()) + ")";
-        return s;
-      });
+  // A factory per built-in, from gpupool's table of them (gpupool.kernels builds on these).
+  auto kernel_class =
+      nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.", nb::dynamic_attr())
+          .def_prop_ro("name", [](const gpupool::kernel& k) { return std::string(k.name()); })
+          .def_prop_ro("arity", &gpupool::kernel::arity)
+          .def_prop_ro("alpha", &gpupool::kernel::alpha)
+          .def("__repr__", [](const gpupool::kernel& k) {
+            std::string s = std::string("gpupool.kernels.") + k.name();
+            if (k.takes_alpha()) s += "(" + std::to_string(k.alpha()) + ")";
+            return s;
+          });
+  static std::deque<std::string> formulas;  // docstrings, alive as long as the module
+  for (const gpupool::builtin_kernel_info& info : gpupool::builtin_kernels()) {
+    const char* doc = formulas.emplace_back(std::string("out = ") + info.formula).c_str();
+    const gpupool::op operation = info.operation;
+    const char* name = info.name;
+    if (info.takes_alpha)
+      kernel_class.def_static(
+          name, [=](nb::handle alpha) { return alpha_kernel(operation, name, alpha); },
+          "alpha"_a.none(), doc);
+    else
+      kernel_class.def_static(
+          name, [=]() { return gpupool::kernel::of(operation); }, doc);
+  }
+  m.def(
+      "builtin_kernels",
+      [] {
+        nb::list out;
+        for (const gpupool::builtin_kernel_info& info : gpupool::builtin_kernels()) {
+          nb::dict d;
+          d["name"] = info.name;
+          d["arity"] = info.arity;
+          d["takes_alpha"] = info.takes_alpha;
+          d["formula"] = info.formula;
+          out.append(d);
+        }
+        return out;
+      },
+      "The built-in kernels, as the C++ library declares them: name, arity (input arrays),\n"
+      "takes_alpha, formula.");
+  m.def(
+      "dtypes",
+      [] {
+        nb::list out;
+        for (const gpupool::dtype_info& t : gpupool::dtypes) out.append(t.name);
+        return out;
+      },
+      "The element types gpupool computes with, by NumPy's names.");
 
   nb::class_<gpupool::elementwise_kernel>(
       m, "ElementwiseKernel",

@@ -14,6 +14,7 @@ nb::object span_value(const gpupool::span_us& s) {
   return nb::make_tuple(s.begin, s.end);
 }
 
+// Every stage of gpupool::trace_stages, under its key: a record's span, a stat's time.
 nb::dict record_dict(const gpupool::task_record& r) {
   nb::dict d;
   d["id"] = r.id;
@@ -22,15 +23,13 @@ nb::dict record_dict(const gpupool::task_record& r) {
   d["lane"] = r.lane;
   d["submitted"] = r.submitted;
   d["started"] = r.started;
-  d["stage_in"] = span_value(r.stage_in);
-  d["upload"] = span_value(r.upload);
-  d["kernel"] = span_value(r.kernel);
-  d["download"] = span_value(r.download);
-  d["stage_out"] = span_value(r.stage_out);
+  for (const gpupool::trace_stage& stage : gpupool::trace_stages)
+    d[stage.key] = span_value(r.*stage.span);
   d["done"] = r.done;
   d["bytes_in"] = r.bytes_in;
   d["bytes_out"] = r.bytes_out;
   d["failed"] = r.failed;
+  d["on_stream"] = gpupool::went_through_stream(r);
   return d;
 }
 
@@ -46,7 +45,26 @@ nb::dict stats_dict(const gpupool::lane_stats& s) {
   d["queue_wait_p50_us"] = s.queue_wait_p50_us;
   d["queue_wait_p99_us"] = s.queue_wait_p99_us;
   d["input_gb_per_s"] = s.input_gb_per_s();
+  nb::dict stage_us;
+  for (std::size_t i = 0; i < gpupool::trace_stage_count; ++i)
+    stage_us[gpupool::trace_stages[i].key] = s.stage_us[i];
+  d["stage_us"] = stage_us;
   return d;
+}
+
+// The stage table, for the Python renderer: one dict per stage, in the journey's order.
+nb::list stage_table() {
+  nb::list out;
+  for (const gpupool::trace_stage& stage : gpupool::trace_stages) {
+    nb::dict d;
+    d["key"] = stage.key;
+    d["label"] = stage.label;
+    d["track"] = stage.track == gpupool::stage_track::host ? "host" : "stream";
+    d["engine"] = stage.engine != nullptr ? nb::cast(stage.engine) : nb::none();
+    d["colour"] = stage.colour;
+    out.append(d);
+  }
+  return out;
 }
 
 template <class Write>
@@ -59,6 +77,10 @@ std::string to_text(Write write) {
 }  // namespace
 
 void bind_trace(nb::module_& m) {
+  m.def("trace_stages", &stage_table,
+        "The stages of a task's journey, as the C++ library declares them: key (the records'\n"
+        "field), label, track ('host' or 'stream'), engine (a device engine's row, or None),\n"
+        "colour.");
   nb::class_<gpupool::trace>(m, "Trace", "A snapshot of an executor's per-task trace.")
       .def_prop_ro(
           "backend",
@@ -79,7 +101,8 @@ void bind_trace(nb::module_& m) {
             for (const auto& s : t.stats()) out.append(stats_dict(s));
             return out;
           },
-          "Per lane, then per device (lane None): tasks, bytes, busy time, queue wait, GB/s.")
+          "Per lane, then per device (lane None): tasks, bytes, busy time, queue wait, GB/s,\n"
+          "and stage_us: the time in each stage (by key).")
       .def(
           "chrome_json",
           [](const gpupool::trace& t) {

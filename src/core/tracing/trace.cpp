@@ -221,7 +221,8 @@ void trace::write_records_json(std::ostream& out) const {
                    {"done", microseconds(r.done)},
                    {"bytes_in", r.bytes_in},
                    {"bytes_out", r.bytes_out},
-                   {"failed", r.failed}};
+                   {"failed", r.failed},
+                   {"on_stream", went_through_stream(r)}};
     for (const trace_stage& stage : trace_stages) record[stage.key] = span(r.*stage.span);
     records.push_back(std::move(record));
   }
