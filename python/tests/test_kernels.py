@@ -1,6 +1,7 @@
 """Built-in kernels through Executor.map/submit: the C++ fast path over NumPy arrays."""
 
 import gc
+import pathlib
 import time
 
 import gpupool
@@ -185,3 +186,14 @@ def test_every_built_in_of_the_table_is_exposed_and_computes_its_formula(backend
                 args = (x, y)[:info["arity"]]
                 got = ex.submit(kernel, *args).result(30)
                 assert got.dtype == want.dtype and np.array_equal(got, want), (info, dtype)
+
+
+def test_the_docs_list_every_built_in_with_its_formula():
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "kernels.md"
+    if not docs.is_file():
+        pytest.skip("no docs beside these tests (not a checkout)")
+    text = docs.read_text()
+    for k in gpupool._ext.builtin_kernels():
+        row = (f"| `{k['name']}` | {k['arity']} | {'yes' if k['takes_alpha'] else 'no'} | "
+               f"`{k['formula']}` |")
+        assert row in text, f"docs/kernels.md lacks the row {row}"

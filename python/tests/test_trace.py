@@ -1,6 +1,7 @@
 """Executor.trace(): the journey of every task, its exports and stats."""
 
 import json
+import pathlib
 import xml.etree.ElementTree as ET
 
 import gpupool
@@ -134,3 +135,14 @@ def test_every_writer_follows_the_stage_table(executor, tmp_path):
     for stage in table:
         assert f"{stage['label']} ({stage['track']})" in svg
         assert stage["colour"] in svg.lower()
+
+
+def test_the_docs_list_the_stage_table():
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
+    if not docs.is_file():
+        pytest.skip("no docs beside these tests (not a checkout)")
+    text = docs.read_text()
+    for s in gpupool._ext.trace_stages():
+        row = (f"| `{s['key']}` | {s['label']} | {s['track']} | {s['engine'] or '-'} | "
+               f"`{s['colour']}` |")
+        assert row in text, f"docs/tracing.md lacks the row {row}"
