@@ -15,7 +15,8 @@ enum class dtype { float32, float64, int32, int64 };
 
 /// One element type, described once: every name, size and C++ spelling of a dtype (in
 /// signatures, messages, generated source, the Python binding and the command-line tool) comes
-/// from `dtypes` below, and its C++ type from `detail::element_types` in the same order.
+/// from `dtypes` below, and its C++ type from `detail::element_types` in the same order. Adding
+/// a dtype: its enum value, its row, its C++ type (a static_assert checks the three agree).
 struct dtype_info {
   dtype type;
   const char* name;       ///< "float32": in signatures and messages; NumPy's name too
@@ -70,7 +71,8 @@ inline constexpr bool is_supported_element_v =
 /// The `dtype` of a C++ element type; only the supported types (`dtypes`) compile.
 template <class T>
 constexpr dtype dtype_of() {
-  static_assert(is_supported_element_v<T>, "gpupool kernels support float, double, int32, int64");
+  static_assert(is_supported_element_v<T>,
+                "gpupool kernels support the element types of gpupool::dtypes only");
   return dtypes[detail::index_in<T>(detail::element_types{})].type;
 }
 

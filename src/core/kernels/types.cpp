@@ -1,5 +1,6 @@
 // Names and sizes of the public value types, and the exception types' constructors.
 #include <array>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -19,12 +20,19 @@ std::size_t detail::checked_bytes(std::size_t count, std::size_t size, const cha
   return bytes;
 }
 
+namespace {
+// A dtype from outside the enum's values (a cast) is no row of the table.
+bool in_table(dtype t) noexcept {
+  return static_cast<std::size_t>(t) < std::size(dtypes);
+}
+}  // namespace
+
 std::size_t size_of(dtype t) noexcept {
-  return info_of(t).size;
+  return in_table(t) ? info_of(t).size : 0;
 }
 
 const char* to_string(dtype t) noexcept {
-  return info_of(t).name;
+  return in_table(t) ? info_of(t).name : "unknown";
 }
 
 const char* to_string(backend_kind b) noexcept {
