@@ -43,6 +43,11 @@ class py_ref {
   PyObject* object_;
 };
 
+// Gives this thread, if Python did not start it (a lane), a Python thread state kept until the
+// thread ends: each later acquisition of the GIL there reuses it, rather than making one and
+// destroying it again, which costs more than most Python tasks. Call without the GIL.
+void keep_python_thread_state();
+
 [[noreturn]] inline void throw_python(PyObject* type, const std::string& message) {
   PyErr_SetString(type, message.c_str());
   throw nb::python_error();
@@ -58,6 +63,7 @@ void bind_kernels(nb::module_& m);
 void bind_arrays(nb::module_& m);
 void bind_trace(nb::module_& m);
 void bind_lane(nb::module_& m);
+void bind_futures(nb::module_& m);
 void bind_executor(nb::module_& m);
 
 }  // namespace gpupool_python

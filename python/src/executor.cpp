@@ -1,6 +1,7 @@
 // Executor: the C++ executor behind gpupool.Executor (whose concurrent.futures semantics live in
 // python/gpupool/_executor.py): Python calls on lanes, kernels over host and device arrays.
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,7 @@
 #include "arrays.hpp"
 #include "common.hpp"
 #include "errors.hpp"
+#include "futures.hpp"
 #include "gpupool/gpupool.hpp"
 #include "kernels.hpp"
 #include "lane.hpp"
@@ -40,27 +42,9 @@ orphaned_executors& orphans() {
 
 class py_executor {
  public:
-  py_executor(int threads_per_gpu, std::optional<std::vector<int>> devices,
-              std::optional<std::string> backend, int slots_per_lane, std::size_t chunk_bytes,
-              std::size_t device_memory_budget, int cpu_devices) {
-    gpupool::executor_options o;
-    if (backend) {
-      if (*backend == "cpu")
-        o.backend = gpupool::backend_kind::cpu;
-      else if (*backend == "cuda")
-        o.backend = gpupool::backend_kind::cuda;
-      else
-        throw nb::value_error(
-            ("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
-    }
-    if (devices) o.devices = *devices;
-    o.lanes_per_device = threads_per_gpu;
-    o.slots_per_lane = slots_per_lane;
-    o.chunk_bytes = chunk_bytes;
-    o.device_memory_budget = device_memory_budget;
-    o.cpu_devices = cpu_devices;
+  explicit py_executor(const gpupool::executor_options& options) {
     nb::gil_scoped_release nogil;
-    executor_ = std::make_unique<gpupool::executor>(o);
+    executor_ = std::make_unique<gpupool::executor>(options);
   }
   py_executor(const py_executor&) = delete;
   py_executor& operator=(const py_executor&) = delete;
@@ -90,56 +74,20 @@ class py_executor {
     return *executor_;
   }
 
-  // Runs `call()` on a lane (of `device`, if given) with the GIL and the lane current. `call`
-  // returns a callable (or None) that hands the outcome over; it is called once the lane's
-  // stream has finished what `call` enqueued, so results made on the GPU are complete by then.
-  // If the lane fails the task after `call` returned (a CUDA error), or the task is cancelled
-  // before it starts (by shutdown), `on_error(exception)` is called instead (a CancelledError for
-  // a cancellation). Returns `cancel()`: true if the task had not started and is now cancelled.
-  nb::object submit_call(nb::callable call, nb::callable on_error, std::optional<int> device) {
-    using deliverer = std::shared_ptr<py_ref>;
-    auto ref = std::make_shared<py_ref>(call);
-    auto task = [ref](gpupool::lane& l) -> deliverer {
-      if (!interpreter_alive()) return nullptr;
-      nb::gil_scoped_acquire gil;
-      lane_scope scope(&l);
-      try {
-        nb::object deliver = ref->get()();
-        return deliver.is_none() ? nullptr : std::make_shared<py_ref>(deliver);
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("gpupool: in a lane task");
-        return nullptr;
-      }
-    };
-    auto f = device ? get().submit_to(*device, std::move(task)) : get().submit(std::move(task));
-    auto error_ref = std::make_shared<py_ref>(on_error);
-    auto handle = std::make_shared<gpupool::future<deliverer>>(std::move(f));
-    handle->on_complete([error_ref](gpupool::future<deliverer>& done) {
-      if (!interpreter_alive()) return;
-      deliverer deliver;
-      std::exception_ptr failure;
-      try {
-        deliver = done.get();
-      } catch (...) {
-        failure = std::current_exception();
-      }
-      nb::gil_scoped_acquire gil;
-      try {
-        if (failure) {
-          error_ref->get()(python_exception(failure));
-        } else if (deliver) {
-          deliver->get()();
-        }
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("gpupool: handing over a task's result");
-      }
-    });
-    return nb::cpp_function([handle]() { return handle->cancel(); });
+  // Queues fn(*args, **kwargs) on a lane (of `device`, if given); `future`, a
+  // concurrent.futures.Future, gets its outcome (see submit_python_call).
+  void submit_call(nb::handle fn, nb::handle args, nb::handle kwargs, nb::handle future,
+                   std::optional<int> device) {
+    submit_python_call(get(), device, fn, args, kwargs, future, runner_, handed_over_early_);
   }
 
-  std::vector<std::unique_ptr<array_future>> map_kernel(
-      nb::pointer_and_handle<gpupool::kernel> kernel, nb::sequence xs,
-      std::optional<nb::sequence> ys) {
+  // What CUDA lanes call as runner(fn, args, kwargs) instead of fn (None: fn itself).
+  void set_runner(nb::object runner) { runner_ = std::move(runner); }
+
+  // A built-in kernel over each host array (pair): one future (of `future_type`) per array,
+  // whose result is a new NumPy array in pinned memory. Every array is checked first.
+  nb::list map_kernel(nb::pointer_and_handle<gpupool::kernel> kernel, nb::sequence xs,
+                      std::optional<nb::sequence> ys, nb::handle future_type) {
     const gpupool::kernel& k = *kernel.p;
     const std::size_t n = nb::len(xs);
     if (k.arity() == 2 && !ys)
@@ -175,26 +123,23 @@ class py_executor {
       }
     }
 
-    std::vector<std::unique_ptr<array_future>> out;
-    out.reserve(n);
+    nb::list out;
     for (std::size_t i = 0; i < n; ++i) {
       auto result = std::make_unique<pinned_block>(x[i].nbytes());
       auto f = launch(k, x[i], ys ? &y[i] : nullptr, result->data());
       std::vector<input_array> views{x[i]};
       if (ys) views.push_back(y[i]);
-      out.push_back(std::make_unique<array_future>(
-          std::move(f), std::move(result), x[i].dtype(), shape_of(x[i]), nb::borrow(xs[i]),
-          ys ? nb::borrow((*ys)[i]) : nb::none(), std::move(views)));
+      out.append(adopt_kernel_task(std::move(f), future_type, std::move(views),
+                                   pinned_result{std::move(result), x[i].dtype(), shape_of(x[i])}));
     }
     return out;
   }
 
-  // Runs a run-time compiled kernel over host arrays (and broadcast scalars): one call, whose
-  // result is a new NumPy array (in pinned memory) shaped like the first array argument.
-  // A compiled kernel (elementwise or raw) over host arrays and numbers; the result is a new
-  // array in pinned memory shaped like the first array argument.
+  // A compiled kernel (elementwise or raw) over host arrays and numbers: one future (of
+  // `future_type`), whose result is a new array in pinned memory shaped like the first array
+  // argument.
   template <class K>
-  std::unique_ptr<array_future> launch_compiled(const K& k, nb::sequence args) {
+  nb::object launch_compiled(const K& k, nb::sequence args, nb::handle future_type) {
     const std::size_t n = nb::len(args);
     if (n != k.inputs().size())
       throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
@@ -233,9 +178,10 @@ class py_executor {
       else
         f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
     }
-    const std::vector<std::size_t> shape = shape_of(*first);
-    return std::make_unique<array_future>(std::move(f), std::move(result), dlpack_of(out_type),
-                                          shape, nb::borrow(args), nb::none(), std::move(arrays));
+    std::vector<std::size_t> shape = shape_of(*first);
+    return adopt_kernel_task(
+        std::move(f), future_type, std::move(arrays),
+        pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
   }
 
   // A compiled kernel over many calls on arrays already on GPU `ordinal`. `calls[i]` lists the
@@ -286,11 +232,12 @@ class py_executor {
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
   // out = k(x[, y]), `count` elements of `type`. No host copy is made.
-  std::unique_ptr<array_future> launch_device(nb::pointer_and_handle<gpupool::kernel> kernel,
-                                              std::uintptr_t x, std::uintptr_t y,
-                                              std::uintptr_t out, std::size_t count,
-                                              const std::string& type, int ordinal,
-                                              nb::object result, nb::object keep_alive) {
+  // One future (of `future_type`) whose result is `result`; `keep_alive` is held until the
+  // task has ended.
+  nb::object launch_device(nb::pointer_and_handle<gpupool::kernel> kernel, std::uintptr_t x,
+                           std::uintptr_t y, std::uintptr_t out, std::size_t count,
+                           const std::string& type, int ordinal, nb::object result,
+                           nb::object keep_alive, nb::handle future_type) {
     const int device = device_of_ordinal(ordinal);
     const gpupool::kernel k = *kernel.p;  // copied into the task
     if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
@@ -300,7 +247,8 @@ class py_executor {
       l.apply_bytes(k, t, reinterpret_cast<const void*>(x), reinterpret_cast<const void*>(y),
                     reinterpret_cast<void*>(out), count);
     });
-    return std::make_unique<array_future>(std::move(f), std::move(result), std::move(keep_alive));
+    return adopt_kernel_task(std::move(f), future_type, {}, std::nullopt, std::move(result),
+                             std::move(keep_alive));
   }
 
   void shutdown(bool cancel_pending) {
@@ -344,6 +292,11 @@ class py_executor {
   }
 
   std::unique_ptr<gpupool::executor> executor_;
+  nb::object runner_;
+  std::shared_ptr<std::atomic<int>> handed_over_early_ = std::make_shared<std::atomic<int>>(0);
+
+ public:
+  void wait_for_early_handovers() const { wait_for_tasks_handed_over_early(*handed_over_early_); }
 };
 
 nb::dict device_dict(const gpupool::device_info& d, int lanes) {
@@ -363,25 +316,55 @@ nb::dict device_dict(const gpupool::device_info& d, int lanes) {
 
 void bind_executor(nb::module_& m) {
   using namespace nb::literals;
+  // The options are bound once, as the C++ struct: a default ExecutorOptions() carries the
+  // defaults of include/gpupool/options.hpp, which gpupool.Executor's signature reads.
+  nb::class_<gpupool::executor_options>(
+      m, "ExecutorOptions",
+      "gpupool::executor_options (include/gpupool/options.hpp); a new one holds the defaults.")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "backend",
+          [](const gpupool::executor_options& o) -> std::optional<std::string> {
+            if (!o.backend) return std::nullopt;
+            return std::string(gpupool::to_string(*o.backend));
+          },
+          [](gpupool::executor_options& o, std::optional<std::string> backend) {
+            if (!backend)
+              o.backend.reset();
+            else if (*backend == "cpu")
+              o.backend = gpupool::backend_kind::cpu;
+            else if (*backend == "cuda")
+              o.backend = gpupool::backend_kind::cuda;
+            else
+              throw nb::value_error(
+                  ("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
+          },
+          nb::arg("backend").none())
+      .def_rw("devices", &gpupool::executor_options::devices)
+      .def_rw("lanes_per_device", &gpupool::executor_options::lanes_per_device)
+      .def_rw("slots_per_lane", &gpupool::executor_options::slots_per_lane)
+      .def_rw("chunk_bytes", &gpupool::executor_options::chunk_bytes)
+      .def_rw("device_memory_budget", &gpupool::executor_options::device_memory_budget)
+      .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
+      .def_rw("quiet", &gpupool::executor_options::quiet);
+
   nb::class_<py_executor>(m, "Executor")
-      .def(nb::init<int, std::optional<std::vector<int>>, std::optional<std::string>, int,
-                    std::size_t, std::size_t, int>(),
-           "threads_per_gpu"_a = 0, "devices"_a = nb::none(), "backend"_a = nb::none(),
-           "slots_per_lane"_a = 2, "chunk_bytes"_a = std::size_t{8} << 20,
-           "device_memory_budget"_a = 0, "cpu_devices"_a = 0)
-      .def("submit_call", &py_executor::submit_call, "call"_a, "on_error"_a,
-           "device"_a = nb::none())
-      .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a = nb::none())
+      .def(nb::init<const gpupool::executor_options&>(), "options"_a)
+      .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),
+           "future"_a, "device"_a.none())
+      .def("set_runner", &py_executor::set_runner, "runner"_a.none())
+      .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
+           "future_type"_a)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::elementwise_kernel>,
-           "kernel"_a, "args"_a)
+           "kernel"_a, "args"_a, "future_type"_a)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
-           "args"_a)
+           "args"_a, "future_type"_a)
       .def("map_on_device", &py_executor::map_on_device<gpupool::elementwise_kernel>, "kernel"_a,
            "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
       .def("map_on_device", &py_executor::map_on_device<gpupool::raw_kernel>, "kernel"_a,
            "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
-           "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a)
+           "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
       .def(
           "set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
@@ -392,6 +375,7 @@ void bind_executor(nb::module_& m) {
             gpupool::trace t;
             {
               nb::gil_scoped_release nogil;
+              e.wait_for_early_handovers();  // every future done has its record
               t = e.get().trace(first_task);
             }
             return t;

@@ -36,6 +36,23 @@ class py_lane {
   gpupool::lane* lane_;
 };
 
+// Lane.upload and Lane.download, which allocate with CuPy, are written in Python; the package
+// hands them in at import (set_lane_helpers), so this binding needs nothing of its internals.
+struct lane_helpers {
+  PyObject* upload = nullptr;
+  PyObject* download = nullptr;
+};
+lane_helpers& helpers() {
+  static auto* const h = new lane_helpers;  // leaked: the functions live as long as the package
+  return *h;
+}
+
+nb::handle helper(PyObject* function) {
+  if (function == nullptr)
+    throw std::runtime_error("gpupool: Lane.upload/download need the gpupool package imported");
+  return function;
+}
+
 }  // namespace
 
 void bind_lane(nb::module_& m) {
@@ -64,21 +81,18 @@ void bind_lane(nb::module_& m) {
            })
       .def(
           "upload",
-          [](nb::handle self, nb::handle array) {
-            return nb::module_::import_("gpupool._executor").attr("_lane_upload")(self, array);
-          },
+          [](nb::handle self, nb::handle array) { return helper(helpers().upload)(self, array); },
           "array"_a,
           "Copies a host array to a new CuPy array on this lane's device, ordered on the lane's\n"
           "stream (through the lane's pinned staging slot, or directly when the array is pinned).")
       .def(
           "download",
           [](nb::handle self, nb::handle device_array, nb::handle out) {
-            return nb::module_::import_("gpupool._executor")
-                .attr("_lane_download")(self, device_array, out);
+            return helper(helpers().download)(self, device_array, out);
           },
           "device_array"_a, "out"_a = nb::none(),
-          "Copies a CuPy array on this lane's device into `out` (or a new NumPy array); returns\n"
-          "once the data is on the host.")
+          "Copies a CuPy array on this lane's device into `out` (or a new NumPy array in pinned\n"
+          "memory from gpupool's cache); returns once the data is on the host.")
       .def("_upload",
            [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
              auto& lane = l.get();
@@ -90,6 +104,17 @@ void bind_lane(nb::module_& m) {
         nb::gil_scoped_release nogil;
         lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
       });
+
+  m.def(
+      "set_lane_helpers",
+      [](nb::object upload, nb::object download) {
+        Py_CLEAR(helpers().upload);
+        Py_CLEAR(helpers().download);
+        if (!upload.is_none()) helpers().upload = upload.release().ptr();
+        if (!download.is_none()) helpers().download = download.release().ptr();
+      },
+      "upload"_a.none(), "download"_a.none(),
+      "What Lane.upload and Lane.download call (set by the package; None, None at exit).");
 
   m.def("current_lane", []() -> std::optional<py_lane> {
     if (current_lane == nullptr) return std::nullopt;

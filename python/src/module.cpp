@@ -18,6 +18,7 @@ NB_MODULE(_ext, m) {
   bind_arrays(m);
   bind_trace(m);
   bind_lane(m);
+  bind_futures(m);
   bind_executor(m);
 
   m.def("cuda_availability", []() {
