@@ -260,6 +260,8 @@ TEST(TraceExport, EveryWriterFollowsTheStageTable) {
     EXPECT_DOUBLE_EQ(t.stats().back().stage_us[i], expected);
     EXPECT_NE(table.str().find(std::string(stage.label) + " ms"), std::string::npos);
   }
+  EXPECT_TRUE(records.at("records")[0].at("on_stream").get<bool>());
+  EXPECT_FALSE(records.at("records")[1].at("on_stream").get<bool>());
   EXPECT_TRUE(records.at("records")[1].at("upload").is_null());
   EXPECT_EQ(records.at("records")[1].at("kernel").size(), 2u);
 }
