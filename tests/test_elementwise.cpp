@@ -7,9 +7,11 @@
 
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -352,6 +354,71 @@ TEST_P(ElementwiseTest, IntegerKernelsWrapAndScalarsFollowSameKind) {
 INSTANTIATE_TEST_SUITE_P(Backends, ElementwiseTest,
                          ::testing::Values(backend_kind::cpu, backend_kind::cuda),
                          testing::backend_name);
+
+}  // namespace
+}  // namespace gpupool
+
+namespace gpupool {
+namespace {
+
+// The dtype table drives the signature parser and the generated source: every dtype, by its
+// name and by its alias, declares a parameter of that type, and a kernel over it runs.
+TEST_P(ElementwiseTest, EveryDtypeOfTheTableDeclaresAndRuns) {
+  executor ex(options());
+  for (const dtype_info& t : dtypes) {
+    SCOPED_TRACE(t.name);
+    EXPECT_EQ(size_of(t.type), t.size);
+    EXPECT_STREQ(to_string(t.type), t.name);
+    for (const std::string& name : {std::string(t.name), std::string(t.alias)}) {
+      if (name.empty()) continue;
+      const elementwise_kernel k(name + " x", name + " y", "y = x + x;", "twice");
+      EXPECT_EQ(k.inputs()[0].type, t.type);
+      visit_dtype(t.type, [&]<class T>() {
+        EXPECT_EQ(dtype_of<T>(), t.type);
+        const std::vector<T> x{1, 2, 3};
+        std::vector<T> out(3);
+        ex.transform<T>(k, {x}, out).get();
+        EXPECT_EQ(out, (std::vector<T>{2, 4, 6}));
+      });
+    }
+  }
+}
+
+// One declaration per built-in: the table's name, arity and alpha are the kernel's, and its
+// formula, compiled as an elementwise kernel's body, computes what the built-in computes, for
+// every dtype of the table.
+TEST_P(ElementwiseTest, EveryBuiltInComputesItsDeclaredFormula) {
+  executor ex(options());
+  std::vector<std::string> names;
+  for (const builtin_kernel_info& info : builtin_kernels()) {
+    SCOPED_TRACE(info.name);
+    const kernel k = kernel::of(info.operation, 3.0);
+    EXPECT_STREQ(k.name(), info.name);
+    EXPECT_EQ(k.arity(), info.arity);
+    EXPECT_EQ(k.alpha(), info.takes_alpha ? 3.0 : 0.0);
+    EXPECT_EQ(&info_of(info.operation), &info);
+    EXPECT_EQ(std::count(names.begin(), names.end(), info.name), 0) << "two built-ins share a name";
+    names.emplace_back(info.name);
+    for (const dtype_info& t : dtypes) {
+      SCOPED_TRACE(t.name);
+      const std::string type = t.name;
+      const elementwise_kernel formula(type + " x, " + type + " y, " + type + " alpha",
+                                       type + " out", std::string("out = ") + info.formula + ";",
+                                       std::string("formula_") + info.name);
+      visit_dtype(t.type, [&]<class T>() {
+        const std::vector<T> x{1, -2, 5, 7}, y{4, 3, -6, 0};
+        std::vector<T> built_in(x.size()), declared(x.size());
+        if (info.arity == 2)
+          ex.transform<T>(k, std::span<const T>(x), std::span<const T>(y), std::span<T>(built_in))
+              .get();
+        else
+          ex.transform<T>(k, std::span<const T>(x), std::span<T>(built_in)).get();
+        ex.transform<T>(formula, {x, y, 3}, declared).get();
+        EXPECT_EQ(built_in, declared);
+      });
+    }
+  }
+}
 
 }  // namespace
 }  // namespace gpupool

@@ -196,6 +196,76 @@ TEST(TraceExport, UserNamesAreEscaped) {
   EXPECT_TRUE(found);
 }
 
+// The stage table is what every writer uses: each stage of `trace_stages` appears, under the
+// table's names, in the Chrome trace (an event named by its label, on its track; its engine's
+// track), in the records JSON (a field named by its key, and the table itself) and in the stats
+// (time per stage, a column per stage).
+TEST(TraceExport, EveryWriterFollowsTheStageTable) {
+  task_record piece;
+  piece.name = "square";
+  piece.started = 10.0;
+  piece.done = 20.0;
+  double at = 10.0;
+  for (const trace_stage& stage : trace_stages) {  // stages one after another, 1 us each
+    piece.*stage.span = {at, at + 1.0};
+    at += 1.5;
+  }
+  task_record task;  // a submit() task: no copies, its run as the kernel span
+  task.id = 1;
+  task.name = "task";
+  task.started = 30.0;
+  task.done = 34.0;
+  task.kernel = {30.0, 34.0};
+  const trace t(backend_kind::cpu, {"dev"}, 1, {piece, task});
+
+  std::ostringstream chrome_text, records_text, table;
+  t.write_chrome_json(chrome_text);
+  t.write_records_json(records_text);
+  t.write_stats_table(table);
+  const auto chrome = nlohmann::json::parse(chrome_text.str());
+  const auto records = nlohmann::json::parse(records_text.str());
+
+  ASSERT_EQ(records.at("stages").size(), trace_stage_count);
+  for (std::size_t i = 0; i < trace_stage_count; ++i) {
+    const trace_stage& stage = trace_stages[i];
+    SCOPED_TRACE(stage.key);
+    // Chrome: one complete event per stage of the piece, named by the label, on its track.
+    std::size_t events = 0;
+    for (const auto& e : chrome.at("traceEvents"))
+      if (e.at("ph") == "X" && e.at("name") == stage.label) {
+        ++events;
+        EXPECT_EQ(e.at("cat"), stage.track == stage_track::host ? "host" : "stream");
+        EXPECT_EQ(e.at("args").at("task"), 0u) << "a submit() task's run is not stream work";
+      }
+    EXPECT_EQ(events, 1u);
+    if (stage.engine != nullptr) {
+      std::size_t named = 0, async = 0;
+      for (const auto& e : chrome.at("traceEvents")) {
+        named += e.at("name") == "thread_name" && e.at("args").at("name") == stage.engine;
+        async += e.at("ph") == "b" && e.at("cat") == stage.engine;
+      }
+      EXPECT_EQ(named, 1u);
+      EXPECT_EQ(async, 1u);
+    }
+    // Records: a field per stage, named by the key; the table itself beside them.
+    const auto& row = records.at("stages")[i];
+    EXPECT_EQ(row.at("key"), stage.key);
+    EXPECT_EQ(row.at("label"), stage.label);
+    EXPECT_EQ(row.at("colour"), stage.colour);
+    const auto& span = records.at("records")[0].at(stage.key);
+    ASSERT_EQ(span.size(), 2u);
+    EXPECT_DOUBLE_EQ(span[1].get<double>() - span[0].get<double>(), 1.0);
+    // Stats: the time in each stage, and its column.
+    const double expected = std::string(stage.key) == "kernel" ? 1.0 + 4.0 : 1.0;
+    EXPECT_DOUBLE_EQ(t.stats().back().stage_us[i], expected);
+    EXPECT_NE(table.str().find(std::string(stage.label) + " ms"), std::string::npos);
+  }
+  EXPECT_TRUE(records.at("records")[0].at("on_stream").get<bool>());
+  EXPECT_FALSE(records.at("records")[1].at("on_stream").get<bool>());
+  EXPECT_TRUE(records.at("records")[1].at("upload").is_null());
+  EXPECT_EQ(records.at("records")[1].at("kernel").size(), 2u);
+}
+
 executor_options cuda_options(int lanes) {
   return testing::quiet_options(backend_kind::cuda, lanes);
 }

@@ -7,10 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <limits>
 #include <random>
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gpupool/gpupool.hpp"
@@ -91,43 +93,74 @@ struct point {
   double gb_per_s = 0.0;
 };
 
+// A whole number, so that kernels with alpha run on integer arrays too.
+constexpr double bench_alpha = 3.0;
+
 gpupool::kernel kernel_named(const std::string& name) {
-  if (name == "square") return gpupool::kernel::square();
-  if (name == "scale") return gpupool::kernel::scale(2.5);
-  throw std::invalid_argument("bench: --kernel must be square or scale, not '" + name + "'");
+  for (const gpupool::builtin_kernel_info& k : gpupool::builtin_kernels())
+    if (name == k.name) return gpupool::kernel::of(k.operation, bench_alpha);
+  throw std::invalid_argument("bench: no built-in kernel is named '" + name + "'");
 }
 
+// What every point must produce: the kernel run once on the CPU backend (the arithmetic the
+// built-ins share), so the check needs no formula of its own.
 template <class T>
-T reference(const gpupool::kernel& k, T x) {
-  return k.operation() == gpupool::op::square ? x * x : static_cast<T>(k.alpha()) * x;
+std::vector<T> reference(const gpupool::kernel& k, std::span<const T> x, std::span<const T> y) {
+  gpupool::executor_options o;
+  o.backend = gpupool::backend_kind::cpu;
+  o.quiet = true;
+  gpupool::executor cpu(o);
+  std::vector<T> want(x.size());
+  if (k.arity() == 2)
+    cpu.transform<T>(k, x, y, std::span<T>(want)).get();
+  else
+    cpu.transform<T>(k, x, std::span<T>(want)).get();
+  return want;
 }
 
-// One sweep point: `input` (pageable) streamed through the devices in chunks of `chunk_bytes`,
-// each chunk a transform into pinned memory. Checked in full before any time is taken.
+// Whether a device's result equals the CPU's: exactly for integers; for floating point within a
+// few rounding steps of the operands' size, since a GPU may fuse a multiply and an add.
+template <class T>
+bool agrees(T got, T want, T x, T y) {
+  if constexpr (std::is_integral_v<T>) {
+    return got == want;
+  } else {
+    const double size = std::fabs(double{x}) * (std::fabs(double{x}) + bench_alpha) +
+                        std::fabs(double{y}) + std::fabs(double{want});
+    return std::fabs(double{got} - double{want}) <= 8 * std::numeric_limits<T>::epsilon() * size;
+  }
+}
+
+// One sweep point: `x` (and for two-input kernels `y`; pageable) streamed through the devices in
+// chunks of `chunk_bytes`, each chunk a transform into pinned memory. Checked in full against
+// `want` before any time is taken.
 template <class T>
 point run_point(gpupool::executor_options o, int lanes, std::size_t chunk_bytes,
-                const gpupool::kernel& k, std::span<const T> input, std::span<T> output,
-                int repeat) {
+                const gpupool::kernel& k, std::span<const T> x, std::span<const T> y,
+                std::span<const T> want, std::span<T> output, int repeat) {
   o.lanes_per_device = lanes;
   o.chunk_bytes = std::max<std::size_t>(chunk_bytes, 4096);
   gpupool::executor ex(o);
   const std::size_t per_chunk = std::max<std::size_t>(1, chunk_bytes / sizeof(T));
   auto run = [&] {
     gpupool::multi_future<void> all;
-    for (std::size_t at = 0; at < input.size(); at += per_chunk) {
-      const std::size_t n = std::min(per_chunk, input.size() - at);
-      all.push_back(ex.transform<T>(k, input.subspan(at, n), output.subspan(at, n)));
+    for (std::size_t at = 0; at < x.size(); at += per_chunk) {
+      const std::size_t n = std::min(per_chunk, x.size() - at);
+      if (k.arity() == 2)
+        all.push_back(
+            ex.transform<T>(k, x.subspan(at, n), y.subspan(at, n), output.subspan(at, n)));
+      else
+        all.push_back(ex.transform<T>(k, x.subspan(at, n), output.subspan(at, n)));
     }
     all.get();
   };
   std::fill(output.begin(), output.end(), T{-1});
   run();
-  for (std::size_t i = 0; i < input.size(); ++i) {
-    const T want = reference(k, input[i]);
-    if (output[i] != want)
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    if (!agrees(output[i], want[i], x[i], y.empty() ? T{} : y[i]))
       throw std::runtime_error("bench: wrong result at element " + std::to_string(i) + " (" +
-                               std::to_string(output[i]) + " instead of " + std::to_string(want) +
-                               ")");
+                               std::to_string(output[i]) + " instead of " +
+                               std::to_string(want[i]) + ")");
   }
   std::vector<double> times;
   for (int r = 0; r < repeat; ++r) {
@@ -139,7 +172,8 @@ point run_point(gpupool::executor_options o, int lanes, std::size_t chunk_bytes,
   p.lanes = lanes;
   p.chunk_bytes = chunk_bytes;
   p.seconds = median(times);
-  p.gb_per_s = static_cast<double>(input.size_bytes()) / p.seconds / 1e9;
+  const std::size_t input_bytes = x.size_bytes() * static_cast<std::size_t>(k.arity());
+  p.gb_per_s = static_cast<double>(input_bytes) / p.seconds / 1e9;
   return p;
 }
 
@@ -148,7 +182,8 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
   const gpupool::kernel k = kernel_named(flags.kernel);
   const std::vector<std::size_t>& sizes = flags.sizes;
   const std::size_t total = flags.total;
-  if (total < sizeof(T)) throw std::invalid_argument("bench: --total is too small");
+  if (total < sizeof(T) * static_cast<std::size_t>(k.arity()))
+    throw std::invalid_argument("bench: --total is too small");
   check_writable(flags.csv_path);
   check_writable(flags.json_path);
 
@@ -161,11 +196,14 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
       "GB/s each way\n",
       limits.h2d, limits.d2h, limits.both);
 
-  const std::size_t count = total / sizeof(T);
-  std::vector<T> input(count);
+  // --total bytes of input, over the kernel's one or two arrays.
+  const std::size_t count = total / sizeof(T) / static_cast<std::size_t>(k.arity());
   std::mt19937_64 rng(11);
   std::uniform_real_distribution<double> dist(-100.0, 100.0);
-  for (auto& x : input) x = static_cast<T>(dist(rng));
+  std::vector<T> x(count), y(k.arity() == 2 ? count : 0);
+  for (auto& v : x) v = static_cast<T>(dist(rng));
+  for (auto& v : y) v = static_cast<T>(dist(rng));
+  const std::vector<T> want = reference<T>(k, x, y);
   T* output = static_cast<T*>(gpupool::allocate_pinned(count * sizeof(T)));
   std::vector<point> points;
   std::string backend;
@@ -178,8 +216,9 @@ int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
     progress_line progress("bench", flags.lanes.size() * sizes.size());
     for (int lanes : flags.lanes) {
       for (std::size_t size : sizes) {
-        const point p = run_point<T>(base, lanes, size, k, std::span<const T>(input),
-                                     std::span<T>(output, count), flags.repeat);
+        const point p =
+            run_point<T>(base, lanes, size, k, std::span<const T>(x), std::span<const T>(y),
+                         std::span<const T>(want), std::span<T>(output, count), flags.repeat);
         points.push_back(p);
         progress.clear();
         std::printf("%-6d %-10s %12.3f %10.2f %8.0f%%\n", lanes, human_bytes(size).c_str(),
@@ -235,11 +274,10 @@ double median(std::vector<double> v) {
 }
 
 int run_bench(const gpupool::executor_options& base, const bench_flags& flags) {
-  if (flags.dtype == "float32") return sweep<float>(base, flags);
-  if (flags.dtype == "float64") return sweep<double>(base, flags);
-  if (flags.dtype == "int32") return sweep<std::int32_t>(base, flags);
-  if (flags.dtype == "int64") return sweep<std::int64_t>(base, flags);
-  throw std::invalid_argument("bench: --dtype must be float32, float64, int32 or int64");
+  for (const gpupool::dtype_info& t : gpupool::dtypes)
+    if (flags.dtype == t.name)
+      return gpupool::visit_dtype(t.type, [&]<class T>() { return sweep<T>(base, flags); });
+  throw std::invalid_argument("bench: no dtype is named '" + flags.dtype + "'");
 }
 
 }  // namespace gpupool_cli

@@ -4,9 +4,11 @@
 // the executor started.
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <iosfwd>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -41,6 +43,40 @@ struct task_record {
   bool failed = false;
 };
 
+/// Where a stage runs: on the lane's thread (host copies) or in the lane's stream, in stream order.
+enum class stage_track { host, stream };
+
+/// A stage of a task's journey, declared once. Every writer iterates `trace_stages`: the Chrome
+/// trace (an event per stage, named `label`), the records (JSON and Python: a field per stage,
+/// named `key`), the stats (time per stage) and the pictures (Python draws with `colour`, on
+/// `track`, and on `engine`'s row). Adding a stage: a span_us member of task_record, its row
+/// here, and the lane code that stamps it.
+struct trace_stage {
+  const char* key;             ///< "stage_in": the record's field
+  const char* label;           ///< "stage in": the event's name, the picture's legend
+  stage_track track;           ///< which row of its lane it is drawn on
+  const char* engine;          ///< the device engine it occupies ("kernels"), or nullptr
+  const char* colour;          ///< "#9e9e9e": its colour in pictures
+  span_us task_record::*span;  ///< where a record keeps it
+};
+
+/// The stages, in the order of a task's journey.
+inline constexpr trace_stage trace_stages[] = {
+    {"stage_in", "stage in", stage_track::host, nullptr, "#9e9e9e", &task_record::stage_in},
+    {"upload", "upload", stage_track::stream, "copies in (H2D)", "#1f77b4", &task_record::upload},
+    {"kernel", "kernel", stage_track::stream, "kernels", "#2ca02c", &task_record::kernel},
+    {"download", "download", stage_track::stream, "copies out (D2H)", "#ff7f0e",
+     &task_record::download},
+    {"stage_out", "stage out", stage_track::host, nullptr, "#9467bd", &task_record::stage_out},
+};
+inline constexpr std::size_t trace_stage_count = std::size(trace_stages);
+
+/// Whether `r`'s work went through its lane's stream (a piece of map or transform). A submit()
+/// task has no copies: its `kernel` span is its whole run on the lane, not stream work.
+[[nodiscard]] inline bool went_through_stream(const task_record& r) noexcept {
+  return r.upload.present();
+}
+
 /// Per-lane (or, summed, per-device) figures derived from a trace.
 struct lane_stats {
   int device = 0;
@@ -52,6 +88,8 @@ struct lane_stats {
   double wall_us = 0.0;  ///< First start to last completion.
   double queue_wait_p50_us = 0.0;
   double queue_wait_p99_us = 0.0;
+  /// Time spent in each stage, summed over the tasks, in the order of `trace_stages`.
+  std::array<double, trace_stage_count> stage_us{};
   /// Bytes in over the span from first start to last completion, in GB/s.
   [[nodiscard]] double input_gb_per_s() const noexcept {
     return wall_us > 0 ? static_cast<double>(bytes_in) / (wall_us * 1e3) : 0.0;
@@ -75,13 +113,14 @@ class trace {
   /// Stats per lane, then one total per device (lane == -1).
   [[nodiscard]] std::vector<lane_stats> stats() const;
 
-  /// Chrome trace format (Perfetto, chrome://tracing): one track per lane, and one per device
-  /// engine (copies in, kernels, copies out).
+  /// Chrome trace format (Perfetto, chrome://tracing): two tracks per lane (host, stream), and
+  /// one per device engine named in `trace_stages`.
   void write_chrome_json(std::ostream& out) const;
   /// The stats as an aligned text table.
   void write_stats_table(std::ostream& out) const;
   /// The records as a JSON list of objects (the fields of task_record; stages as [begin, end]
-  /// or null), with the backend: what `python -m gpupool.plot timeline` (matplotlib) draws.
+  /// or null; `on_stream`: went_through_stream), with the backend and `trace_stages`: what `python
+  /// -m gpupool.plot timeline` (matplotlib) draws.
   void write_records_json(std::ostream& out) const;
 
  private:

@@ -3,6 +3,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iterator>
+#include <span>
 #include <string>
 #include <type_traits>
 
@@ -11,19 +13,86 @@ namespace gpupool {
 /// Element types the built-in kernels understand.
 enum class dtype { float32, float64, int32, int64 };
 
+/// One element type, described once: every name, size and C++ spelling of a dtype (in
+/// signatures, messages, generated source, the Python binding and the command-line tool) comes
+/// from `dtypes` below, and its C++ type from `detail::element_types` in the same order. Adding
+/// a dtype: its enum value, its row, its C++ type (a static_assert checks the three agree).
+struct dtype_info {
+  dtype type;
+  const char* name;       ///< "float32": in signatures and messages; NumPy's name too
+  std::size_t size;       ///< bytes per element
+  bool is_integer;        ///< an integer type (scalars must be whole numbers it holds)
+  const char* host_name;  ///< its C++ spelling with <cstdint> ("std::int32_t")
+  const char* cuda_name;  ///< its spelling with built-in names only, for NVRTC ("int")
+  const char* alias;      ///< a C++ name also accepted in signatures ("int"), or ""
+};
+
+/// Every dtype, in the order of the enum.
+inline constexpr dtype_info dtypes[] = {
+    {dtype::float32, "float32", 4, false, "float", "float", "float"},
+    {dtype::float64, "float64", 8, false, "double", "double", "double"},
+    {dtype::int32, "int32", 4, true, "std::int32_t", "int", "int"},
+    {dtype::int64, "int64", 8, true, "std::int64_t", "long long", ""},
+};
+
+/// The description of `t`.
+[[nodiscard]] constexpr const dtype_info& info_of(dtype t) noexcept {
+  return dtypes[static_cast<std::size_t>(t)];
+}
+
+namespace detail {
+template <class... T>
+struct type_list {};
+/// The C++ element type of each entry of `dtypes`, in the same order.
+using element_types = type_list<float, double, std::int32_t, std::int64_t>;
+
+template <class T, class... List>
+constexpr std::size_t index_in(type_list<List...>) {
+  std::size_t i = 0;
+  (void)((std::is_same_v<T, List> ? false : (++i, true)) && ...);
+  return i;
+}
+
+template <class... T>
+constexpr bool table_matches(type_list<T...>) {
+  std::size_t i = 0;
+  return sizeof...(T) == std::size(dtypes) &&
+         ((dtypes[i].type == static_cast<dtype>(i) && dtypes[i].size == sizeof(T) &&
+           dtypes[i].is_integer == std::is_integral_v<T> && (++i, true)) &&
+          ...);
+}
+static_assert(table_matches(element_types{}), "dtypes and element_types disagree");
+}  // namespace detail
+
 template <class T>
 inline constexpr bool is_supported_element_v =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, std::int32_t> ||
-    std::is_same_v<T, std::int64_t>;
+    detail::index_in<T>(detail::element_types{}) < std::size(dtypes);
 
-/// The `dtype` of a C++ element type; only the four supported types compile.
+/// The `dtype` of a C++ element type; only the supported types (`dtypes`) compile.
 template <class T>
 constexpr dtype dtype_of() {
-  static_assert(is_supported_element_v<T>, "gpupool kernels support float, double, int32, int64");
-  if constexpr (std::is_same_v<T, float>) return dtype::float32;
-  if constexpr (std::is_same_v<T, double>) return dtype::float64;
-  if constexpr (std::is_same_v<T, std::int32_t>) return dtype::int32;
-  return dtype::int64;
+  static_assert(is_supported_element_v<T>,
+                "gpupool kernels support the element types of gpupool::dtypes only");
+  return dtypes[detail::index_in<T>(detail::element_types{})].type;
+}
+
+namespace detail {
+template <class F, class First, class... Rest>
+constexpr decltype(auto) visit_dtype_in(dtype t, F& f, type_list<First, Rest...>) {
+  if constexpr (sizeof...(Rest) == 0) {
+    return f.template operator()<First>();
+  } else {
+    if (t == dtype_of<First>()) return f.template operator()<First>();
+    return visit_dtype_in(t, f, type_list<Rest...>{});
+  }
+}
+}  // namespace detail
+
+/// Calls `f.template operator()<T>()` with the C++ element type `T` of `t` and returns what it
+/// returns (the same type for every T): the one dtype dispatch, for every caller.
+template <class F>
+constexpr decltype(auto) visit_dtype(dtype t, F&& f) {
+  return detail::visit_dtype_in(t, f, detail::element_types{});
 }
 
 namespace detail {
@@ -52,13 +121,29 @@ struct device_info {
   int multiprocessors = 0;  ///< SMs, or host cores for the CPU backend.
 };
 
-/// The built-in elementwise operations.
+/// The built-in elementwise operations. Each is declared once, with its name, arity and formula,
+/// in src/core/kernels/builtin_kernels.hpp; `builtin_kernels()` lists them.
 enum class op {
   square,  ///< out = x * x
   scale,   ///< out = alpha * x
   add,     ///< out = x + y
   axpy,    ///< out = alpha * x + y
 };
+
+/// What a built-in kernel is: the C++ dispatch, the Python factories (gpupool.kernels), the
+/// command-line tool's choices and the docs all read this.
+struct builtin_kernel_info {
+  op operation;
+  const char* name;     ///< "axpy"
+  int arity;            ///< input arrays: 1 or 2
+  bool takes_alpha;     ///< has a scalar parameter `alpha`
+  const char* formula;  ///< "alpha * x + y": the output from the inputs x (and y) and alpha
+};
+
+/// Every built-in kernel, in the order of `op`.
+[[nodiscard]] std::span<const builtin_kernel_info> builtin_kernels() noexcept;
+/// The description of `o`.
+[[nodiscard]] const builtin_kernel_info& info_of(op o) noexcept;
 
 /// A built-in elementwise kernel with its parameter. Cheap to copy.
 class kernel {
@@ -67,12 +152,17 @@ class kernel {
   static kernel scale(double alpha) noexcept { return kernel(op::scale, alpha); }
   static kernel add() noexcept { return kernel(op::add, 0.0); }
   static kernel axpy(double alpha) noexcept { return kernel(op::axpy, alpha); }
+  /// Any built-in by its operation (`alpha` is ignored by those that take none).
+  static kernel of(op o, double alpha = 0.0) noexcept {
+    return kernel(o, info_of(o).takes_alpha ? alpha : 0.0);
+  }
 
   [[nodiscard]] op operation() const noexcept { return op_; }
   [[nodiscard]] double alpha() const noexcept { return alpha_; }
   /// Number of input arrays: 1 for square and scale, 2 for add and axpy.
-  [[nodiscard]] int arity() const noexcept { return op_ == op::add || op_ == op::axpy ? 2 : 1; }
-  [[nodiscard]] const char* name() const noexcept;
+  [[nodiscard]] int arity() const noexcept { return info_of(op_).arity; }
+  [[nodiscard]] bool takes_alpha() const noexcept { return info_of(op_).takes_alpha; }
+  [[nodiscard]] const char* name() const noexcept { return info_of(op_).name; }
 
  private:
   kernel(op o, double alpha) noexcept : op_(o), alpha_(alpha) {}

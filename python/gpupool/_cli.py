@@ -84,7 +84,8 @@ def _draw(command: str, source: pathlib.Path, picture: str) -> None:
     with open(source, encoding="utf-8") as f:
         data = json.load(f)
     if command == "demo":
-        plot.draw_timeline(plot.records_from_json(data), picture, backend=data["backend"])
+        plot.draw_timeline(plot.records_from_json(data), picture, backend=data["backend"],
+                           stages=data.get("stages"))
     else:
         plot.draw_bench(data, picture)
 

@@ -83,9 +83,10 @@ class DeviceArray:
             _ext.wait_for_stream(self.stream)
 
 
-def launch(core, kernel, xs, ys):
+def launch(core, kernel, xs, ys, future_type):
     """Checks every array, then runs the kernel over each (pair) on its own device's lanes.
-    Returns ArrayFutures whose results are new device arrays of the inputs' kind."""
+    Returns futures (of `future_type`) whose results are new device arrays of the inputs'
+    kind."""
     if ys is not None and len(ys) != len(xs):
         raise ValueError("gpupool: the two input lists differ in length")
     views = []
@@ -107,7 +108,7 @@ def launch(core, kernel, xs, ys):
         futures.append(core.launch_device(
             kernel, vx.pointer, vy.pointer if vy is not None else 0, vout.pointer, vx.count,
             vx.dtype.name, vout.device if vx.count else 0, out,
-            (vx.obj, vy.obj if vy is not None else None)))
+            (vx.obj, vy.obj if vy is not None else None), future_type))
     return futures
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import concurrent.futures as _futures
 import contextlib
 import numbers
@@ -20,6 +21,7 @@ import numpy.typing as npt
 
 from . import _device, _ext
 from ._ext import ElementwiseKernel, Kernel, RawKernel
+from ._pinned import empty_pinned
 from ._timeline import Trace
 
 _T = TypeVar("_T")
@@ -27,6 +29,7 @@ _T = TypeVar("_T")
 AnyKernel = Union[Kernel, ElementwiseKernel, RawKernel]
 
 _COMPILED = (ElementwiseKernel, RawKernel)
+_KERNELS = (Kernel, ElementwiseKernel, RawKernel)
 
 __all__ = ["AnyKernel", "Executor", "Trace", "current_lane"]
 
@@ -72,19 +75,33 @@ def current_lane() -> _ext.Lane:
 _WAIT_SLICE = 0.05
 
 
+class _Defaults:
+    """The defaults of include/gpupool/options.hpp, read from the options the extension binds
+    (as plain numbers: no extension object outlives the import)."""
+
+    def __init__(self, options):
+        self.slots_per_lane = options.slots_per_lane
+        self.chunk_bytes = options.chunk_bytes
+        self.device_memory_budget = options.device_memory_budget
+        self.cpu_devices = options.cpu_devices
+
+
+_DEFAULTS = _Defaults(_ext.ExecutorOptions())
+
+
 class _Future(_futures.Future):
-    """A concurrent.futures.Future whose task waits in gpupool's queue.
+    """The one concurrent.futures.Future of a task; the extension hands its outcome over (from
+    the lane that ran a Python call, or in bulk once tasks end).
 
-    cancel() asks the queue first: it succeeds only while no lane has taken the task (a task
-    that started runs to its end, and cancel() returns False), and a cancelled future is
-    reported finished at once (waiters of ``wait``/``as_completed`` wake, callbacks run), as
-    ``set_running_or_notify_cancel`` does for the standard executors."""
+    cancel() succeeds only while no lane has taken the task (a task that started runs to its
+    end, and cancel() returns False), and a cancelled future is reported finished at once
+    (waiters of ``wait``/``as_completed`` wake, callbacks run), as
+    ``set_running_or_notify_cancel`` does for the standard executors. A kernel's task is
+    cancelled in gpupool's queue; a Python call's is skipped by the lane that takes it."""
 
-    def __init__(self):
-        super().__init__()
-        # Cancels the task in the queue; True if it had not started. Set once queued, dropped
-        # once the task ended (it holds the task's inputs).
-        self._cancel_queued = None
+    # A kernel's task in gpupool's queue (set by the extension): its cancel() is True if it had
+    # not started and is now cancelled. None for Python calls.
+    _task = None
 
     def cancel(self):
         with self._condition:
@@ -92,13 +109,15 @@ class _Future(_futures.Future):
                 return False
             if self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED):
                 return True
-            cancel_queued = self._cancel_queued
-        if cancel_queued is not None and not cancel_queued():
+            task = self._task
+        if task is not None and not task.cancel():
             return self.cancelled()  # a lane has it (or another caller cancelled it just now)
         self._notify_cancelled()
         return True
 
     def result(self, timeout=None):
+        if self._state == _FINISHED:  # the common case once a map's results are in
+            return super().result(0)
         self._wait_in_slices(timeout)
         return super().result(timeout=0)
 
@@ -123,7 +142,7 @@ class _Future(_futures.Future):
     def set_running_or_notify_cancel(self):
         with self._condition:
             if self._state == _CANCELLED_AND_NOTIFIED:
-                return False
+                return False  # notified at cancel(): the lane skips the call
             return super().set_running_or_notify_cancel()
 
     def _notify_cancelled(self):
@@ -133,7 +152,6 @@ class _Future(_futures.Future):
                 return False
             callbacks_ran = self._state == _CANCELLED
             self._state = _CANCELLED_AND_NOTIFIED
-            self._cancel_queued = None
             for waiter in self._waiters:
                 waiter.add_cancelled(self)
             self._condition.notify_all()
@@ -141,18 +159,12 @@ class _Future(_futures.Future):
             self._invoke_callbacks()
         return True
 
-    def _deliver(self, setter, value):
-        """Hands the task's outcome over, unless the future already ended."""
-        self._cancel_queued = None
-        with contextlib.suppress(_futures.InvalidStateError):
-            setter(value)
-
 
 def _adopt(pending):
-    """One Future for a task gpupool runs in C++ (a kernel): its outcome is handed over by one
-    callback once the task ends."""
+    """One Future for an ArrayFuture of the extension (a batch over device arrays): its outcome
+    is handed over by one callback once the batch ends."""
     future = _Future()
-    future._cancel_queued = pending.cancel
+    future._task = pending
 
     def complete():
         if pending.cancelled():
@@ -161,9 +173,11 @@ def _adopt(pending):
         try:
             value = pending.result(0)
         except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
-            future._deliver(future.set_exception, exc)
+            with contextlib.suppress(_futures.InvalidStateError):
+                future.set_exception(exc)
         else:
-            future._deliver(future.set_result, value)
+            with contextlib.suppress(_futures.InvalidStateError):
+                future.set_result(value)
 
     pending.add_done_callback(complete)
     return future
@@ -194,8 +208,6 @@ if hasattr(threading, "_register_atexit"):
     # Runs when the main thread ends, before atexit callbacks and finalization (Python 3.9+).
     threading._register_atexit(_shut_down_at_exit)
 else:  # pragma: no cover
-    import atexit
-
     atexit.register(_shut_down_at_exit)
 
 
@@ -237,28 +249,38 @@ class Executor(_futures.Executor):
 
     def __init__(self, threads_per_gpu: Optional[int] = None,
                  devices: Optional[Iterable[int]] = None, *, backend: Optional[str] = None,
-                 slots_per_lane: int = 2, chunk_bytes: int = 8 << 20,
-                 device_memory_budget: int = 0, cpu_devices: int = 0) -> None:
+                 slots_per_lane: int = _DEFAULTS.slots_per_lane,
+                 chunk_bytes: int = _DEFAULTS.chunk_bytes,
+                 device_memory_budget: int = _DEFAULTS.device_memory_budget,
+                 cpu_devices: int = _DEFAULTS.cpu_devices) -> None:
         lanes = 0 if threads_per_gpu is None else _count(
             "threads_per_gpu", threads_per_gpu, 1, 256,
             "a whole number from 1 to 256, or None for the backend's choice")
         if backend is not None and backend not in ("cpu", "cuda"):
             raise ValueError(f"gpupool.Executor: backend must be 'cpu', 'cuda' or None (the "
                              f"GPUPOOL_BACKEND variable, else CUDA when usable), not {backend!r}")
-        self._core = _ext.Executor(
-            lanes, _device_list(devices), backend,
-            _count("slots_per_lane", slots_per_lane, 1, 64, "a whole number from 1 to 64"),
-            _count("chunk_bytes", chunk_bytes, 1, None, "a byte count of at least 1"),
-            _count("device_memory_budget", device_memory_budget, 0, None,
-                   "a byte count, or 0 for no limit"),
-            _count("cpu_devices", cpu_devices, 0, 1024,
-                   "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024"))
+        options = _ext.ExecutorOptions()
+        options.backend = backend
+        options.devices = _device_list(devices) or []
+        options.lanes_per_device = lanes
+        options.slots_per_lane = _count("slots_per_lane", slots_per_lane, 1, 64,
+                                        "a whole number from 1 to 64")
+        options.chunk_bytes = _count("chunk_bytes", chunk_bytes, 1, None,
+                                     "a byte count of at least 1")
+        options.device_memory_budget = _count("device_memory_budget", device_memory_budget, 0,
+                                              None, "a byte count, or 0 for no limit")
+        options.cpu_devices = _count("cpu_devices", cpu_devices, 0, 1024,
+                                     "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024")
+        self._core = _ext.Executor(options)
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()
         self._closed = False
         self._forked = False
-        self._framework_streams = {}
         self._trace_depth = 0
+        if self._core.backend == "cuda":
+            # CUDA lanes run Python calls through it, with CuPy's and PyTorch's current stream
+            # the lane's. It holds no reference to this Executor.
+            self._core.set_runner(_FrameworkStreams(self._ordinals).run)
         with _live_lock:
             _live_executors.add(self)
 
@@ -348,7 +370,15 @@ class Executor(_futures.Executor):
         """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
 
         With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++."""
-        return self._submit(None, fn, args, kwargs)
+        if isinstance(fn, _KERNELS):
+            return self._submit_kernel(None, fn, args, kwargs)
+        # The one Future of the call; the lane that runs it hands the outcome over.
+        future = _Future()
+        with self._lock:
+            if self._closed or self._forked or _exiting:
+                self._check_open()
+            self._core.submit_call(fn, args, kwargs, future, None)
+        return future
 
     def submit_to(self, device: int, fn: Callable[..., _T], /, *args: Any,
                   **kwargs: Any) -> _futures.Future[_T]:
@@ -393,7 +423,7 @@ class Executor(_futures.Executor):
                 pending = []
                 try:
                     for args in calls:
-                        pending.append(_adopt(self._core.launch_compiled(fn, args)))
+                        pending.append(self._core.launch_compiled(fn, args, _Future))
                 except BaseException:
                     for started in pending:
                         started.cancel()
@@ -404,8 +434,8 @@ class Executor(_futures.Executor):
                     f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
             with self._lock:
                 self._check_open()
-                pending = [_adopt(p) for p in self._kernel_futures(
-                    fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)]
+                pending = self._kernel_futures(
+                    fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
         else:
             pending = [self.submit(fn, *args) for args in zip(*iterables)]
         results = _ordered_results(pending, deadline)
@@ -445,44 +475,16 @@ class Executor(_futures.Executor):
         if xs and _device.is_device_array(xs[0]):
             if self.backend != "cuda":
                 raise TypeError("gpupool: device arrays need the CUDA backend")
-            return _device.launch(self._core, kernel, xs, ys)
-        return self._core.map_kernel(kernel, xs, ys)
+            return _device.launch(self._core, kernel, xs, ys, _Future)
+        return self._core.map_kernel(kernel, xs, ys, _Future)
 
     def _submit(self, device, fn, args, kwargs):
-        if isinstance(fn, (Kernel, *_COMPILED)):
+        if isinstance(fn, _KERNELS):
             return self._submit_kernel(device, fn, args, kwargs)
         future = _Future()
-        bind = self._bind_frameworks
-
-        # Runs on the lane; what it returns hands the outcome over once the lane's stream has
-        # finished the work the call enqueued there.
-        def run():
-            if not future.set_running_or_notify_cancel():
-                return None
-            try:
-                with bind():
-                    outcome = [future.set_result, fn(*args, **kwargs)]
-            except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
-                outcome = [future.set_exception, exc]
-
-            # Lets go of the outcome as it hands it over: whoever drops the result next must
-            # not find a copy still held here.
-            def deliver():
-                setter, value = outcome
-                outcome.clear()
-                future._deliver(setter, value)
-
-            return deliver
-
-        def on_error(exc):
-            if isinstance(exc, _futures.CancelledError):
-                future._notify_cancelled()  # cancelled in the queue (shutdown)
-            else:
-                future._deliver(future.set_exception, exc)
-
         with self._lock:
             self._check_open()
-            future._cancel_queued = self._core.submit_call(run, on_error, device)
+            self._core.submit_call(fn, args, kwargs, future, device)
         return future
 
     def _submit_kernel(self, device, kernel, args, kwargs):
@@ -500,30 +502,30 @@ class Executor(_futures.Executor):
                 if any(_device.is_device_array(a) for a in arguments):
                     if self.backend != "cuda":
                         raise TypeError("gpupool: device arrays need the CUDA backend")
-                    pending = _device.map_compiled(self._core, kernel, [arguments]).single()
-                else:
-                    pending = self._core.launch_compiled(kernel, arguments)
-            else:
-                pending = self._kernel_futures(
-                    kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
-        return _adopt(pending)
+                    return _adopt(_device.map_compiled(self._core, kernel, [arguments]).single())
+                return self._core.launch_compiled(kernel, arguments, _Future)
+            return self._kernel_futures(
+                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
 
-    @contextlib.contextmanager
-    def _bind_frameworks(self):
-        """Makes the lane's device and stream current for CuPy and PyTorch, if imported."""
-        lane = _ext.current_lane()
-        if lane is None or lane.backend != "cuda":
-            yield
-            return
+
+class _FrameworkStreams:
+    """Runs Python calls on CUDA lanes with the lane's device and stream current for CuPy and
+    PyTorch, where imported (one stream object per lane and framework, made at first use)."""
+
+    def __init__(self, ordinals):
+        self._ordinals = ordinals
+        self._streams = {}
+
+    def run(self, fn, args, kwargs):
         cupy = sys.modules.get("cupy")
         torch = sys.modules.get("torch")
         if cupy is None and torch is None:
-            yield
-            return
+            return fn(*args, **kwargs) if kwargs else fn(*args)
+        lane = _ext.current_lane()
         ordinal = self._ordinals[lane.device]
-        streams = self._framework_streams.get(lane.index)
+        streams = self._streams.get(lane.index)
         if streams is None:
-            streams = self._framework_streams[lane.index] = _framework_streams(
+            streams = self._streams[lane.index] = _framework_streams(
                 cupy, torch, lane.stream, ordinal)
         with contextlib.ExitStack() as stack:
             cupy_stream, torch_stream = streams
@@ -533,7 +535,7 @@ class Executor(_futures.Executor):
             if torch_stream is not None:
                 stack.enter_context(torch.cuda.device(ordinal))
                 stack.enter_context(torch.cuda.stream(torch_stream))
-            yield
+            return fn(*args, **kwargs) if kwargs else fn(*args)
 
 
 class _StreamHandle:
@@ -648,23 +650,30 @@ def _lane_upload(self, array):
 
     cupy = _require_cupy(self)
     host = np.ascontiguousarray(array)
-    with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
+    if cupy.cuda.get_current_stream().ptr == self.stream:  # the task's own (the usual case)
         device = cupy.empty(host.shape, host.dtype)
+    else:
+        with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
+            device = cupy.empty(host.shape, host.dtype)
     self._upload(device.data.ptr, host)
     return device
 
 
 def _lane_download(self, device_array, out=None):
-    """Copies a CuPy array on this lane's device into ``out`` (or a new NumPy array), ordered
-    on the lane's stream; returns once the data is on the host."""
-    import numpy as np
-
+    """Copies a CuPy array on this lane's device into ``out`` (or a new NumPy array in pinned
+    memory from gpupool's cache, so the copy runs at full speed and no pageable memory is
+    allocated per call), ordered on the lane's stream; returns once the data is on the host."""
     _require_cupy(self)
     if out is None:
-        out = np.empty(device_array.shape, device_array.dtype)
+        out = empty_pinned(device_array.shape, device_array.dtype)
     if out.nbytes != device_array.nbytes or not out.flags.c_contiguous:
         raise ValueError("gpupool: out must be C-contiguous and the size of the device array")
     self._download(out, device_array.data.ptr)
     self.synchronize()
     return out
 
+
+_ext.set_lane_helpers(_lane_upload, _lane_download)
+# Let go at exit, so that nothing of the package is still held by the extension when the
+# interpreter finalizes.
+atexit.register(_ext.set_lane_helpers, None, None)

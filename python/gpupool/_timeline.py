@@ -1,5 +1,7 @@
 """A trace's timeline as a picture, drawn with matplotlib: one row per lane (host work above,
-stream work below) and one per device engine; and the Trace object that holds a recording."""
+stream work below) and one per device engine; and the Trace object that holds a recording.
+The stages, their tracks, engines and colours come from the C++ library's stage table
+(``gpupool._ext.trace_stages()``): this is the one drawing of a timeline."""
 
 from __future__ import annotations
 
@@ -8,26 +10,34 @@ from typing import Any, Callable, Dict, List, Optional, Union
 
 from ._figure import Target, new_figure, save, to_bytes
 
-STAGES = [("stage_in", "stage in (host copy)", "#9e9e9e", "host"),
-          ("upload", "upload", "#1f77b4", "stream"),
-          ("kernel", "kernel / task", "#2ca02c", "stream"),
-          ("download", "download", "#ff7f0e", "stream"),
-          ("stage_out", "stage out (host copy)", "#9467bd", "host")]
-ENGINES = {"upload": "copies in (H2D)", "kernel": "kernels", "download": "copies out (D2H)"}
+
+
+def stage_table(stages: Optional[List[Dict[str, Any]]] = None) -> List[Dict[str, Any]]:
+    """The stages of a task's journey (key, label, track, engine, colour): ``stages`` if given
+    (a records file carries the table it was written with), else the C++ library's table."""
+    if stages is None:
+        from ._ext import trace_stages
+
+        stages = trace_stages()
+    return list(stages)
 
 
 def timeline_figure(records: List[Dict[str, Any]], backend: str = "",
-                    title: Optional[str] = None) -> Any:
+                    title: Optional[str] = None,
+                    stages: Optional[List[Dict[str, Any]]] = None) -> Any:
     if not records:
         raise ValueError("gpupool: the trace is empty: nothing to draw")
+    table = stage_table(stages)
+    # The device engines the stages name, in the order of their first stage.
+    engines = list(dict.fromkeys(s["engine"] for s in table if s["engine"]))
     t0 = min(r["started"] for r in records)
     t1 = max(r["done"] for r in records)
     rows = []  # (label, key)
     for device in sorted({r["device"] for r in records}):
         for lane in sorted({r["lane"] for r in records if r["device"] == device}):
             rows.append((f"device {device}, lane {lane}", ("lane", device, lane)))
-        for stage, engine in ENGINES.items():
-            rows.append((f"device {device}: {engine}", ("engine", device, stage)))
+        for engine in engines:
+            rows.append((f"device {device}: {engine}", ("engine", device, engine)))
     index = {key: i for i, (_, key) in enumerate(rows)}
     fig = new_figure(14, 0.45 * len(rows) + 1.5)
     ax = fig.subplots()
@@ -35,17 +45,19 @@ def timeline_figure(records: List[Dict[str, Any]], backend: str = "",
     # picture: draw every stage at least about 1.5 pixels wide.
     narrowest = (t1 - t0) / 1e3 / 800
     for r in records:
-        for stage, _, color, where in STAGES:
-            span = r[stage]
+        for stage in table:
+            span = r.get(stage["key"])
             if span is None:
                 continue
             begin, end = (span[0] - t0) / 1e3, (span[1] - t0) / 1e3
+            width = max(end - begin, narrowest)
             y = index[("lane", r["device"], r["lane"])]
-            offset = -0.2 if where == "host" else 0.2
-            ax.barh(y + offset, max(end - begin, narrowest), left=begin, height=0.35, color=color)
-            if stage in ENGINES and r["upload"] is not None:
-                ax.barh(index[("engine", r["device"], stage)], max(end - begin, narrowest),
-                        left=begin, height=0.7, color=color, alpha=0.5)
+            offset = -0.2 if stage["track"] == "host" else 0.2
+            ax.barh(y + offset, width, left=begin, height=0.35, color=stage["colour"])
+            # A submit() task's run is drawn on its lane only: it is not the device's work.
+            if stage["engine"] and r.get("on_stream", True):
+                ax.barh(index[("engine", r["device"], stage["engine"])], width, left=begin,
+                        height=0.7, color=stage["colour"], alpha=0.5)
     ax.set_yticks(range(len(rows)), [label for label, _ in rows])
     ax.invert_yaxis()
     ax.set_xlabel("ms")
@@ -56,18 +68,20 @@ def timeline_figure(records: List[Dict[str, Any]], backend: str = "",
                  f"{(t1 - t0) / 1e3:.3f} ms, {total / (seconds * 1e3):.2f} GB/s of input")
     from matplotlib.patches import Rectangle
 
-    handles = [Rectangle((0, 0), 1, 1, color=c) for _, _, c, _ in STAGES]
-    ax.legend(handles, [label for _, label, _, _ in STAGES], loc="upper center",
-              bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.25), ncol=5, fontsize=8)
+    handles = [Rectangle((0, 0), 1, 1, color=s["colour"]) for s in table]
+    ax.legend(handles, [f"{s['label']} ({s['track']})" for s in table], loc="upper center",
+              bbox_to_anchor=(0.5, -0.12 if len(rows) > 6 else -0.25), ncol=len(table),
+              fontsize=8)
     fig.tight_layout()
     return fig
 
 
 def draw_timeline(records: List[Dict[str, Any]], target: Target, backend: str = "",
-                  title: Optional[str] = None, format: Optional[str] = None) -> None:
+                  title: Optional[str] = None, format: Optional[str] = None,
+                  stages: Optional[List[Dict[str, Any]]] = None) -> None:
     """Draws the records (``Trace.records()``) to ``target``: .png, .svg or .pdf by its
-    extension (or ``format``)."""
-    save(timeline_figure(records, backend, title), target, format)
+    extension (or ``format``). ``stages``: the stage table (default: the library's)."""
+    save(timeline_figure(records, backend, title, stages), target, format)
 
 
 def draw_png(records: List[Dict[str, Any]], path: str, backend: str = "",
@@ -119,14 +133,23 @@ class Trace:
         """The backend the traced executor ran on: ``"cuda"`` or ``"cpu"``."""
         return str(self._core().backend)
 
+    @staticmethod
+    def stages() -> List[Dict[str, Any]]:
+        """The stages of a task's journey: key (each record's field), label, track ("host" or
+        "stream"), engine (a device engine's row, or None) and colour."""
+        return stage_table()
+
     def records(self) -> List[Dict[str, Any]]:
         """One dict per task (per piece for kernels over arrays), in submission order. Times are
-        microseconds since the executor started; stages are (begin, end) or None."""
+        microseconds since the executor started; each stage of ``stages()`` (by key) is
+        (begin, end) or None; ``on_stream`` says whether the work went through the lane's
+        stream (a submit() task's ``kernel`` is its whole run on the lane)."""
         return list(self._core().records())
 
     def stats(self) -> List[Dict[str, Any]]:
         """Per lane, then per device (``lane`` None): tasks, bytes each way, busy time, queue
-        wait (median, 99th percentile), achieved GB/s of input."""
+        wait (median, 99th percentile), achieved GB/s of input, and ``stage_us``: the time
+        spent in each stage of ``stages()``, by key."""
         return list(self._core().stats())
 
     def stats_table(self) -> str:

@@ -6,8 +6,12 @@ C++ (GIL released): NumPy inputs are read in place and results come back as NumP
     ex.map(gpupool.kernels.add, xs, ys)             # out = x + y
     ex.map(gpupool.kernels.axpy(2.0), xs, ys)       # out = 2.0 * x + y
 
-Inputs: C-contiguous float32, float64, int32 or int64 arrays of any shape; results keep the
-input's shape and dtype.
+This module holds one name per built-in of the C++ library's table (``BUILTINS``, from
+``gpupool._ext.builtin_kernels()``): a Kernel for those without a parameter, a factory taking
+``alpha`` for the others. The list is at the end of this text.
+
+Inputs: C-contiguous arrays of any shape of the dtypes in ``DTYPES``; results keep the input's
+shape and dtype.
 
 alpha: a real number (bool, int or float; NumPy scalars and 0-d arrays too). It is checked
 against each array's dtype at the call, by NumPy's "same_kind" rule and the dtype's range: a
@@ -15,20 +19,45 @@ float alpha for int arrays raises TypeError, an int outside int32's range for in
 OverflowError; nothing is converted out of range.
 """
 
-from ._ext import Kernel
+from __future__ import annotations
 
-square = Kernel.square()
-add = Kernel.add()
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Union
 
+from ._ext import Kernel, builtin_kernels, dtypes
 
-def scale(alpha: float) -> Kernel:
-    """out = alpha * x (alpha: bool, int or float; see the module's notes)"""
-    return Kernel.scale(alpha)
-
-
-def axpy(alpha: float) -> Kernel:
-    """out = alpha * x + y (alpha: bool, int or float; see the module's notes)"""
-    return Kernel.axpy(alpha)
+#: The built-in kernels as the C++ library declares them: name, arity, takes_alpha, formula.
+BUILTINS: List[Dict[str, Any]] = list(builtin_kernels())
+#: The dtypes (NumPy's names) the built-in kernels compute with.
+DTYPES: List[str] = list(dtypes())
 
 
-__all__ = ["Kernel", "add", "axpy", "scale", "square"]
+def _exposed(info: Dict[str, Any]) -> Union[Kernel, Callable[[float], Kernel]]:
+    """The module's name for one built-in: the kernel itself, or a factory taking alpha."""
+    make = getattr(Kernel, info["name"])
+    if not info["takes_alpha"]:
+        kernel: Kernel = make()
+        return kernel
+
+    def factory(alpha: float) -> Kernel:
+        made: Kernel = make(alpha)
+        return made
+
+    factory.__name__ = factory.__qualname__ = info["name"]
+    factory.__module__ = __name__
+    factory.__doc__ = (f"out = {info['formula']} (alpha: bool, int or float; see the module's "
+                       "notes)")
+    return factory
+
+
+for _info in BUILTINS:
+    globals()[_info["name"]] = _exposed(_info)
+
+__doc__ = (__doc__ or "") + "\nThe built-in kernels:\n\n" + "".join(
+    f"    {k['name']}{'(alpha)' if k['takes_alpha'] else ''}: {k['arity']} array(s), "
+    f"out = {k['formula']}\n" for k in BUILTINS)
+
+__all__ = ["BUILTINS", "DTYPES", "Kernel", *(k["name"] for k in BUILTINS)]
+
+if TYPE_CHECKING:
+    # The names above are made from the C++ table at import: type checkers see them as Any.
+    def __getattr__(name: str) -> Any: ...

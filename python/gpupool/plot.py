@@ -88,7 +88,8 @@ class BenchResult:
 
 
 def records_from_json(data: Dict[str, Any]) -> List[Dict[str, Any]]:
-    """The records of `gpupool demo --timeline t.json` in Trace.records()'s form."""
+    """The records of `gpupool demo --timeline t.json` in Trace.records()'s form. (The file's
+    ``stages`` is the stage table they were written with: pass it to draw_timeline.)"""
     return [{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}
             for r in data["records"]]
 
@@ -105,7 +106,8 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     if len(args) == 3 and args[0] == "timeline":
         with open(args[1], encoding="utf-8") as f:
             trace = json.load(f)
-        draw_timeline(records_from_json(trace), args[2], backend=trace["backend"])
+        draw_timeline(records_from_json(trace), args[2], backend=trace["backend"],
+                      stages=trace.get("stages"))
         return
     if len(args) != 2:
         raise SystemExit("usage: python -m gpupool.plot bench.json out.png|svg|pdf\n"

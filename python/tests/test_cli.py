@@ -145,3 +145,24 @@ def test_progress_line_is_cleared_before_the_results():
     assert b"demo runs:" in output, output
     before, _, _ = output.partition(b"task 0:")
     assert before.endswith(b"\r\x1b[K"), before[-80:]
+
+
+def test_choices_come_from_the_tables(tmp_path):
+    """--kernel offers every built-in of the C++ table and --dtype every dtype; a two-array
+    built-in runs in the bench; the demo's records file carries the stage table."""
+    done = run(MODULE, "bench", "--help")
+    assert done.returncode == 0, done.stderr
+    names = [k["name"] for k in gpupool._ext.builtin_kernels()]
+    assert "{" + ",".join(names) + "}" in done.stdout
+    assert "{" + ",".join(gpupool._ext.dtypes()) + "}" in done.stdout
+    done = run(MODULE, "bench", "--lanes-list", "1", "--sizes", "64K", "--total", "256K",
+               "--repeat", "1", "--kernel", "axpy", "--dtype", "int32",
+               "--json", tmp_path / "b.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "b.json").read_text())["kernel"] == "axpy"
+    done = run(MODULE, "bench", "--kernel", "cube")
+    assert done.returncode != 0 and "cube not in" in done.stderr
+    done = run(MODULE, "demo", "--size", 5000, "--show", 0, "--timeline", tmp_path / "r.json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads((tmp_path / "r.json").read_text())["stages"] == \
+        gpupool._ext.trace_stages()

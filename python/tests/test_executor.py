@@ -210,3 +210,98 @@ def test_a_task_cannot_shut_down_its_own_executor():
         with pytest.raises(ValueError, match="own tasks"):
             future.result(timeout=10)
         assert ex.submit(abs, -3).result(timeout=10) == 3
+
+
+# -- the per-task path: one Future, outcomes handed over in bulk --------------------------------
+
+def test_each_task_is_one_concurrent_futures_future_whose_outcome_comes_from_its_lane():
+    import sys
+
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1) as ex:
+        for fn, args, expected in ((abs, (-3,), 3), (gpupool.kernels.square, (np.full(4, 3.0),), 9)):
+            future = ex.submit(fn, *args)
+            assert isinstance(future, cf.Future)
+            # The future itself is what the extension completes: nothing else holds a callback
+            # on it, and no second future stands behind it.
+            assert not future._done_callbacks
+            for value in vars(future).values():
+                behind = getattr(value, "__self__", value)
+                assert not isinstance(behind, cf.Future)
+                assert type(behind).__name__ != "ArrayFuture"
+            assert np.all(future.result(timeout=10) == expected)
+            deadline = time.monotonic() + 10
+            while sys.getrefcount(future) > 2 and time.monotonic() < deadline:
+                time.sleep(0.01)  # the task's own reference goes once it has ended
+            assert sys.getrefcount(future) == 2  # only this frame's reference: no chain
+
+
+def test_outcomes_that_complete_together_are_handed_over_under_one_hold_of_the_gil():
+    import sys
+
+    # While this thread keeps the GIL, tasks end on both lanes; their futures are then completed
+    # in one go by one thread (the one that queued for the GIL first), not by each lane taking
+    # the GIL for its own futures.
+    slow = gpupool.elementwise(
+        "float64 x, int64 n", "float64 y",
+        "double a = x; for (long k = 0; k < n; ++k) a = a * 0.9999999 + 1e-9; y = a;", "slow")
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1) as ex:
+        ex.submit(slow, np.ones(1), 1).result()  # compiled before the clock starts
+        began = time.perf_counter()
+        ex.submit(slow, np.ones(64), 200_000).result()
+        busy = time.perf_counter() - began  # about what a lane is busy with below
+        # Both lanes busy (in C++, without the GIL) while the tasks are queued behind them.
+        blockers = [ex.submit(slow, np.ones(64), 1_000_000) for _ in range(2)]
+        futures = [ex.submit(gpupool.kernels.square, np.full(1000, float(i))) for i in range(64)]
+        completed_on = []
+        for f in futures:
+            f.add_done_callback(lambda _: completed_on.append(threading.get_ident()))
+        assert not completed_on, "the lanes were not busy long enough for this test"
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(60.0)  # no forced switch while the loop below runs
+        try:
+            end = time.perf_counter() + 10 * busy + 1.0
+            while time.perf_counter() < end:  # holds the GIL; the lanes finish the work
+                pass
+        finally:
+            sys.setswitchinterval(interval)
+        assert [f.result(timeout=10)[0] for f in futures] == [float(i * i) for i in range(64)]
+        for b in blockers:
+            b.result(timeout=60)
+        assert len(completed_on) == 64
+        assert len(set(completed_on)) == 1 and completed_on[0] != threading.get_ident()
+
+
+def test_a_done_callback_may_wait_for_another_task_of_the_same_executor():
+    # The thread handing outcomes over runs callbacks; one that waits for a later task must not
+    # hold up that task's own handover.
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1) as ex:
+        seen = []
+        first = ex.submit(gpupool.kernels.square, np.full(4, 2.0))
+        first.add_done_callback(
+            lambda f: seen.append(ex.submit(gpupool.kernels.square, np.full(4, 3.0)).result(10)))
+        first.result(timeout=10)
+        deadline = time.monotonic() + 10
+        while not seen and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert seen and seen[0][0] == 9.0
+
+
+def test_a_task_is_in_the_trace_once_its_future_is_done():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        for _ in range(20):
+            with ex.trace() as t:
+                ex.submit(int).result()
+            assert len(t) == 1
+
+
+def test_executor_defaults_are_the_cpp_options_defaults():
+    import inspect
+
+    from gpupool import _ext
+
+    defaults = _ext.ExecutorOptions()
+    parameters = inspect.signature(gpupool.Executor).parameters
+    for name in ("slots_per_lane", "chunk_bytes", "device_memory_budget", "cpu_devices"):
+        assert parameters[name].default == getattr(defaults, name)
+    with gpupool.Executor(backend="cpu") as ex:
+        assert ex.chunk_bytes == defaults.chunk_bytes

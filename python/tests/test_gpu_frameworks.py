@@ -59,6 +59,25 @@ def test_lane_upload_and_download_with_cupy():
         assert np.array_equal(ex.submit(work).result(), 2 * x)
 
 
+def test_lane_download_returns_pinned_memory_from_the_cache():
+    pytest.importorskip("cupy")
+    x = np.arange(50_000, dtype=np.float64)
+
+    def work():
+        lane = gpupool.current_lane()
+        return lane.download(lane.upload(x))
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cuda") as ex:
+        first = ex.submit(work).result()
+        assert gpupool.is_pinned(first) and np.array_equal(first, x)
+        del first  # its block goes back to the cache, and the next download takes it again
+        cached = gpupool._ext.pinned_memory_stats()["cached"]
+        results = [ex.submit(work).result() for _ in range(5)]
+        assert all(gpupool.is_pinned(r) and np.array_equal(r, x) for r in results)
+        del results
+        assert gpupool._ext.pinned_memory_stats()["cached"] >= cached
+
+
 def test_cuda_error_carries_the_cuda_error_name():
     out = gpupool.empty_pinned(512, np.float64)
 

@@ -10,6 +10,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import time
 
 import gpupool
 import numpy as np
@@ -212,16 +213,29 @@ def test_exports_are_released_when_the_call_fails():
     assert sys.getrefcount(a) == refs
 
 
-def test_exports_are_released_when_the_future_is_dropped_while_queued():
+def test_exports_are_held_by_the_task_not_its_future_and_released_when_it_ends():
+    # As with the standard library's executors, dropping a future does not cancel its task: the
+    # queued task keeps its inputs' exports until it has run, then lets them go.
     with BlockedLane() as lane:
         a = array.array("d", [1.0] * 10_000)
         refs = sys.getrefcount(a)
-        pending = lane.executor._core.map_kernel(gpupool.kernels.square, [a], None)
+        future = lane.executor.submit(gpupool.kernels.square, a)
         with pytest.raises(BufferError):
             resize(a)
-        del pending  # cancels the queued task and waits for it
+        del future
         gc.collect()
-        resize(a)
+        with pytest.raises(BufferError):
+            resize(a)  # still queued: the lane will read it
+        lane.release()
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                resize(a)
+                break
+            except BufferError:
+                assert time.monotonic() < deadline, "the exports were never released"
+                time.sleep(0.01)
+        gc.collect()
         assert sys.getrefcount(a) == refs
 
 

@@ -1,6 +1,7 @@
 """Built-in kernels through Executor.map/submit: the C++ fast path over NumPy arrays."""
 
 import gc
+import pathlib
 import time
 
 import gpupool
@@ -161,3 +162,38 @@ def test_device_arrays_need_the_cuda_backend():
 def test_host_and_device_arrays_cannot_be_mixed_in_one_call(executor):
     with pytest.raises(TypeError):
         executor.map(gpupool.kernels.square, [np.ones(4), FakeDeviceArray()])
+
+
+def test_every_built_in_of_the_table_is_exposed_and_computes_its_formula(backend):
+    """gpupool.kernels is made from the C++ table: each built-in is there under its name (a
+    Kernel, or a factory of one taking alpha), with the table's arity, and computes the table's
+    formula (NumPy evaluates the same text) on every dtype of the table."""
+    table = gpupool._ext.builtin_kernels()
+    assert [k["name"] for k in table] == ["square", "scale", "add", "axpy"]
+    assert gpupool.kernels.DTYPES == ["float32", "float64", "int32", "int64"]
+    assert set(gpupool.kernels.__all__) >= {k["name"] for k in table}
+    with gpupool.Executor(threads_per_gpu=2, backend=backend) as ex:
+        for info in table:
+            exposed = getattr(gpupool.kernels, info["name"])
+            kernel = exposed(3) if info["takes_alpha"] else exposed
+            assert isinstance(kernel, gpupool.kernels.Kernel)
+            assert kernel.name == info["name"] and kernel.arity == info["arity"]
+            assert info["formula"] in (exposed.__doc__ or "") + gpupool.kernels.__doc__
+            for dtype in gpupool.kernels.DTYPES:
+                x = np.array([1, -2, 5, 7], dtype=dtype)
+                y = np.array([4, 3, -6, 0], dtype=dtype)
+                want = eval(info["formula"], {"x": x, "y": y, "alpha": np.dtype(dtype).type(3)})
+                args = (x, y)[:info["arity"]]
+                got = ex.submit(kernel, *args).result(30)
+                assert got.dtype == want.dtype and np.array_equal(got, want), (info, dtype)
+
+
+def test_the_docs_list_every_built_in_with_its_formula():
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "kernels.md"
+    if not docs.is_file():
+        pytest.skip("no docs beside these tests (not a checkout)")
+    text = docs.read_text()
+    for k in gpupool._ext.builtin_kernels():
+        row = (f"| `{k['name']}` | {k['arity']} | {'yes' if k['takes_alpha'] else 'no'} | "
+               f"`{k['formula']}` |")
+        assert row in text, f"docs/kernels.md lacks the row {row}"

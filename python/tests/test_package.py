@@ -26,3 +26,21 @@ def test_public_api_has_docstrings():
         if callable(obj):
             assert obj.__doc__, f"gpupool.{name} has no docstring"
     assert gpupool.__version__.count(".") == 2
+
+
+def test_shipped_stubs_are_what_stubgen_makes_of_the_module(tmp_path):
+    # _ext.pyi is generated at build time by nanobind's stubgen; regenerating it from the module
+    # as installed must give the same text (a hand edit, or a build that skipped the step,
+    # shows here).
+    import subprocess
+    import sys
+
+    import pytest
+
+    pytest.importorskip("nanobind.stubgen")
+    shipped = pathlib.Path(gpupool.__file__).parent / "_ext.pyi"
+    made = tmp_path / "_ext.pyi"
+    done = subprocess.run([sys.executable, "-m", "nanobind.stubgen", "-q", "-m", "gpupool._ext",
+                           "-o", str(made)], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr
+    assert made.read_text() == shipped.read_text()

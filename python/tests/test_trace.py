@@ -1,6 +1,7 @@
 """Executor.trace(): the journey of every task, its exports and stats."""
 
 import json
+import pathlib
 import xml.etree.ElementTree as ET
 
 import gpupool
@@ -91,3 +92,57 @@ def test_tracing_is_off_outside_the_block(executor):
     assert len(t2) == 1
     with pytest.raises(ValueError, match="format"):
         t2.write("trace.bmp")
+
+
+def test_every_writer_follows_the_stage_table(executor, tmp_path):
+    """The C++ stage table is what the records, the stats, the Chrome trace and the picture use:
+    every stage appears in each under the table's names, and nothing else does."""
+    table = gpupool._ext.trace_stages()
+    assert [s["key"] for s in table] == ["stage_in", "upload", "kernel", "download", "stage_out"]
+    assert len({s["key"] for s in table}) == len(table)
+    data = [np.random.default_rng(i).random(100_000) for i in range(4)]
+    with executor.trace() as t:
+        list(executor.map(gpupool.kernels.square, data))
+        executor.submit(sum, [1, 2]).result()
+    assert t.stages() == table
+    records = t.records()
+    pieces = [r for r in records if r["on_stream"]]
+    assert pieces and len(pieces) == len(records) - 1
+    # Records: a field per stage, by its key.
+    for r in records:
+        assert all(s["key"] in r for s in table)
+    # Stats: the time in each stage, by key, adding up to the records' spans.
+    lanes = [s for s in t.stats() if s["lane"] is not None]
+    for stage in table:
+        spent = sum(r[stage["key"]][1] - r[stage["key"]][0] for r in records
+                    if r[stage["key"]] is not None)
+        assert sum(s["stage_us"][stage["key"]] for s in lanes) == pytest.approx(spent)
+        assert stage["label"] + " ms" in t.stats_table()
+    # Chrome: one event per present stage, named by the label, on the table's track; the
+    # engines' tracks are the table's engines.
+    events = json.loads(t.chrome_json())["traceEvents"]
+    for stage in table:
+        shown = [e for e in events if e["ph"] == "X" and e["name"] == stage["label"]]
+        expected = [r for r in (pieces if stage["track"] == "stream" else records)
+                    if r[stage["key"]] is not None]
+        assert len(shown) == len(expected), stage
+        assert all(e["cat"] == stage["track"] for e in shown)
+    engines = {e["args"]["name"] for e in events
+               if e["name"] == "thread_name" and e["tid"] >= 100000}
+    assert engines == {s["engine"] for s in table if s["engine"]}
+    # The picture: a legend entry per stage, with the table's label and colour.
+    svg = t.picture("svg").decode()
+    for stage in table:
+        assert f"{stage['label']} ({stage['track']})" in svg
+        assert stage["colour"] in svg.lower()
+
+
+def test_the_docs_list_the_stage_table():
+    docs = pathlib.Path(__file__).resolve().parents[2] / "docs" / "tracing.md"
+    if not docs.is_file():
+        pytest.skip("no docs beside these tests (not a checkout)")
+    text = docs.read_text()
+    for s in gpupool._ext.trace_stages():
+        row = (f"| `{s['key']}` | {s['label']} | {s['track']} | {s['engine'] or '-'} | "
+               f"`{s['colour']}` |")
+        assert row in text, f"docs/tracing.md lacks the row {row}"

@@ -1,22 +1,17 @@
-// The arithmetic of the built-in kernels, written once for the host and the device.
+// How the built-in kernels (builtin_kernels.hpp) compute: integers wrap as NumPy's do, alpha is
+// checked against the element type, and one dispatch turns a runtime (op, dtype) into code.
 #pragma once
 
 #include <cstddef>
 #include <type_traits>
 
-#include "gpupool/types.hpp"
-
 #include <cmath>
 #include <limits>
 #include <string>
 
+#include "core/kernels/builtin_kernels.hpp"
 #include "gpupool/error.hpp"
-
-#if defined(__CUDACC__)
-#define GPUPOOL_HOST_DEVICE __host__ __device__
-#else
-#define GPUPOOL_HOST_DEVICE
-#endif
+#include "gpupool/types.hpp"
 
 namespace gpupool::detail {
 
@@ -29,10 +24,7 @@ GPUPOOL_HOST_DEVICE inline T elementwise(T x, T y, T alpha) {
     return static_cast<T>(
         elementwise<O, U>(static_cast<U>(x), static_cast<U>(y), static_cast<U>(alpha)));
   } else {
-    if constexpr (O == op::square) return x * x;
-    if constexpr (O == op::scale) return alpha * x;
-    if constexpr (O == op::add) return x + y;
-    if constexpr (O == op::axpy) return alpha * x + y;
+    return builtin<O>::template apply<T>(x, y, alpha);
   }
 }
 
@@ -43,7 +35,7 @@ template <class T>
 T alpha_as(double alpha, const char* kernel_name) {
   const std::string what = std::string("gpupool: kernel '") + kernel_name + "': alpha ";
   if constexpr (std::is_integral_v<T>) {
-    const char* type = sizeof(T) == 4 ? "int32" : "int64";
+    const char* type = info_of(dtype_of<T>()).name;
     if (!std::isfinite(alpha) || std::trunc(alpha) != alpha)
       throw argument_kind_error(what + "= " + std::to_string(alpha) +
                                 " is not a whole number, "
@@ -69,36 +61,7 @@ T alpha_as(double alpha, const char* kernel_name) {
 /// Calls `f.template operator()<O, T>()` for the runtime (op, dtype) pair.
 template <class F>
 inline void dispatch_elementwise(op o, dtype t, F&& f) {
-  auto by_type = [&]<op O>() {
-    switch (t) {
-      case dtype::float32:
-        f.template operator()<O, float>();
-        break;
-      case dtype::float64:
-        f.template operator()<O, double>();
-        break;
-      case dtype::int32:
-        f.template operator()<O, std::int32_t>();
-        break;
-      case dtype::int64:
-        f.template operator()<O, std::int64_t>();
-        break;
-    }
-  };
-  switch (o) {
-    case op::square:
-      by_type.template operator()<op::square>();
-      break;
-    case op::scale:
-      by_type.template operator()<op::scale>();
-      break;
-    case op::add:
-      by_type.template operator()<op::add>();
-      break;
-    case op::axpy:
-      by_type.template operator()<op::axpy>();
-      break;
-  }
+  visit_op(o, [&]<op O>() { visit_dtype(t, [&]<class T>() { f.template operator()<O, T>(); }); });
 }
 
 }  // namespace gpupool::detail

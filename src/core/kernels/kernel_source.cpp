@@ -1,6 +1,7 @@
 #include "core/kernels/kernel_source.hpp"
 
 #include <cstdio>
+#include <iterator>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -31,13 +32,19 @@ std::string quoted(std::string_view text) {
   return out + "'";
 }
 
+// The dtypes' names, in a message: "float32, float64, int32 or int64".
+std::string dtype_names() {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(dtypes); ++i)
+    out += (i == 0 ? "" : i + 1 == std::size(dtypes) ? " or " : ", ") + std::string(dtypes[i].name);
+  return out;
+}
+
 dtype parse_type(const std::string& name, const std::string& where) {
-  if (name == "float32" || name == "float") return dtype::float32;
-  if (name == "float64" || name == "double") return dtype::float64;
-  if (name == "int32" || name == "int") return dtype::int32;
-  if (name == "int64") return dtype::int64;
-  throw std::invalid_argument("gpupool: unknown type " + quoted(name) + " in " + where +
-                              " (use float32, float64, int32 or int64)");
+  for (const dtype_info& t : dtypes)
+    if (name == t.name || (*t.alias != '\0' && name == t.alias)) return t.type;
+  throw std::invalid_argument("gpupool: unknown type " + quoted(name) + " in " + where + " (use " +
+                              dtype_names() + ")");
 }
 
 bool is_cpp_keyword(std::string_view s) {
@@ -215,25 +222,11 @@ namespace {
 
 // A dtype's C++ spelling: with <cstdint> for the host, built-in names only for NVRTC (which
 // compiles without the standard headers).
-const char* cpp_type(dtype t, bool builtin_names_only) {
-  switch (t) {
-    case dtype::float32:
-      return "float";
-    case dtype::float64:
-      return "double";
-    case dtype::int32:
-      return builtin_names_only ? "int" : "std::int32_t";
-    case dtype::int64:
-      return builtin_names_only ? "long long" : "std::int64_t";
-  }
-  return "void";
-}
-
 const char* host_type(dtype t) {
-  return cpp_type(t, false);
+  return info_of(t).host_name;
 }
 const char* cuda_type(dtype t) {
-  return cpp_type(t, true);
+  return info_of(t).cuda_name;
 }
 
 // The end of both sources' element loop: the output local, the user's body in its own scope,

@@ -1,8 +1,11 @@
 // Names and sizes of the public value types, and the exception types' constructors.
+#include <array>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "core/kernels/builtin_kernels.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/types.hpp"
 
@@ -17,50 +20,39 @@ std::size_t detail::checked_bytes(std::size_t count, std::size_t size, const cha
   return bytes;
 }
 
+namespace {
+// A dtype from outside the enum's values (a cast) is no row of the table.
+bool in_table(dtype t) noexcept {
+  return static_cast<std::size_t>(t) < std::size(dtypes);
+}
+}  // namespace
+
 std::size_t size_of(dtype t) noexcept {
-  switch (t) {
-    case dtype::float32:
-      return 4;
-    case dtype::float64:
-      return 8;
-    case dtype::int32:
-      return 4;
-    case dtype::int64:
-      return 8;
-  }
-  return 0;
+  return in_table(t) ? info_of(t).size : 0;
 }
 
 const char* to_string(dtype t) noexcept {
-  switch (t) {
-    case dtype::float32:
-      return "float32";
-    case dtype::float64:
-      return "float64";
-    case dtype::int32:
-      return "int32";
-    case dtype::int64:
-      return "int64";
-  }
-  return "unknown";
+  return in_table(t) ? info_of(t).name : "unknown";
 }
 
 const char* to_string(backend_kind b) noexcept {
   return b == backend_kind::cuda ? "cuda" : "cpu";
 }
 
-const char* kernel::name() const noexcept {
-  switch (op_) {
-    case op::square:
-      return "square";
-    case op::scale:
-      return "scale";
-    case op::add:
-      return "add";
-    case op::axpy:
-      return "axpy";
-  }
-  return "unknown";
+namespace {
+template <op... O>
+constexpr auto builtin_table(detail::op_list<O...>) {
+  return std::array<builtin_kernel_info, sizeof...(O)>{detail::builtin<O>::info...};
+}
+constexpr auto builtin_table_v = builtin_table(detail::builtin_ops{});
+}  // namespace
+
+std::span<const builtin_kernel_info> builtin_kernels() noexcept {
+  return builtin_table_v;
+}
+
+const builtin_kernel_info& info_of(op o) noexcept {
+  return builtin_table_v[static_cast<std::size_t>(o)];
 }
 
 cuda_error::cuda_error(int code, std::string name, std::string description, std::string call,

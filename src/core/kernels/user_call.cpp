@@ -7,6 +7,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 namespace gpupool::detail {
 namespace {
@@ -30,34 +31,28 @@ void store_scalar(const std::string& kernel, const kernel_argument& arg, const k
   auto store = [&](auto value) { std::memcpy(out, &value, sizeof value); };
   const std::string what = "gpupool: kernel '" + kernel + "': argument '" + p.name + "' ";
   const std::string given = arg.is_integer() ? std::to_string(arg.integer()) : shown(arg.value());
-  switch (p.type) {
-    case dtype::float32:
-      if (!arg.is_integer() && std::isfinite(arg.value()) &&
-          std::fabs(arg.value()) > std::numeric_limits<float>::max())
-        throw argument_range_error(what + "= " + given + " is out of the range of float32 (" +
-                                   shown(std::numeric_limits<float>::max()) + " at most)");
-      store(arg.is_integer() ? static_cast<float>(arg.integer()) : static_cast<float>(arg.value()));
-      break;
-    case dtype::float64:
-      store(arg.is_integer() ? static_cast<double>(arg.integer()) : arg.value());
-      break;
-    case dtype::int32:
-    case dtype::int64:
+  visit_dtype(p.type, [&]<class T>() {
+    if constexpr (std::is_integral_v<T>) {
       if (!arg.is_integer())
         throw argument_kind_error(what + "is a floating-point number (" + given +
                                   "), but the kernel declares " + to_string(p.type) +
                                   " (NumPy's same_kind rule casts no float to an integer type)");
-      if (p.type == dtype::int64) {
-        store(arg.integer());
-      } else {
-        if (arg.integer() < std::numeric_limits<std::int32_t>::min() ||
-            arg.integer() > std::numeric_limits<std::int32_t>::max())
-          throw argument_range_error(what + "= " + given +
-                                     " is out of the range of int32 [-2147483648, 2147483647]");
-        store(static_cast<std::int32_t>(arg.integer()));
-      }
-      break;
-  }
+      using limits = std::numeric_limits<T>;
+      if (sizeof(T) < sizeof(arg.integer()) &&
+          (arg.integer() < limits::min() || arg.integer() > limits::max()))
+        throw argument_range_error(what + "= " + given + " is out of the range of " +
+                                   to_string(p.type) + " [" + std::to_string(limits::min()) + ", " +
+                                   std::to_string(limits::max()) + "]");
+      store(static_cast<T>(arg.integer()));
+    } else {
+      if (!arg.is_integer() && std::isfinite(arg.value()) &&
+          std::fabs(arg.value()) > std::numeric_limits<T>::max())
+        throw argument_range_error(what + "= " + given + " is out of the range of " +
+                                   to_string(p.type) + " (" + shown(std::numeric_limits<T>::max()) +
+                                   " at most)");
+      store(arg.is_integer() ? static_cast<T>(arg.integer()) : static_cast<T>(arg.value()));
+    }
+  });
 }
 
 // Checks one argument against its parameter and makes it ready for the lanes.

@@ -1,5 +1,6 @@
-// What a trace says: stats, the Chrome trace format, the records as JSON, a text table.
-// (Pictures are drawn from the records JSON by the Python package, with matplotlib.)
+// What a trace says: stats, the Chrome trace format, the records as JSON, a text table; each
+// iterates `trace_stages` for the stages. (Pictures are drawn from the records by the Python
+// package, with matplotlib, from the same table.)
 #include "gpupool/trace.hpp"
 
 #include <nlohmann/json.hpp>
@@ -17,7 +18,24 @@ namespace {
 
 // Engine tracks sit after the lanes' tracks in each device's process.
 constexpr int engine_track_base = 100000;
-constexpr const char* engine_names[] = {"copies in (H2D)", "kernels", "copies out (D2H)"};
+
+// The device engines the stages name, in the order of their first stage.
+std::vector<std::string> engine_names() {
+  std::vector<std::string> names;
+  for (const trace_stage& stage : trace_stages)
+    if (stage.engine != nullptr &&
+        std::find(names.begin(), names.end(), stage.engine) == names.end())
+      names.emplace_back(stage.engine);
+  return names;
+}
+
+int engine_index(const std::vector<std::string>& engines, const char* engine) {
+  return static_cast<int>(std::find(engines.begin(), engines.end(), engine) - engines.begin());
+}
+
+const char* track_name(stage_track t) {
+  return t == stage_track::host ? "host" : "stream";
+}
 
 using json = nlohmann::json;
 
@@ -67,6 +85,8 @@ lane_stats summarise(int device, int lane, const std::vector<const task_record*>
     s.bytes_out += r->bytes_out;
     busy.emplace_back(r->started, r->done);
     waits.push_back(r->started - r->submitted);
+    for (std::size_t i = 0; i < trace_stage_count; ++i)
+      s.stage_us[i] += (r->*trace_stages[i].span).length();
   }
   s.busy_us = covered(std::move(busy));
   s.wall_us = s.tasks ? last - first : 0.0;
@@ -99,6 +119,7 @@ std::vector<lane_stats> trace::stats() const {
 }
 
 void trace::write_chrome_json(std::ostream& out) const {
+  const std::vector<std::string> engines = engine_names();
   json events = json::array();
   auto name_track = [&](int pid, int tid, const std::string& name, int order) {
     events.push_back({{"ph", "M"},
@@ -119,7 +140,9 @@ void trace::write_chrome_json(std::ostream& out) const {
          {"name", "process_name"},
          {"pid", pid},
          {"args", {{"name", "device " + std::to_string(d) + ": " + device_names_[d]}}}});
-    for (int e = 0; e < 3; ++e) name_track(pid, engine_track_base + e, engine_names[e], 1000 + e);
+    for (std::size_t e = 0; e < engines.size(); ++e)
+      name_track(pid, engine_track_base + static_cast<int>(e), engines[e],
+                 1000 + static_cast<int>(e));
   }
   std::map<int, bool> named_lanes;
   auto span_event = [&](const task_record& r, int tid, const char* stage, const span_us& s,
@@ -156,22 +179,20 @@ void trace::write_chrome_json(std::ostream& out) const {
                         {"bytes_in", r.bytes_in},
                         {"bytes_out", r.bytes_out},
                         {"failed", r.failed}}}});
-    span_event(r, host_tid, "stage in", r.stage_in, "host");
-    span_event(r, host_tid, "stage out", r.stage_out, "host");
-    const bool has_stream_stages = r.upload.present();
-    if (has_stream_stages) {
-      span_event(r, stream_tid, "upload", r.upload, "stream");
-      span_event(r, stream_tid, "kernel", r.kernel, "stream");
-      span_event(r, stream_tid, "download", r.download, "stream");
-    }
-    // The device's engines: several lanes overlap there, so these are async events.
-    const span_us* engines[] = {&r.upload, has_stream_stages ? &r.kernel : nullptr, &r.download};
-    for (int e = 0; e < 3; ++e) {
-      if (engines[e] == nullptr || !engines[e]->present()) continue;
-      for (const auto& [phase, at] : {std::pair{"b", engines[e]->begin}, {"e", engines[e]->end}})
+    // A submit() task's run is the task event itself: its `kernel` span is not stream work.
+    const bool on_stream = went_through_stream(r);
+    for (const trace_stage& stage : trace_stages) {
+      const span_us& s = r.*stage.span;
+      if (stage.track == stage_track::stream && !on_stream) continue;
+      span_event(r, stage.track == stage_track::host ? host_tid : stream_tid, stage.label, s,
+                 track_name(stage.track));
+      // The device's engines: several lanes overlap there, so these are async events.
+      if (stage.engine == nullptr || !s.present() || !on_stream) continue;
+      const int e = engine_index(engines, stage.engine);
+      for (const auto& [phase, at] : {std::pair{"b", s.begin}, {"e", s.end}})
         events.push_back({{"ph", phase},
                           {"name", r.name},
-                          {"cat", engine_names[e]},
+                          {"cat", stage.engine},
                           {"id", r.id},
                           {"pid", r.device},
                           {"tid", engine_track_base + e},
@@ -190,40 +211,58 @@ void trace::write_records_json(std::ostream& out) const {
     return s.present() ? json::array({microseconds(s.begin), microseconds(s.end)}) : json(nullptr);
   };
   json records = json::array();
-  for (const task_record& r : records_)
-    records.push_back({{"id", r.id},
-                       {"name", r.name},
-                       {"device", r.device},
-                       {"lane", r.lane},
-                       {"submitted", microseconds(r.submitted)},
-                       {"started", microseconds(r.started)},
-                       {"stage_in", span(r.stage_in)},
-                       {"upload", span(r.upload)},
-                       {"kernel", span(r.kernel)},
-                       {"download", span(r.download)},
-                       {"stage_out", span(r.stage_out)},
-                       {"done", microseconds(r.done)},
-                       {"bytes_in", r.bytes_in},
-                       {"bytes_out", r.bytes_out},
-                       {"failed", r.failed}});
-  const json document = {{"backend", to_string(backend_)}, {"records", std::move(records)}};
+  for (const task_record& r : records_) {
+    json record = {{"id", r.id},
+                   {"name", r.name},
+                   {"device", r.device},
+                   {"lane", r.lane},
+                   {"submitted", microseconds(r.submitted)},
+                   {"started", microseconds(r.started)},
+                   {"done", microseconds(r.done)},
+                   {"bytes_in", r.bytes_in},
+                   {"bytes_out", r.bytes_out},
+                   {"failed", r.failed},
+                   {"on_stream", went_through_stream(r)}};
+    for (const trace_stage& stage : trace_stages) record[stage.key] = span(r.*stage.span);
+    records.push_back(std::move(record));
+  }
+  json stages = json::array();
+  for (const trace_stage& stage : trace_stages)
+    stages.push_back({{"key", stage.key},
+                      {"label", stage.label},
+                      {"track", track_name(stage.track)},
+                      {"engine", stage.engine != nullptr ? json(stage.engine) : json(nullptr)},
+                      {"colour", stage.colour}});
+  const json document = {{"backend", to_string(backend_)},
+                         {"stages", std::move(stages)},
+                         {"records", std::move(records)}};
   out << document.dump(-1, ' ', false, json::error_handler_t::replace) << '\n';
 }
 
 void trace::write_stats_table(std::ostream& out) const {
   char line[256];
-  std::snprintf(line, sizeof line, "%-8s %-6s %7s %12s %12s %10s %10s %10s %10s %8s\n", "device",
+  std::snprintf(line, sizeof line, "%-8s %-6s %7s %12s %12s %10s %10s %10s %10s %8s", "device",
                 "lane", "tasks", "MB in", "MB out", "busy ms", "wall ms", "wait p50", "wait p99",
                 "GB/s in");
   out << line;
+  for (const trace_stage& stage : trace_stages) {
+    std::snprintf(line, sizeof line, " %12s", (std::string(stage.label) + " ms").c_str());
+    out << line;
+  }
+  out << '\n';
   for (const auto& s : stats()) {
     std::snprintf(line, sizeof line,
-                  "%-8d %-6s %7zu %12.2f %12.2f %10.3f %10.3f %8.1fus %8.1fus %8.2f\n", s.device,
+                  "%-8d %-6s %7zu %12.2f %12.2f %10.3f %10.3f %8.1fus %8.1fus %8.2f", s.device,
                   s.lane < 0 ? "all" : std::to_string(s.lane).c_str(), s.tasks,
                   static_cast<double>(s.bytes_in) / 1e6, static_cast<double>(s.bytes_out) / 1e6,
                   s.busy_us / 1e3, s.wall_us / 1e3, s.queue_wait_p50_us, s.queue_wait_p99_us,
                   s.input_gb_per_s());
     out << line;
+    for (const double us : s.stage_us) {
+      std::snprintf(line, sizeof line, " %12.3f", us / 1e3);
+      out << line;
+    }
+    out << '\n';
   }
 }
 

@@ -1,0 +1,264 @@
+// Host array and number intake, array results in pinned memory, and the pinned-memory calls.
+#include "arrays.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <iterator>
+#include <limits>
+#include <span>
+#include <tuple>
+#include <type_traits>
+
+namespace gpupool_python {
+
+// gpupool's dtypes by name, for messages: "float32, float64, int32" + last + "int64".
+std::string dtype_names(const char* last) {
+  std::string out;
+  for (std::size_t i = 0; i < std::size(gpupool::dtypes); ++i)
+    out += (i == 0                                ? ""
+            : i + 1 == std::size(gpupool::dtypes) ? last
+                                                  : ", ") +
+           std::string(gpupool::dtypes[i].name);
+  return out;
+}
+
+nb::dlpack::dtype dlpack_of(gpupool::dtype t) {
+  return gpupool::visit_dtype(t, []<class T>() { return nb::dtype<T>(); });
+}
+
+const char* dtype_name(nb::dlpack::dtype t) {
+  for (const gpupool::dtype_info& info : gpupool::dtypes)
+    if (dlpack_of(info.type) == t) return info.name;
+  return nullptr;
+}
+
+gpupool::dtype dtype_from_name(const std::string& name) {
+  for (const gpupool::dtype_info& info : gpupool::dtypes)
+    if (name == info.name) return info.type;
+  throw nb::type_error(
+      ("gpupool: unsupported dtype " + name + "; expected " + dtype_names(" or ")).c_str());
+}
+
+bool is_c_contiguous(const input_array& a) {
+  if (a.size() == 0) return true;  // an empty array's strides mean nothing
+  std::int64_t expected = 1;
+  for (std::size_t i = a.ndim(); i-- > 0;) {
+    if (a.shape(i) != 1 && a.stride(i) != expected) return false;
+    expected *= static_cast<std::int64_t>(a.shape(i));
+  }
+  return true;
+}
+
+input_array as_input(nb::handle obj, std::size_t index, const char* which,
+                     const std::string& parameter) {
+  std::string where = std::string(which) + "[" + std::to_string(index) + "]";
+  if (!parameter.empty()) where += " ('" + parameter + "')";
+  input_array a;
+  if (!nb::try_cast(obj, a, /*convert=*/false)) {
+    std::string what = nb::type_name(obj.type()).c_str();
+    if (nb::hasattr(obj, "dtype"))
+      what += " of dtype " +
+              std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str());
+    throw nb::type_error(
+        ("gpupool: " + where + " is a " + what +
+         (parameter.empty() ? "; expected an array" : "; expected a number or an array") + " of " +
+         dtype_names(" or "))
+            .c_str());
+  }
+  if (a.device_type() != nb::device::cpu::value)
+    throw nb::type_error(("gpupool: " + where +
+                          " lives on a GPU while the first array is a host array; pass host "
+                          "arrays and device arrays in separate calls")
+                             .c_str());
+  if (dtype_name(a.dtype()) == nullptr)
+    throw nb::type_error(
+        ("gpupool: " + where + " has the unsupported dtype " +
+         (nb::hasattr(obj, "dtype")
+              ? std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str())
+              : std::string("(unnamed)")) +
+         "; supported: " + dtype_names(", "))
+            .c_str());
+  if (!is_c_contiguous(a))
+    throw nb::value_error(
+        ("gpupool: " + where + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
+            .c_str());
+  return a;
+}
+
+gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {
+  return gpupool::visit_dtype(dtype_from_name(dtype_name(a.dtype())), [&]<class T>() {
+    return gpupool::kernel_argument(std::span<const T>(static_cast<const T*>(a.data()), a.size()));
+  });
+}
+
+const char* kind_name(number_kind k) {
+  switch (k) {
+    case number_kind::boolean:
+      return "bool";
+    case number_kind::integer:
+      return "int";
+    case number_kind::real:
+      return "float";
+    case number_kind::complex:
+      return "complex";
+  }
+  return "number";
+}
+
+std::optional<number_kind> python_number_kind(PyObject* p) {
+  if (PyBool_Check(p)) return number_kind::boolean;
+  if (PyLong_Check(p)) return number_kind::integer;
+  if (PyFloat_Check(p)) return number_kind::real;
+  if (PyComplex_Check(p)) return number_kind::complex;
+  return std::nullopt;
+}
+
+// `value` as a number if it is one: a Python bool, int, float or complex, or a NumPy scalar or
+// 0-d array (whose item() is one of those, of the same kind). Nothing for anything else.
+std::optional<number> as_number(nb::handle value) {
+  if (auto kind = python_number_kind(value.ptr())) return number{*kind, nb::borrow(value)};
+  if (PyUnicode_Check(value.ptr()) || PyBytes_Check(value.ptr())) return std::nullopt;
+  if (!nb::hasattr(value, "ndim") || !nb::hasattr(value, "item")) return std::nullopt;
+  nb::object ndim = value.attr("ndim");
+  if (!PyLong_Check(ndim.ptr()) || PyLong_AsLong(ndim.ptr()) != 0) return std::nullopt;
+  nb::object item = value.attr("item")();
+  if (auto kind = python_number_kind(item.ptr())) return number{*kind, item};
+  return std::nullopt;
+}
+
+std::string describe_value(nb::handle value) {
+  PyObject* text = PyObject_Repr(value.ptr());
+  if (text == nullptr) {
+    PyErr_Clear();
+    return "a value that has no repr";
+  }
+  std::string out = nb::steal<nb::str>(text).c_str();
+  if (out.size() > 60) out = out.substr(0, 40) + "..." + out.substr(out.size() - 10);
+  return out;
+}
+
+gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
+                                         const std::string& where) {
+  const bool integer_type = gpupool::info_of(type).is_integer;
+  // The type's range: integers from low to high; floating point up to `largest` in magnitude.
+  const auto [low, high, largest] = gpupool::visit_dtype(type, []<class T>() {
+    using limits = std::numeric_limits<T>;
+    if constexpr (std::is_integral_v<T>)
+      return std::tuple<long long, long long, double>{limits::min(), limits::max(), 0.0};
+    else
+      return std::tuple<long long, long long, double>{0, 0, static_cast<double>(limits::max())};
+  });
+  const std::string type_name = gpupool::to_string(type);
+  char largest_text[32];
+  std::snprintf(largest_text, sizeof largest_text, "%.8g", largest);
+  const std::string out_of_float_range =
+      ", out of range for " + type_name + " (largest magnitude " + largest_text + ")";
+  const std::string what = "gpupool: " + where + " is " + describe_value(n.value) +
+                           (n.kind == number_kind::integer ? ", an " : ", a ") + kind_name(n.kind);
+  PyObject* p = n.value.ptr();
+  switch (n.kind) {
+    case number_kind::boolean: {
+      const long b = p == Py_True ? 1 : 0;
+      if (integer_type) return gpupool::kernel_argument(b);
+      return gpupool::kernel_argument(static_cast<double>(b));
+    }
+    case number_kind::integer: {
+      if (integer_type) {
+        int overflow = 0;
+        const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
+        if (v == -1 && PyErr_Occurred()) throw nb::python_error();
+        if (overflow != 0 || v < low || v > high)
+          throw_python(PyExc_OverflowError, what + ", out of range for " + type_name + " (" +
+                                                std::to_string(low) + ".." + std::to_string(high) +
+                                                ")");
+        return gpupool::kernel_argument(static_cast<long>(v));
+      }
+      const double d = PyLong_AsDouble(p);
+      if (d == -1.0 && PyErr_Occurred()) {
+        PyErr_Clear();
+        throw_python(PyExc_OverflowError, what + ", too large for " + type_name);
+      }
+      if (std::fabs(d) > largest) throw_python(PyExc_OverflowError, what + out_of_float_range);
+      return gpupool::kernel_argument(d);
+    }
+    case number_kind::real: {
+      if (integer_type)
+        throw_python(PyExc_TypeError,
+                     what + "; NumPy's same_kind casting does not turn a float into " + type_name +
+                         " (it would drop the fraction): pass an int");
+      const double d = PyFloat_AsDouble(p);
+      if (std::isfinite(d) && std::fabs(d) > largest)
+        throw_python(PyExc_OverflowError, what + out_of_float_range);
+      return gpupool::kernel_argument(d);
+    }
+    case number_kind::complex:
+      break;
+  }
+  throw_python(PyExc_TypeError, what + "; NumPy's same_kind casting does not turn a complex into " +
+                                    type_name + ": pass a real number");
+}
+
+std::vector<std::size_t> shape_of(const input_array& a) {
+  std::vector<std::size_t> shape(a.ndim());
+  for (std::size_t i = 0; i < a.ndim(); ++i) shape[i] = a.shape(i);
+  return shape;
+}
+
+void bind_arrays(nb::module_& m) {
+  using namespace nb::literals;
+  nb::class_<array_future>(m, "ArrayFuture", "The result of a built-in kernel over one array.")
+      .def("result", &array_future::result, "timeout"_a = nb::none())
+      .def("done", &array_future::done)
+      .def("cancel", &array_future::cancel)
+      .def("cancelled", &array_future::cancelled)
+      .def("add_done_callback", &array_future::add_done_callback, "callback"_a);
+
+  m.def(
+      "allocate_pinned",
+      [](std::size_t nbytes) {
+        // No array may be larger (NumPy's limit too); the size-class rounding needs headroom.
+        if (nbytes > static_cast<std::size_t>(std::numeric_limits<std::ptrdiff_t>::max()))
+          throw_python(PyExc_OverflowError, "gpupool: allocate_pinned: " + std::to_string(nbytes) +
+                                                " bytes is too large");
+        void* p = gpupool::allocate_pinned(nbytes);
+        nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
+        std::size_t shape[1] = {nbytes};
+        return nb::ndarray<nb::numpy, std::uint8_t>(p, 1, shape, owner);
+      },
+      "nbytes"_a);
+  m.def(
+      "is_pinned",
+      [](std::uintptr_t address) {
+        return gpupool::is_pinned(reinterpret_cast<const void*>(address));
+      },
+      "address"_a);
+  m.def(
+      "describe_pointer",
+      [](std::uintptr_t address) {
+        const auto info = gpupool::describe_pointer(reinterpret_cast<const void*>(address));
+        static const char* names[] = {"unknown", "pinned_host", "device", "managed"};
+        return nb::make_tuple(names[static_cast<int>(info.kind)], info.device);
+      },
+      "address"_a);
+  m.def(
+      "wait_for_stream",
+      [](std::uintptr_t stream) {
+        nb::gil_scoped_release nogil;
+        gpupool::wait_for_stream(stream);
+      },
+      "stream"_a);
+  m.def("pinned_bytes_in_use", &gpupool::pinned_bytes_in_use);
+  m.def("pinned_memory_stats", []() {
+    const auto s = gpupool::pinned_memory_stats();
+    nb::dict d;
+    d["in_use"] = s.in_use;
+    d["cached"] = s.cached;
+    d["cache_limit"] = s.cache_limit;
+    return d;
+  });
+  m.def("set_pinned_cache_limit", &gpupool::set_pinned_cache_limit, "nbytes"_a);
+  m.def("trim_pinned_cache", &gpupool::trim_pinned_cache);
+}
+
+}  // namespace gpupool_python

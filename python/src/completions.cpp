@@ -1,0 +1,85 @@
+// Bulk handover of outcomes to Python futures (see completions.hpp).
+#include "completions.hpp"
+
+#include <mutex>
+#include <utility>
+#include <vector>
+
+namespace gpupool_python {
+namespace {
+
+struct handover_queue {
+  std::mutex mutex;
+  std::vector<handover> pending;
+  bool draining = false;  // a thread is waiting for the GIL to run `pending`
+};
+
+// Leaked on purpose: lanes may post after static destruction has begun.
+handover_queue& queue() {
+  static auto* const state = new handover_queue;
+  return *state;
+}
+
+struct kept_thread_state {
+  kept_thread_state() : state(PyGILState_Ensure()), saved(PyEval_SaveThread()) {}
+  kept_thread_state(const kept_thread_state&) = delete;
+  kept_thread_state& operator=(const kept_thread_state&) = delete;
+  ~kept_thread_state() {
+    if (!interpreter_alive()) return;  // leaked with the interpreter
+    PyEval_RestoreThread(saved);
+    PyGILState_Release(state);
+  }
+  PyGILState_STATE state;
+  PyThreadState* saved;
+};
+
+}  // namespace
+
+void keep_python_thread_state() {
+  if (PyGILState_GetThisThreadState() != nullptr || !interpreter_alive()) return;
+  thread_local kept_thread_state kept;
+}
+
+void post_handover(handover h) {
+  auto& q = queue();
+  {
+    std::lock_guard lock(q.mutex);
+    q.pending.push_back(std::move(h));
+    if (q.draining) return;  // the thread draining takes it with the rest
+    q.draining = true;
+  }
+  std::vector<handover> batch;
+  if (!interpreter_alive()) {
+    std::lock_guard lock(q.mutex);
+    static_cast<void>(new std::vector<handover>(std::move(q.pending)));  // deliberately leaked
+    q.pending.clear();
+    q.draining = false;
+    return;
+  }
+  keep_python_thread_state();
+  nb::gil_scoped_acquire gil;
+  {
+    // What queued while this thread waited for the GIL is handed over now, in one go. The queue
+    // is free again before any of it runs: a handover may run a done callback that waits for
+    // another task, whose outcome must then find a thread to hand it over, not this one.
+    std::lock_guard lock(q.mutex);
+    batch.swap(q.pending);
+    q.draining = false;
+  }
+  for (auto& run : batch) run();
+  batch.clear();  // their Python objects are released here, with the GIL
+}
+
+nb::object fetch_raised_exception() {
+  PyObject* type = nullptr;
+  PyObject* value = nullptr;
+  PyObject* traceback = nullptr;
+  PyErr_Fetch(&type, &value, &traceback);
+  PyErr_NormalizeException(&type, &value, &traceback);
+  if (traceback != nullptr && value != nullptr) PyException_SetTraceback(value, traceback);
+  Py_XDECREF(type);
+  Py_XDECREF(traceback);
+  return nb::steal(value);
+}
+
+}  // namespace gpupool_python

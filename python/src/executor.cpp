@@ -1,0 +1,428 @@
+// Executor: the C++ executor behind gpupool.Executor (whose concurrent.futures semantics live in
+// python/gpupool/_executor.py): Python calls on lanes, kernels over host and device arrays.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "arrays.hpp"
+#include "common.hpp"
+#include "errors.hpp"
+#include "futures.hpp"
+#include "gpupool/gpupool.hpp"
+#include "kernels.hpp"
+#include "lane.hpp"
+
+namespace gpupool_python {
+namespace {
+
+// Executors whose last reference died inside one of their own tasks are stopped by a thread of
+// their own (a lane cannot wait for itself). Those threads, and the lanes they stop, may still
+// release Python objects; the interpreter's exit waits for them (join_orphaned_executors, called
+// before finalization) so that none reaches for Python once it is finalizing. Leaked on purpose:
+// a detached thread may outlive static destruction.
+struct orphaned_executors {
+  std::mutex mutex;
+  std::condition_variable stopped;
+  int stopping = 0;
+};
+orphaned_executors& orphans() {
+  static auto* const state = new orphaned_executors;
+  return *state;
+}
+
+class py_executor {
+ public:
+  explicit py_executor(const gpupool::executor_options& options) {
+    nb::gil_scoped_release nogil;
+    executor_ = std::make_unique<gpupool::executor>(options);
+  }
+  py_executor(const py_executor&) = delete;
+  py_executor& operator=(const py_executor&) = delete;
+  ~py_executor() {
+    if (executor_ && executor_->is_lane_thread()) {
+      // The last reference died inside one of its own tasks: a lane cannot wait for itself,
+      // so another thread drains and stops the executor.
+      {
+        std::lock_guard lock(orphans().mutex);
+        ++orphans().stopping;
+      }
+      std::thread([e = std::move(executor_)]() mutable {
+        e.reset();
+        std::lock_guard lock(orphans().mutex);
+        --orphans().stopping;
+        orphans().stopped.notify_all();
+      }).detach();
+      return;
+    }
+    // Draining may need the GIL (queued Python tasks): let the lanes have it.
+    nb::gil_scoped_release nogil;
+    executor_.reset();
+  }
+
+  gpupool::executor& get() const {
+    if (!executor_) throw std::runtime_error("gpupool: the executor is closed");
+    return *executor_;
+  }
+
+  // Queues fn(*args, **kwargs) on a lane (of `device`, if given); `future`, a
+  // concurrent.futures.Future, gets its outcome (see submit_python_call).
+  void submit_call(nb::handle fn, nb::handle args, nb::handle kwargs, nb::handle future,
+                   std::optional<int> device) {
+    submit_python_call(get(), device, fn, args, kwargs, future, runner_, handed_over_early_);
+  }
+
+  // What CUDA lanes call as runner(fn, args, kwargs) instead of fn (None: fn itself).
+  void set_runner(nb::object runner) { runner_ = std::move(runner); }
+
+  // A built-in kernel over each host array (pair): one future (of `future_type`) per array,
+  // whose result is a new NumPy array in pinned memory. Every array is checked first.
+  nb::list map_kernel(nb::pointer_and_handle<gpupool::kernel> kernel, nb::sequence xs,
+                      std::optional<nb::sequence> ys, nb::handle future_type) {
+    const gpupool::kernel& k = *kernel.p;
+    const std::size_t n = nb::len(xs);
+    if (k.arity() == 2 && !ys)
+      throw nb::value_error(
+          ("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
+    if (k.arity() == 1 && ys)
+      throw nb::value_error(
+          ("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
+    if (ys && nb::len(*ys) != n)
+      throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
+                             " arrays and " + std::to_string(nb::len(*ys)) + ")")
+                                .c_str());
+
+    std::vector<input_array> x(n), y(ys ? n : 0);
+    for (std::size_t i = 0; i < n; ++i) {
+      x[i] = as_input(xs[i], i, "x");
+      check_alpha(kernel.h, k, dtype_from_name(dtype_name(x[i].dtype())),
+                  "x[" + std::to_string(i) + "]");
+      if (ys) {
+        y[i] = as_input((*ys)[i], i, "y");
+        const std::string pair = "x[" + std::to_string(i) + "] and y[" + std::to_string(i) + "]";
+        if (y[i].dtype() != x[i].dtype())
+          throw nb::value_error(("gpupool: " + pair + " differ in dtype (" +
+                                 dtype_name(x[i].dtype()) + " and " + dtype_name(y[i].dtype()) +
+                                 "); the two arrays of a call must have the same dtype")
+                                    .c_str());
+        if (shape_of(y[i]) != shape_of(x[i]))
+          throw nb::value_error(("gpupool: " + pair + " differ in length or shape (" +
+                                 std::to_string(x[i].size()) + " and " +
+                                 std::to_string(y[i].size()) +
+                                 " elements); the two arrays of a call must have the same shape")
+                                    .c_str());
+      }
+    }
+
+    nb::list out;
+    for (std::size_t i = 0; i < n; ++i) {
+      auto result = std::make_unique<pinned_block>(x[i].nbytes());
+      auto f = launch(k, x[i], ys ? &y[i] : nullptr, result->data());
+      std::vector<input_array> views{x[i]};
+      if (ys) views.push_back(y[i]);
+      out.append(adopt_kernel_task(std::move(f), future_type, std::move(views),
+                                   pinned_result{std::move(result), x[i].dtype(), shape_of(x[i])}));
+    }
+    return out;
+  }
+
+  // A compiled kernel (elementwise or raw) over host arrays and numbers: one future (of
+  // `future_type`), whose result is a new array in pinned memory shaped like the first array
+  // argument.
+  template <class K>
+  nb::object launch_compiled(const K& k, nb::sequence args, nb::handle future_type) {
+    const std::size_t n = nb::len(args);
+    if (n != k.inputs().size())
+      throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
+                            std::to_string(k.inputs().size()) + " argument(s), " +
+                            std::to_string(n) + " given")
+                               .c_str());
+    std::vector<gpupool::kernel_argument> arguments;
+    std::vector<input_array> arrays;  // keeps the array views while the arguments point in
+    arrays.reserve(n);
+    const input_array* first = nullptr;
+    for (std::size_t i = 0; i < n; ++i) {
+      nb::handle a = args[i];
+      const std::string& name = k.inputs()[i].name;
+      if (auto number = as_number(a)) {
+        arguments.push_back(scalar_argument(
+            *number, k.inputs()[i].type,
+            "argument[" + std::to_string(i) + "] ('" + name + "') of kernel '" + k.name() + "'"));
+      } else {
+        arrays.push_back(as_input(a, i, "argument", name));
+        const input_array& view = arrays.back();
+        if (first == nullptr) first = &view;
+        arguments.push_back(argument_of(view, name));
+      }
+    }
+    if (first == nullptr)
+      throw nb::type_error(
+          ("gpupool: pass at least one array to kernel '" + k.name() + "'").c_str());
+    const std::size_t count = first->size();
+    const auto out_type = k.output().type;
+    auto result = std::make_unique<pinned_block>(count * gpupool::size_of(out_type));
+    gpupool::future<void> f;
+    {
+      nb::gil_scoped_release nogil;  // compiling can take a while
+      if constexpr (std::is_same_v<K, gpupool::raw_kernel>)
+        f = get().launch_raw(k, arguments, out_type, result->data(), count);
+      else
+        f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
+    }
+    std::vector<std::size_t> shape = shape_of(*first);
+    return adopt_kernel_task(
+        std::move(f), future_type, std::move(arrays),
+        pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
+  }
+
+  // A compiled kernel over many calls on arrays already on GPU `ordinal`. `calls[i]` lists the
+  // call's arguments: numbers, or (address, element count, dtype name) for device arrays;
+  // `outs[i]` is the address of its output of `counts[i]` elements. One future for all calls;
+  // its result is `result` (the output arrays, made by the caller).
+  template <class K>
+  std::unique_ptr<array_future> map_on_device(const K& k, int ordinal, nb::list calls,
+                                              const std::vector<std::uintptr_t>& outs,
+                                              const std::vector<std::size_t>& counts,
+                                              nb::object result, nb::object keep_alive) {
+    const int device = device_of_ordinal(ordinal);
+    if (outs.size() != nb::len(calls) || counts.size() != outs.size())
+      throw nb::value_error("gpupool: calls, outputs and counts differ in number");
+    std::vector<gpupool::device_call> work(outs.size());
+    for (std::size_t c = 0; c < work.size(); ++c) {
+      nb::list args = nb::borrow<nb::list>(calls[c]);
+      auto& inputs = work[c].inputs;
+      inputs.reserve(nb::len(args));
+      if (nb::len(args) != k.inputs().size())
+        throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
+                              std::to_string(k.inputs().size()) + " argument(s), " +
+                              std::to_string(nb::len(args)) + " given")
+                                 .c_str());
+      for (std::size_t i = 0; i < nb::len(args); ++i) {
+        nb::handle a = args[i];
+        if (auto number = as_number(a)) {
+          inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
+                                           "argument[" + std::to_string(i) + "] ('" +
+                                               k.inputs()[i].name + "') of kernel '" + k.name() +
+                                               "'"));
+        } else {
+          auto [address, count, type] =
+              nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string>>(a);
+          inputs.push_back(device_argument(address, count, dtype_from_name(type)));
+        }
+      }
+      work[c].out = reinterpret_cast<void*>(outs[c]);
+      work[c].count = counts[c];
+    }
+    gpupool::future<void> f;
+    {
+      nb::gil_scoped_release nogil;
+      f = get().map_on_device(device, k, work);
+    }
+    return std::make_unique<array_future>(std::move(f), std::move(result), std::move(keep_alive));
+  }
+
+  // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
+  // out = k(x[, y]), `count` elements of `type`. No host copy is made.
+  // One future (of `future_type`) whose result is `result`; `keep_alive` is held until the
+  // task has ended.
+  nb::object launch_device(nb::pointer_and_handle<gpupool::kernel> kernel, std::uintptr_t x,
+                           std::uintptr_t y, std::uintptr_t out, std::size_t count,
+                           const std::string& type, int ordinal, nb::object result,
+                           nb::object keep_alive, nb::handle future_type) {
+    const int device = device_of_ordinal(ordinal);
+    const gpupool::kernel k = *kernel.p;  // copied into the task
+    if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
+    const gpupool::dtype t = dtype_from_name(type);
+    check_alpha(kernel.h, k, t, "the device array");
+    auto f = get().submit_to(device, [=](gpupool::lane& l) {
+      l.apply_bytes(k, t, reinterpret_cast<const void*>(x), reinterpret_cast<const void*>(y),
+                    reinterpret_cast<void*>(out), count);
+    });
+    return adopt_kernel_task(std::move(f), future_type, {}, std::nullopt, std::move(result),
+                             std::move(keep_alive));
+  }
+
+  void shutdown(bool cancel_pending) {
+    if (executor_ && executor_->is_lane_thread())
+      throw nb::value_error("gpupool: an executor cannot be shut down by its own tasks");
+    nb::gil_scoped_release nogil;
+    if (executor_) executor_->shutdown(cancel_pending);
+  }
+
+ private:
+  int device_of_ordinal(int ordinal) {
+    for (const auto& d : get().devices())
+      if (d.ordinal == ordinal) return d.id;
+    throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
+                           ", which this executor does not use")
+                              .c_str());
+  }
+
+  static gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
+                                                  gpupool::dtype t) {
+    return gpupool::visit_dtype(t, [&]<class T>() {
+      return gpupool::kernel_argument(
+          std::span<const T>(reinterpret_cast<const T*>(address), count));
+    });
+  }
+
+  template <class T>
+  gpupool::future<void> launch_typed(const gpupool::kernel& k, const input_array& x,
+                                     const input_array* y, void* out) {
+    const std::size_t n = x.size();
+    const std::span<const T> sx(static_cast<const T*>(x.data()), n);
+    const std::span<T> so(static_cast<T*>(out), n);
+    if (y == nullptr) return get().transform<T>(k, sx, so);
+    return get().transform<T>(k, sx, std::span<const T>(static_cast<const T*>(y->data()), n), so);
+  }
+
+  gpupool::future<void> launch(const gpupool::kernel& k, const input_array& x, const input_array* y,
+                               void* out) {
+    return gpupool::visit_dtype(dtype_from_name(dtype_name(x.dtype())),
+                                [&]<class T>() { return launch_typed<T>(k, x, y, out); });
+  }
+
+  std::unique_ptr<gpupool::executor> executor_;
+  nb::object runner_;
+  std::shared_ptr<std::atomic<int>> handed_over_early_ = std::make_shared<std::atomic<int>>(0);
+
+ public:
+  void wait_for_early_handovers() const { wait_for_tasks_handed_over_early(*handed_over_early_); }
+};
+
+nb::dict device_dict(const gpupool::device_info& d, int lanes) {
+  nb::dict out;
+  out["id"] = d.id;
+  out["ordinal"] = d.ordinal;
+  out["name"] = d.name;
+  out["backend"] = gpupool::to_string(d.backend);
+  out["total_memory"] = d.total_memory;
+  out["compute_capability"] = nb::make_tuple(d.compute_major, d.compute_minor);
+  out["multiprocessors"] = d.multiprocessors;
+  out["lanes"] = lanes;
+  return out;
+}
+
+}  // namespace
+
+void bind_executor(nb::module_& m) {
+  using namespace nb::literals;
+  // The options are bound once, as the C++ struct: a default ExecutorOptions() carries the
+  // defaults of include/gpupool/options.hpp, which gpupool.Executor's signature reads.
+  nb::class_<gpupool::executor_options>(
+      m, "ExecutorOptions",
+      "gpupool::executor_options (include/gpupool/options.hpp); a new one holds the defaults.")
+      .def(nb::init<>())
+      .def_prop_rw(
+          "backend",
+          [](const gpupool::executor_options& o) -> std::optional<std::string> {
+            if (!o.backend) return std::nullopt;
+            return std::string(gpupool::to_string(*o.backend));
+          },
+          [](gpupool::executor_options& o, std::optional<std::string> backend) {
+            if (!backend)
+              o.backend.reset();
+            else if (*backend == "cpu")
+              o.backend = gpupool::backend_kind::cpu;
+            else if (*backend == "cuda")
+              o.backend = gpupool::backend_kind::cuda;
+            else
+              throw nb::value_error(
+                  ("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
+          },
+          nb::arg("backend").none())
+      .def_rw("devices", &gpupool::executor_options::devices)
+      .def_rw("lanes_per_device", &gpupool::executor_options::lanes_per_device)
+      .def_rw("slots_per_lane", &gpupool::executor_options::slots_per_lane)
+      .def_rw("chunk_bytes", &gpupool::executor_options::chunk_bytes)
+      .def_rw("device_memory_budget", &gpupool::executor_options::device_memory_budget)
+      .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
+      .def_rw("quiet", &gpupool::executor_options::quiet);
+
+  nb::class_<py_executor>(m, "Executor")
+      .def(nb::init<const gpupool::executor_options&>(), "options"_a)
+      .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),
+           "future"_a, "device"_a.none())
+      .def("set_runner", &py_executor::set_runner, "runner"_a.none())
+      .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
+           "future_type"_a)
+      .def("launch_compiled", &py_executor::launch_compiled<gpupool::elementwise_kernel>,
+           "kernel"_a, "args"_a, "future_type"_a)
+      .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
+           "args"_a, "future_type"_a)
+      .def("map_on_device", &py_executor::map_on_device<gpupool::elementwise_kernel>, "kernel"_a,
+           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
+      .def("map_on_device", &py_executor::map_on_device<gpupool::raw_kernel>, "kernel"_a,
+           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
+      .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
+           "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
+      .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
+      .def(
+          "set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
+      .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
+      .def(
+          "trace_snapshot",
+          [](py_executor& e, std::uint64_t first_task) {
+            gpupool::trace t;
+            {
+              nb::gil_scoped_release nogil;
+              e.wait_for_early_handovers();  // every future done has its record
+              t = e.get().trace(first_task);
+            }
+            return t;
+          },
+          "first_task"_a = 0)
+      .def("set_trace_capacity",
+           [](py_executor& e, std::size_t records) { e.get().set_trace_capacity(records); })
+      .def_prop_ro("trace_capacity", [](py_executor& e) { return e.get().trace_capacity(); })
+      .def_prop_ro("trace_dropped", [](py_executor& e) { return e.get().trace_dropped(); })
+      .def_prop_ro("next_task_id", [](py_executor& e) { return e.get().next_task_id(); })
+      .def_prop_ro(
+          "backend",
+          [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
+      .def_prop_ro("threads_per_gpu",
+                   [](const py_executor& e) { return e.get().lanes_per_device(); })
+      .def_prop_ro("lane_count", [](const py_executor& e) { return e.get().lane_count(); })
+      .def_prop_ro("slots_per_lane", [](const py_executor& e) { return e.get().slots_per_lane(); })
+      .def_prop_ro("chunk_bytes", [](const py_executor& e) { return e.get().chunk_bytes(); })
+      .def_prop_ro("queued", [](const py_executor& e) { return e.get().queued(); })
+      .def_prop_ro("is_lane_thread", [](const py_executor& e) { return e.get().is_lane_thread(); })
+      .def_prop_ro("devices",
+                   [](const py_executor& e) {
+                     nb::list out;
+                     for (const auto& d : e.get().devices())
+                       out.append(device_dict(d, e.get().lanes_per_device()));
+                     return out;
+                   })
+      .def("memory_stats", [](const py_executor& e) {
+        nb::list out;
+        for (const auto& s : e.get().memory_stats()) {
+          nb::dict d;
+          d["in_use"] = s.in_use;
+          d["peak"] = s.peak;
+          d["budget"] = s.budget;
+          out.append(d);
+        }
+        return out;
+      });
+
+  m.def(
+      "join_orphaned_executors",
+      []() {
+        std::unique_lock lock(orphans().mutex);
+        orphans().stopped.wait(lock, [] { return orphans().stopping == 0; });
+      },
+      nb::call_guard<nb::gil_scoped_release>(),
+      "Waits until every executor dropped by one of its own tasks has stopped (called at exit).");
+}
+
+}  // namespace gpupool_python

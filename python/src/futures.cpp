@@ -1,0 +1,303 @@
+// Completing the Python future of each task from C++ (see futures.hpp).
+#include "futures.hpp"
+
+#include <exception>
+#include <thread>
+#include <utility>
+
+#include "completions.hpp"
+#include "errors.hpp"
+#include "lane.hpp"
+
+namespace gpupool_python {
+namespace {
+
+// Method and attribute names, interned once (with the GIL, at the first task).
+struct interned_names {
+  PyObject* set_running_or_notify_cancel =
+      PyUnicode_InternFromString("set_running_or_notify_cancel");
+  PyObject* set_result = PyUnicode_InternFromString("set_result");
+  PyObject* set_exception = PyUnicode_InternFromString("set_exception");
+  PyObject* cancel = PyUnicode_InternFromString("cancel");
+  PyObject* notify_cancelled = PyUnicode_InternFromString("_notify_cancelled");
+  PyObject* task = PyUnicode_InternFromString("_task");
+};
+const interned_names& names() {
+  static const auto* const n = new interned_names;  // leaked: used until the process ends
+  return *n;
+}
+
+// Reports the Python error being raised as unraisable (it cannot reach the caller), except
+// InvalidStateError: the future had already ended (cancelled meanwhile), as the standard
+// library's executors ignore too.
+void discard_error(const char* where) {
+  static PyObject* const invalid_state =
+      nb::module_::import_("concurrent.futures").attr("InvalidStateError").inc_ref().ptr();
+  if (PyErr_ExceptionMatches(invalid_state)) {
+    PyErr_Clear();
+    return;
+  }
+  nb::python_error e;
+  e.discard_as_unraisable(where);
+}
+
+// Calls future.<method>(argument) (or with no argument), reporting a failure as unraisable.
+// Returns the call's result (a new reference), or nullptr when it failed.
+PyObject* call_method(PyObject* future, PyObject* method, PyObject* argument = nullptr) {
+  PyObject* r = argument != nullptr ? PyObject_CallMethodOneArg(future, method, argument)
+                                    : PyObject_CallMethodNoArgs(future, method);
+  if (r == nullptr) discard_error("gpupool: handing over a task's outcome");
+  return r;
+}
+
+void call_method_and_drop(PyObject* future, PyObject* method, PyObject* argument = nullptr) {
+  Py_XDECREF(call_method(future, method, argument));
+}
+
+// Ends a future whose task was cancelled before it ran, as ThreadPoolExecutor's shutdown does,
+// and notifies the waiters of wait() and as_completed() too.
+void end_cancelled(PyObject* future) {
+  call_method_and_drop(future, names().cancel);
+  call_method_and_drop(future, names().set_running_or_notify_cancel);
+}
+
+// One Python call queued for a lane, shared by the lane's task and its completion callback.
+// Holds strong references, taken and dropped with the GIL; a call dropped unrun on a thread
+// without the GIL takes it to let them go (or leaks them once the interpreter is finalizing).
+class python_call {
+ public:
+  python_call(nb::handle fn, nb::handle args, nb::handle kwargs, nb::handle future,
+              nb::handle runner)
+      : fn_(fn.inc_ref().ptr()),
+        args_(args.inc_ref().ptr()),
+        kwargs_(kwargs.is_valid() && !kwargs.is_none() && PyDict_GET_SIZE(kwargs.ptr()) > 0
+                    ? kwargs.inc_ref().ptr()
+                    : nullptr),
+        future_(future.inc_ref().ptr()),
+        runner_(runner.is_valid() && !runner.is_none() ? runner.inc_ref().ptr() : nullptr) {}
+  python_call(const python_call&) = delete;
+  python_call& operator=(const python_call&) = delete;
+  ~python_call() {
+    if (future_ == nullptr || !interpreter_alive()) return;
+    nb::gil_scoped_acquire gil;
+    clear();
+  }
+
+  // True while the outcome has not been handed over. Read off the GIL by the completion
+  // callback, which runs after the lane's task (or instead of it): never concurrently with it.
+  [[nodiscard]] bool waiting() const noexcept { return future_ != nullptr; }
+  // True if run() handed the outcome over (read as waiting() is).
+  [[nodiscard]] bool handed_over_early() const noexcept { return handed_over_early_; }
+
+  // On the lane, with the GIL. Runs the call unless its future was cancelled; hands the outcome
+  // over now when `hand_over_now`, else keeps it for finish().
+  void run(bool hand_over_now, std::atomic<int>& early) {
+    PyObject* running = call_method(future_, names().set_running_or_notify_cancel);
+    const bool go = running == Py_True;
+    Py_XDECREF(running);
+    if (!go) {
+      clear();
+      return;
+    }
+    PyObject* r = runner_ != nullptr
+                      ? PyObject_CallFunctionObjArgs(
+                            runner_, fn_, args_, kwargs_ != nullptr ? kwargs_ : Py_None, nullptr)
+                      : PyObject_Call(fn_, args_, kwargs_);
+    failed_ = r == nullptr;
+    value_ = failed_ ? fetch_raised_exception().release().ptr() : r;
+    // Like the standard library's workers, let go of the call once it has run.
+    Py_CLEAR(fn_);
+    Py_CLEAR(args_);
+    Py_CLEAR(kwargs_);
+    Py_CLEAR(runner_);
+    if (hand_over_now) {
+      handed_over_early_ = true;
+      early.fetch_add(1, std::memory_order_relaxed);  // before the future can say done
+      hand_over();
+    }
+  }
+
+  // With the GIL, once the task has ended: the outcome of the call, or the task's `failure`
+  // after it (a CUDA error), or the cancellation of a call that never ran.
+  void finish(bool cancelled, const std::exception_ptr& failure) {
+    if (future_ == nullptr) return;
+    if (cancelled && value_ == nullptr) {
+      end_cancelled(future_);
+    } else if (failure) {
+      nb::object error = python_exception(failure);
+      call_method_and_drop(future_, names().set_exception, error.ptr());
+    } else {
+      hand_over();
+      return;
+    }
+    clear();
+  }
+
+ private:
+  void hand_over() {
+    call_method_and_drop(future_, failed_ ? names().set_exception : names().set_result, value_);
+    clear();
+  }
+  void clear() {
+    Py_CLEAR(fn_);
+    Py_CLEAR(args_);
+    Py_CLEAR(kwargs_);
+    Py_CLEAR(runner_);
+    Py_CLEAR(value_);
+    Py_CLEAR(future_);
+  }
+
+  PyObject* fn_;
+  PyObject* args_;
+  PyObject* kwargs_;
+  PyObject* future_;
+  PyObject* runner_;
+  PyObject* value_ = nullptr;
+  bool failed_ = false;
+  bool handed_over_early_ = false;
+};
+
+// What a kernel task hands over once it has ended, shared by its completion callback.
+class kernel_outcome {
+ public:
+  kernel_outcome(std::vector<input_array> inputs, std::optional<pinned_result> pinned,
+                 nb::object result, nb::object keep_alive)
+      : inputs_(std::move(inputs)),
+        pinned_(std::move(pinned)),
+        result_(std::move(result)),
+        keep_alive_(std::move(keep_alive)) {}
+  kernel_outcome(const kernel_outcome&) = delete;
+  kernel_outcome& operator=(const kernel_outcome&) = delete;
+  ~kernel_outcome() {
+    if (future_ == nullptr && inputs_.empty() && !result_.is_valid() && !keep_alive_.is_valid())
+      return;
+    if (!interpreter_alive()) {
+      // Deliberately leaked: releasing Python objects needs a live interpreter.
+      static_cast<void>(new std::vector<input_array>(std::move(inputs_)));
+      static_cast<void>(result_.release());
+      static_cast<void>(keep_alive_.release());
+      return;
+    }
+    nb::gil_scoped_acquire gil;
+    release();
+  }
+
+  void set_future(nb::handle future) { future_ = future.inc_ref().ptr(); }
+
+  // With the GIL, once the task has ended. The inputs are let go first: once the future says
+  // the work is over, the arrays are free to resize.
+  void finish(bool cancelled, const std::exception_ptr& failure) {
+    inputs_.clear();
+    if (future_ != nullptr) {
+      if (cancelled) {
+        call_method_and_drop(future_, names().notify_cancelled);
+      } else if (failure) {
+        nb::object error = python_exception(failure);
+        call_method_and_drop(future_, names().set_exception, error.ptr());
+      } else {
+        nb::object value = pinned_ ? make_array() : result_;
+        call_method_and_drop(future_, names().set_result, value.ptr());
+      }
+    }
+    release();
+  }
+
+ private:
+  void release() {
+    inputs_.clear();
+    result_.reset();
+    keep_alive_.reset();
+    Py_CLEAR(future_);
+  }
+
+  nb::object make_array() {
+    pinned_block* block = pinned_->block.release();
+    nb::capsule owner(block, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
+    return nb::cast(nb::ndarray<nb::numpy>(block->data(), pinned_->shape.size(),
+                                           pinned_->shape.data(), owner, nullptr, pinned_->type));
+  }
+
+  std::vector<input_array> inputs_;
+  std::optional<pinned_result> pinned_;
+  nb::object result_;
+  nb::object keep_alive_;
+  PyObject* future_ = nullptr;
+};
+
+// A kernel future's handle on its task in gpupool's queue.
+class queued_task {
+ public:
+  explicit queued_task(gpupool::future<void> f) : future_(std::move(f)) {}
+  // True if the task had not started and is now cancelled (its future is then ended cancelled).
+  bool cancel() { return future_.cancel(); }
+
+ private:
+  gpupool::future<void> future_;
+};
+
+// How task `done` ended: cancelled, or failed with what.
+std::pair<bool, std::exception_ptr> ending_of(gpupool::future<void>& done) {
+  if (done.status() == gpupool::task_status::cancelled) return {true, nullptr};
+  try {
+    done.get();
+  } catch (...) {
+    return {false, std::current_exception()};
+  }
+  return {false, nullptr};
+}
+
+}  // namespace
+
+void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
+                        nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
+                        const std::shared_ptr<std::atomic<int>>& early) {
+  auto call = std::make_shared<python_call>(fn, args, kwargs, future, runner);
+  auto task = [call, early](gpupool::lane& l) {
+    if (!interpreter_alive()) return;
+    keep_python_thread_state();
+    nb::gil_scoped_acquire gil;
+    lane_scope scope(&l);
+    // A CPU lane's work is over when the call returns; a CUDA lane's once its stream is done.
+    call->run(l.backend() == gpupool::backend_kind::cpu, *early);
+  };
+  auto f = device ? exec.submit_to(*device, std::move(task)) : exec.submit(std::move(task));
+  f.on_complete([call, early](gpupool::future<void>& done) {
+    if (call->handed_over_early()) {
+      early->fetch_sub(1, std::memory_order_release);
+      return;
+    }
+    if (!call->waiting()) return;  // cancelled, and skipped on the lane
+    auto [cancelled, failure] = ending_of(done);
+    post_handover([call, cancelled, failure] { call->finish(cancelled, failure); });
+  });
+}
+
+void wait_for_tasks_handed_over_early(const std::atomic<int>& early) {
+  // Each such task ends right after its call returned: a short wait, never a long one.
+  while (early.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+}
+
+nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
+                             std::vector<input_array> inputs, std::optional<pinned_result> pinned,
+                             nb::object result, nb::object keep_alive) {
+  auto outcome = std::make_shared<kernel_outcome>(std::move(inputs), std::move(pinned),
+                                                  std::move(result), std::move(keep_alive));
+  nb::object future = future_type();
+  outcome->set_future(future);
+  // A task that has already ended is handed over right here.
+  f.on_complete([outcome](gpupool::future<void>& done) {
+    auto [cancelled, failure] = ending_of(done);
+    post_handover([outcome, cancelled, failure] { outcome->finish(cancelled, failure); });
+  });
+  nb::object task = nb::cast(queued_task(std::move(f)));
+  if (PyObject_SetAttr(future.ptr(), names().task, task.ptr()) != 0) throw nb::python_error();
+  return future;
+}
+
+void bind_futures(nb::module_& m) {
+  nb::class_<queued_task>(m, "QueuedTask", "A kernel future's handle on its queued task.")
+      .def("cancel", &queued_task::cancel,
+           "True if the task had not started and is now cancelled.");
+}
+
+}  // namespace gpupool_python

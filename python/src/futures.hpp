@@ -1,0 +1,51 @@
+// The one concurrent.futures.Future each task gets from Python, completed from C++: Python
+// callables run on lanes, and kernel tasks whose array results are made in C++.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "arrays.hpp"
+#include "common.hpp"
+#include "gpupool/gpupool.hpp"
+
+namespace gpupool_python {
+
+// Queues `fn(*args, **kwargs)` on a lane of `exec` (of `device` if given); `future` (a
+// concurrent.futures.Future) gets its outcome, as ThreadPoolExecutor's workers hand it over: the
+// lane calls set_running_or_notify_cancel() (skipping a cancelled call) and set_result() or
+// set_exception(). On the CPU backend that happens in the one hold of the GIL that runs the
+// call; on CUDA once the lane's stream has finished what the call enqueued, handed over in bulk.
+// `runner`, if not None, is called as runner(fn, args, kwargs) instead of fn on CUDA lanes (it
+// makes the lane's stream current for CuPy and PyTorch). A call cancelled in the queue
+// (shutdown) ends its future cancelled, waiters notified; a lane failure after the call ran (a
+// CUDA error) ends it with that error.
+// `early` counts the calls handed over before their task ended (on the CPU backend, from inside
+// the task); wait_for_tasks_handed_over_early(early) waits until those have ended too.
+void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
+                        nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
+                        const std::shared_ptr<std::atomic<int>>& early);
+
+// Waits (without the GIL) until every call handed over early has ended in the core too, so that
+// what the core records at a task's end (its trace record) is there once its future is done.
+void wait_for_tasks_handed_over_early(const std::atomic<int>& early);
+
+// What a kernel task over host arrays hands over: a new NumPy array in pinned memory.
+struct pinned_result {
+  std::unique_ptr<pinned_block> block;
+  nb::dlpack::dtype type;
+  std::vector<std::size_t> shape;
+};
+
+// A Python future (made by `future_type()`, a concurrent.futures.Future subclass whose cancel()
+// calls its `_task.cancel()`) for kernel task `f`. `inputs` (the exports of the arrays the task
+// reads in place) are held until the task has ended and let go before the future reports it.
+// Its result is `pinned` as a NumPy array, or else `result` as it is; `keep_alive` is held until
+// the task has ended.
+nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
+                             std::vector<input_array> inputs, std::optional<pinned_result> pinned,
+                             nb::object result = {}, nb::object keep_alive = {});
+
+}  // namespace gpupool_python
