@@ -85,6 +85,8 @@ void elementwise_piece::start(slot_context& slot) {
     elements += t.count_;
   }
 
+  // Counted as it starts, whether or not its launch then succeeds.
+  if (tasks.size() > 1) slot.count_batch(tasks.size());
   const std::size_t bytes = elements * element;
   staged_input inputs[2] = {{0, xs, bytes}, {1, ys, bytes}};
   const void* sources[2] = {};
@@ -94,7 +96,6 @@ void elementwise_piece::start(slot_context& slot) {
                  slot.launch(k, type, on_device[0].device,
                              two_inputs ? on_device[1].device : nullptr, out, elements);
                });
-  if (tasks.size() > 1) slot.count_batch(tasks.size());
 }
 
 void elementwise_piece::finish(slot_context& slot) {
