@@ -62,7 +62,7 @@ class executor {
   [[nodiscard]] int slots_per_lane() const noexcept;
   /// The piece size actually used (`chunk_bytes`, reduced to fit the memory budget if set).
   [[nodiscard]] std::size_t chunk_bytes() const noexcept;
-  /// Tasks queued and not yet taken by a lane.
+  /// Work queued and not yet taken by a lane: a batch of coalesced tasks counts once.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
   /// Counts of coalesced tasks since the executor started. Thread-safe, cheap.
