@@ -208,23 +208,26 @@ TEST(Coalescing, ShutdownCancellingPendingWorkCancelsEveryTaskOfAQueuedBatch) {
   EXPECT_EQ(ex.coalescing().tasks, 0u);
 }
 
-// Sets an environment variable for the scope (GPUPOOL_FAULTS is read when an executor starts).
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-  ~scoped_env() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
+// An executor as one_lane() makes, with the faults `plan` injects (GPUPOOL_FAULTS is read only
+// while an executor starts, so it is set for that moment alone).
+std::unique_ptr<executor> one_lane_with_faults(const char* plan) {
+  ::setenv("GPUPOOL_FAULTS", plan, 1);
+  std::unique_ptr<executor> ex;
+  try {
+    ex = std::make_unique<executor>(one_lane());
+  } catch (...) {
+    ::unsetenv("GPUPOOL_FAULTS");
+    throw;
+  }
+  ::unsetenv("GPUPOOL_FAULTS");
+  return ex;
+}
 
 TEST(Coalescing, AFailedLaunchFailsEveryTaskOfItsBatchAndNoOther) {
   // Half the launches fail. Groups of tasks are kept apart by a task that is no kernel, so each
   // group is exactly one batch: a group's tasks must share one fate, and groups must differ.
-  scoped_env faults("GPUPOOL_FAULTS", "launch=0.5,seed=11");
-  executor ex(one_lane());
+  const auto made = one_lane_with_faults("launch=0.5,seed=11");
+  executor& ex = *made;
   constexpr int groups = 24, per_group = 6;
   const std::vector<std::vector<double>> one{random_vector<double>(10, 9)};
   std::vector<std::vector<future<host_vector<double>>>> batches(groups);

@@ -42,7 +42,7 @@ void lane_tracer::calibrate_clock() {
 
 void lane_tracer::begin(int slot, const work_item& item, bool lane_idle) noexcept {
   slot_trace& t = slots_[static_cast<std::size_t>(slot)];
-  t.on = where_.switch_ != nullptr && where_.switch_->load(std::memory_order_relaxed);
+  t.on = where_.tracing != nullptr && where_.tracing->load(std::memory_order_relaxed);
   if (!t.on) return;
   try {
     // GPU and host clocks drift apart slowly: line them up again now and then, when nothing is

@@ -59,7 +59,7 @@ class lane_tracer {
 
   struct where {
     trace_recorder* recorder = nullptr;          // null: nothing is kept
-    const std::atomic<bool>* switch_ = nullptr;  // the executor's tracing switch
+    const std::atomic<bool>* tracing = nullptr;  // the executor's switch
     std::chrono::steady_clock::time_point epoch{};
     int device = 0;
     int lane = 0;
