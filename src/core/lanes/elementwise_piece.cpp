@@ -27,10 +27,8 @@ bool elementwise_piece::absorb(std::unique_ptr<work_item>& next) noexcept {
   if (!whole_job() || riders_.size() + 1 >= most_tasks_per_batch) return false;
   auto* other = dynamic_cast<elementwise_piece*>(next.get());
   if (other == nullptr || !coalesces_with(*other)) return false;
-  const std::size_t element = size_of(job_->type());
-  std::size_t elements = count_ + other->count_;
-  for (const auto& r : riders_) elements += r->count_;
-  if (elements > slot_bytes_ / element) return false;
+  const std::size_t elements = batch_elements_ + other->count_;
+  if (elements > slot_bytes_ / size_of(job_->type())) return false;
   try {
     // Room for every task's claim now, so that claim() never allocates.
     if (running_.capacity() < riders_.size() + 2) running_.reserve(2 * (riders_.size() + 2));
@@ -39,6 +37,7 @@ bool elementwise_piece::absorb(std::unique_ptr<work_item>& next) noexcept {
     return false;  // no memory for a longer batch: `next` is queued on its own
   }
   (void)next.release();
+  batch_elements_ = elements;
   return true;
 }
 

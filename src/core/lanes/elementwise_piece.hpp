@@ -34,7 +34,10 @@ class elementwise_piece final : public job_piece<elementwise_job> {
   /// `device`: the device the piece is queued for, -1 for any.
   elementwise_piece(std::shared_ptr<elementwise_job> job, std::size_t offset, std::size_t count,
                     std::size_t slot_bytes, int device = -1)
-      : job_piece(std::move(job), offset, count), slot_bytes_(slot_bytes), device_(device) {}
+      : job_piece(std::move(job), offset, count),
+        slot_bytes_(slot_bytes),
+        device_(device),
+        batch_elements_(count) {}
 
   bool claim() override;
   void start(slot_context& slot) override;
@@ -62,6 +65,7 @@ class elementwise_piece final : public job_piece<elementwise_job> {
 
   std::size_t slot_bytes_;
   int device_;
+  std::size_t batch_elements_;  // elements per input of this piece and every absorbed one
   std::vector<std::unique_ptr<elementwise_piece>> riders_;  // absorbed tasks, in queue order
   std::vector<elementwise_piece*> running_;  // batch tasks claimed, in order (capacity kept)
   elementwise_piece* self_ = this;
