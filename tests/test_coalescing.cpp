@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <future>
 #include <memory>
@@ -85,6 +86,66 @@ TEST(Coalescing, MapOfTinyInputsRunsInBatchesWithEveryResultInOrder) {
   // 1000 tasks queued behind the held lane: batches of at most 256 tasks, every task in one.
   EXPECT_EQ(s.tasks, 1000u);
   EXPECT_EQ(s.batches, 4u);
+}
+
+// The same on each backend (on CUDA the batch is one cudaMemcpyAsync each way and one launch over
+// the concatenated elements: run under compute-sanitizer on the GPU machine).
+class CoalescingTest : public ::testing::TestWithParam<backend_kind> {
+ protected:
+  void SetUp() override { GPUPOOL_SKIP_UNLESS_USABLE(GetParam()); }
+  executor_options options() const {
+    executor_options o = one_lane();
+    o.backend = GetParam();
+    if (GetParam() == backend_kind::cuda) o.devices = {0};  // one lane in all
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, CoalescingTest,
+                         ::testing::Values(backend_kind::cpu, backend_kind::cuda),
+                         testing::backend_name);
+
+TEST_P(CoalescingTest, BatchesOfEveryKernelAndTypeGiveEachTaskItsResult) {
+  executor ex(options());
+  // Lengths that end anywhere in a cache line or a thread block, so that batch boundaries fall
+  // at every offset.
+  std::vector<std::vector<float>> xs, ys;
+  std::vector<std::vector<std::int64_t>> ns;
+  for (int i = 0; i < 300; ++i) {
+    const auto n = static_cast<std::size_t>(1 + (i * 37) % 301);
+    xs.push_back(random_vector<float>(n, 10 + i));
+    ys.push_back(random_vector<float>(n, 1000 + i));
+    ns.push_back(random_vector<std::int64_t>(n, 2000 + i));
+  }
+  std::optional<multi_future<host_vector<float>>> axpy, squares;
+  std::optional<multi_future<host_vector<std::int64_t>>> scaled;
+  {
+    lane_gate gate(ex);
+    axpy = ex.map(kernel::axpy(-1.5), xs, ys);
+    squares = ex.map(kernel::square(), xs);
+    scaled = ex.map(kernel::scale(3.0), ns);
+    gate.release();
+  }
+  const auto a = axpy->get();
+  const auto q = squares->get();
+  const auto c = scaled->get();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    std::vector<float> want_axpy(xs[i].size()), want_square(xs[i].size());
+    std::vector<double> magnitude(xs[i].size());
+    std::vector<std::int64_t> want_scaled(ns[i].size());
+    for (std::size_t j = 0; j < xs[i].size(); ++j) {
+      want_axpy[j] = -1.5f * xs[i][j] + ys[i][j];
+      magnitude[j] = std::abs(1.5 * xs[i][j]) + std::abs(static_cast<double>(ys[i][j]));
+      want_square[j] = xs[i][j] * xs[i][j];
+      want_scaled[j] = 3 * ns[i][j];
+    }
+    ASSERT_TRUE(testing::matches_reference(a[i], want_axpy, magnitude)) << "axpy " << i;
+    ASSERT_TRUE(testing::matches_reference(q[i], want_square)) << "square " << i;
+    ASSERT_TRUE(testing::matches_reference(c[i], want_scaled)) << "scale " << i;
+  }
+  // 300 tasks of each kernel: two batches each (256 + 44), none mixing kernels or types.
+  EXPECT_EQ(ex.coalescing().batches, 6u);
+  EXPECT_EQ(ex.coalescing().tasks, 900u);
 }
 
 TEST(Coalescing, TransformsKeepTheirOwnOutputs) {
