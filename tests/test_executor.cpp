@@ -93,7 +93,7 @@ TEST_P(ExecutorTest, ReportsItsBackendDevicesAndLanes) {
 TEST_P(ExecutorTest, MapResultsLandInPinnedMemoryWithNoStageOut) {
   executor ex(options(1));
   ex.set_tracing(true);
-  const auto x = random_vector<double>(1024, 4);   // 8 KiB: pinned storage
+  const auto x = random_vector<double>(16384, 4);  // 128 KiB: pinned storage
   const auto tiny = random_vector<double>(16, 5);  // 128 bytes: ordinary heap
   const std::uint64_t first = ex.next_task_id();
   auto big = ex.map(kernel::square(), std::vector<std::vector<double>>{x}).get();
