@@ -90,6 +90,25 @@ TEST_P(ExecutorTest, ReportsItsBackendDevicesAndLanes) {
   }
 }
 
+TEST_P(ExecutorTest, MapResultsLandInPinnedMemoryWithNoStageOut) {
+  executor ex(options(1));
+  ex.set_tracing(true);
+  const auto x = random_vector<double>(16384, 4);  // 128 KiB: pinned storage
+  const auto tiny = random_vector<double>(16, 5);  // 128 bytes: ordinary heap
+  const std::uint64_t first = ex.next_task_id();
+  auto big = ex.map(kernel::square(), std::vector<std::vector<double>>{x}).get();
+  auto small = ex.map(kernel::square(), std::vector<std::vector<double>>{tiny}).get();
+  EXPECT_TRUE(is_pinned(big[0].data()));
+  EXPECT_FALSE(is_pinned(small[0].data()));
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(big[0][i], x[i] * x[i]);
+  for (std::size_t i = 0; i < tiny.size(); ++i) ASSERT_EQ(small[0][i], tiny[i] * tiny[i]);
+  const auto records = ex.trace(first).records();
+  ASSERT_EQ(records.size(), 2u);
+  // Downloaded straight into the result: no copy out of the staging slot.
+  EXPECT_FALSE(records[0].stage_out.present());
+  EXPECT_TRUE(records[1].stage_out.present());
+}
+
 TEST_P(ExecutorTest, SubmitRunsOnALaneAndReturnsTheValue) {
   executor ex(options());
   auto f = ex.submit([](lane& l) { return l.index() * 100 + 7; });

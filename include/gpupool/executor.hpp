@@ -33,6 +33,14 @@ struct device_memory_stats {
   std::size_t budget = 0;  ///< The configured budget; 0 for none.
 };
 
+/// Small tasks that ran together: consecutive queued `map` inputs and `transform`s of one
+/// built-in kernel (alpha included) and element type, each within one piece, are gathered into
+/// one staging copy, one launch and one download (each keeps its own future).
+struct coalescing_stats {
+  std::uint64_t batches = 0;  ///< Launches that carried two or more tasks.
+  std::uint64_t tasks = 0;    ///< Tasks that ran inside such a launch.
+};
+
 /// Runs tasks on every lane of every device. Thread-safe: any thread may submit, and tasks may
 /// submit further tasks (but a task that waits on another can deadlock a full executor).
 class executor {
@@ -54,9 +62,11 @@ class executor {
   [[nodiscard]] int slots_per_lane() const noexcept;
   /// The piece size actually used (`chunk_bytes`, reduced to fit the memory budget if set).
   [[nodiscard]] std::size_t chunk_bytes() const noexcept;
-  /// Tasks queued and not yet taken by a lane.
+  /// Work queued and not yet taken by a lane: a batch of coalesced tasks counts once.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
+  /// Counts of coalesced tasks since the executor started. Thread-safe, cheap.
+  [[nodiscard]] coalescing_stats coalescing() const noexcept;
   /// True when called from one of this executor's lane threads (e.g. inside a task).
   [[nodiscard]] bool is_lane_thread() const noexcept;
 

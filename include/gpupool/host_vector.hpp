@@ -1,15 +1,52 @@
 // The container `map` returns results in: a std::vector whose elements are not zeroed when it is
-// sized. gpupool overwrites every element anyway, and zeroing megabytes on one thread before the
-// copy-out cost more than the copy itself.
+// sized (gpupool overwrites every element anyway, and zeroing megabytes on one thread before the
+// copy-out cost more than the copy itself), and whose storage of 64 KiB or more is pinned, so
+// that a result is downloaded straight into it instead of through a staging buffer.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <new>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "gpupool/pinned.hpp"
+
 namespace gpupool {
+
+/// Blocks of at least `pinned_from_bytes` come from gpupool's pinned cache (`allocate_pinned`),
+/// so a result is downloaded straight into them; smaller ones from the ordinary heap. Below that
+/// size the copy out of a staging buffer costs a few microseconds at most, and such small tasks
+/// are mostly coalesced, their results scattered from the batch's staging buffer either way, so
+/// pinning them would only add the pinned cache's bookkeeping to every result.
+template <class T>
+struct result_allocator {
+  using value_type = T;
+  static constexpr std::size_t pinned_from_bytes = std::size_t{64} << 10;
+
+  result_allocator() noexcept = default;
+  template <class U>
+  result_allocator(const result_allocator<U>& /*other*/) noexcept {}  // NOLINT: allocator rebind
+
+  T* allocate(std::size_t n) {
+    const std::size_t bytes = detail::checked_bytes(n, sizeof(T), "host_vector");
+    if (bytes >= pinned_from_bytes) return static_cast<T*>(allocate_pinned(bytes));
+    return std::allocator<T>().allocate(n);
+  }
+  void deallocate(T* p, std::size_t n) noexcept {
+    // `n` is what was asked of allocate() for `p`, so this picks the same source.
+    if (n * sizeof(T) >= pinned_from_bytes) {
+      deallocate_pinned(p, n * sizeof(T));
+      return;
+    }
+    std::allocator<T>().deallocate(p, n);
+  }
+  template <class U>
+  bool operator==(const result_allocator<U>& /*other*/) const noexcept {
+    return true;
+  }
+};
 
 /// An allocator that default-initialises (for numbers: leaves uninitialised) instead of
 /// value-initialising (zeroing) on `resize(n)` or `vector(n)`.
@@ -41,8 +78,9 @@ class default_init_allocator : public Base {
 };
 
 /// A std::vector that `map` fills with results: the whole std::vector interface, only its
-/// allocator differs. `std::vector<T>(v.begin(), v.end())` converts when a plain one is needed.
+/// allocator differs (no zeroing; pinned storage from a page up, see result_allocator).
+/// `std::vector<T>(v.begin(), v.end())` converts when a plain one is needed.
 template <class T>
-using host_vector = std::vector<T, default_init_allocator<T>>;
+using host_vector = std::vector<T, default_init_allocator<T, result_allocator<T>>>;
 
 }  // namespace gpupool

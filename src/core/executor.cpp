@@ -187,6 +187,7 @@ struct executor::impl {
           setup.chunk_bytes = chunk_bytes;
           setup.tracing = &tracing;
           setup.epoch = epoch;
+          setup.coalescing = &coalescing;
           lanes.push_back(std::make_unique<detail::lane_worker>(setup));
           try {
             if (setup.index == fault_at)
@@ -256,6 +257,7 @@ struct executor::impl {
   std::mutex shutdown_mutex;
   std::atomic<bool> tracing{false};
   detail::trace_recorder recorder;
+  detail::coalescing_counters coalescing;
   const detail::fault_plan faults = detail::fault_plan::from_environment();
   std::atomic<std::uint64_t> next_id{0};
   const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
@@ -292,9 +294,9 @@ struct executor::impl {
 
   // Splits `job` over `count` elements into pieces of at most chunk_bytes of its widest array
   // and queues them for every lane.
-  template <class Piece, class Job>
+  template <class Piece, class Job, class... Extra>
   void enqueue_pieces(const std::shared_ptr<Job>& job, std::size_t count,
-                      std::size_t widest_element) {
+                      std::size_t widest_element, Extra... extra) {
     const std::size_t per_piece = chunk_bytes / widest_element;
     const std::size_t pieces = (count + per_piece - 1) / per_piece;
     job->set_piece_count(pieces);
@@ -302,7 +304,8 @@ struct executor::impl {
     items.reserve(pieces);
     for (std::size_t p = 0; p < pieces; ++p) {
       const std::size_t offset = p * per_piece;
-      items.push_back(std::make_unique<Piece>(job, offset, std::min(per_piece, count - offset)));
+      items.push_back(
+          std::make_unique<Piece>(job, offset, std::min(per_piece, count - offset), extra...));
       stamp(*items.back());
     }
     if (!queue.push_all(items)) throw std::runtime_error(shut_down_message);
@@ -396,6 +399,11 @@ std::size_t executor::trace_dropped() const {
   return impl_->recorder.dropped();
 }
 
+coalescing_stats executor::coalescing() const noexcept {
+  return {impl_->coalescing.batches.load(std::memory_order_relaxed),
+          impl_->coalescing.tasks.load(std::memory_order_relaxed)};
+}
+
 std::uint64_t executor::next_task_id() const noexcept {
   return impl_->next_id.load(std::memory_order_relaxed);
 }
@@ -432,7 +440,9 @@ void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
 
 void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job) {
   require_open();
-  impl_->enqueue_pieces<detail::elementwise_piece>(job, job->count(), size_of(job->type()));
+  // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.
+  impl_->enqueue_pieces<detail::elementwise_piece>(job, job->count(), size_of(job->type()),
+                                                   impl_->chunk_bytes);
 }
 
 future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, const void* y,

@@ -14,6 +14,14 @@
 
 namespace gpupool::detail {
 
+/// The handle a lane gives the item it runs in one of its slots: that slot's staging buffers, the
+/// lane's stream and its tracer (src/core/lanes/slot_context.hpp). Items reach the lane only
+/// through it, never through the lane's own internals.
+class slot_context;
+
+/// The lane behind a slot, for work that only needs the public lane interface (user callables).
+[[nodiscard]] lane& lane_of(slot_context& slot) noexcept;
+
 /// One queued piece of work. A lane calls, in order: `claim()` (false: drop it, it was cancelled),
 /// `start()` (enqueue work on the lane's stream), then, once the stream has passed that point,
 /// `finish()` (host work after the device's, e.g. copying results out) and `complete()` (hand the
@@ -25,8 +33,8 @@ class work_item {
  public:
   virtual ~work_item() = default;
   virtual bool claim() = 0;
-  virtual void start(lane& l, int slot) = 0;
-  virtual void finish(lane& l, int slot) = 0;
+  virtual void start(slot_context& slot) = 0;
+  virtual void finish(slot_context& slot) = 0;
   virtual void complete() noexcept = 0;
   virtual void fail(std::exception_ptr e) noexcept = 0;
   [[nodiscard]] virtual bool cancel() noexcept = 0;
@@ -46,6 +54,19 @@ class work_item {
   [[nodiscard]] virtual std::size_t bytes_in() const noexcept { return 0; }
   [[nodiscard]] virtual std::size_t bytes_out() const noexcept { return 0; }
 
+  /// Tasks this item carries: more than one once it absorbed others. The trace keeps one record
+  /// per task that ran; `carried(i, ...)` names task `i` (false: it did not run, e.g. cancelled).
+  [[nodiscard]] virtual std::size_t carried_count() const noexcept { return 1; }
+  [[nodiscard]] virtual bool carried(std::size_t i, std::uint64_t& id, double& submitted,
+                                     std::size_t& in, std::size_t& out) const noexcept {
+    if (i != 0) return false;
+    id = trace_id;
+    submitted = submitted_us;
+    in = bytes_in();
+    out = bytes_out();
+    return true;
+  }
+
   std::uint64_t trace_id = 0;  ///< Submission order, set when queued.
   double submitted_us = 0.0;   ///< When queued, on the executor's clock.
 };
@@ -62,15 +83,15 @@ class callable_item final : public work_item {
 
   bool claim() override { return state_->try_start(); }
 
-  void start(lane& l, int /*slot*/) override {
+  void start(slot_context& slot) override {
     if constexpr (std::is_void_v<R>) {
-      f_(l);
+      f_(lane_of(slot));
     } else {
-      result_.emplace(f_(l));
+      result_.emplace(f_(lane_of(slot)));
     }
   }
 
-  void finish(lane& /*l*/, int /*slot*/) override {}
+  void finish(slot_context& /*slot*/) override {}
 
   void complete() noexcept override {
     if constexpr (std::is_void_v<R>) {

@@ -1,13 +1,10 @@
 #include "core/lanes/elementwise_piece.hpp"
 
-#include <cstring>
+#include <bit>
+#include <cstdint>
 
 #include "core/kernels/elementwise_math.hpp"
-#include "core/lanes/lane_worker.hpp"
-#include "core/lanes/staging.hpp"
-#include "core/tracing/nvtx.hpp"
 #include "gpupool/error.hpp"
-#include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
 
@@ -17,43 +14,107 @@ void require_alpha_fits(const kernel& k, dtype t) {
                        [&]<op O, class T>() { (void)alpha_as<T>(k.alpha(), k.name()); });
 }
 
-void elementwise_piece::start(lane& l, int slot) {
-  GPUPOOL_NVTX_RANGE("gpupool: stage in, enqueue upload/kernel/download");
-  auto& w = static_cast<lane_worker&>(l);
-  const std::size_t element = size_of(job_->type());
-  const std::size_t bytes = count_ * element;
-  const std::size_t skip = offset_ * element;
-  const bool two_inputs = job_->kern().arity() == 2;
-  const auto* x_host = static_cast<const char*>(job_->x()) + skip;
-  const auto* y_host = two_inputs ? static_cast<const char*>(job_->y()) + skip : nullptr;
-  void* x = w.slot_device(slot, 0);
-  void* y = two_inputs ? w.slot_device(slot, 1) : nullptr;
-
-  // Stage both inputs into pinned memory first, so that the uploads go out back to back.
-  const double staging_began = w.traced(slot) ? w.now_us() : 0.0;
-  const void* x_from = stage(w, slot, 0, x_host, bytes);
-  const void* y_from = two_inputs ? stage(w, slot, 1, y_host, bytes) : nullptr;
-  w.trace_stage_in(slot, staging_began);
-
-  w.trace_mark(slot, lane_worker::mark::upload_begin);
-  w.stream().copy_to_device(x, x_from, bytes);
-  if (two_inputs) w.stream().copy_to_device(y, y_from, bytes);
-  w.launch(slot, job_->kern(), job_->type(), x, y, x, count_);  // marks the kernel when traced
-
-  out_ = static_cast<char*>(job_->output()) + skip;
-  staged_output_ = !is_pinned(out_);
-  w.stream().copy_to_host(staged_output_ ? w.slot_host(slot, 0) : out_, x, bytes);
-  w.trace_mark(slot, lane_worker::mark::download_end);
+bool elementwise_piece::coalesces_with(const elementwise_piece& other) const noexcept {
+  const kernel& a = job_->kern();
+  const kernel& b = other.job_->kern();
+  // Alphas compared bit for bit: 0.0 and -0.0 give differently signed zeros, and NaN != NaN.
+  return other.whole_job() && other.riders_.empty() && a.operation() == b.operation() &&
+         std::bit_cast<std::uint64_t>(a.alpha()) == std::bit_cast<std::uint64_t>(b.alpha()) &&
+         job_->type() == other.job_->type() && device_ == other.device_;
 }
 
-void elementwise_piece::finish(lane& l, int slot) {
-  GPUPOOL_NVTX_RANGE("gpupool: stage out");
-  if (staged_output_) {
-    auto& w = static_cast<lane_worker&>(l);
-    const double began = w.traced(slot) ? w.now_us() : 0.0;
-    std::memcpy(out_, w.slot_host(slot, 0), count_ * size_of(job_->type()));
-    w.trace_stage_out(slot, began);
+bool elementwise_piece::absorb(std::unique_ptr<work_item>& next) noexcept {
+  if (!whole_job() || riders_.size() + 1 >= most_tasks_per_batch) return false;
+  auto* other = dynamic_cast<elementwise_piece*>(next.get());
+  if (other == nullptr || !coalesces_with(*other)) return false;
+  const std::size_t elements = batch_elements_ + other->count_;
+  if (elements > slot_bytes_ / size_of(job_->type())) return false;
+  try {
+    // Room for every task's claim now, so that claim() never allocates.
+    if (running_.capacity() < riders_.size() + 2) running_.reserve(2 * (riders_.size() + 2));
+    riders_.emplace_back(static_cast<elementwise_piece*>(next.get()));
+  } catch (...) {
+    return false;  // no memory for a longer batch: `next` is queued on its own
   }
+  (void)next.release();
+  batch_elements_ = elements;
+  return true;
+}
+
+std::span<elementwise_piece* const> elementwise_piece::members() const noexcept {
+  if (riders_.empty()) return {&self_, 1};
+  return running_;
+}
+
+bool elementwise_piece::claim() {
+  if (riders_.empty()) return job_piece::claim();
+  // Each task claims for itself: a cancelled one is counted out and left out of the batch.
+  running_.clear();
+  if (job_piece::claim()) running_.push_back(this);
+  for (auto& r : riders_)
+    if (r->job_piece::claim()) running_.push_back(r.get());
+  return !running_.empty();
+}
+
+void elementwise_piece::start(slot_context& slot) {
+  const auto tasks = members();
+  const kernel k = job_->kern();
+  const dtype type = job_->type();
+  const std::size_t element = size_of(type);
+  const bool two_inputs = k.arity() == 2;
+
+  std::span<host_part> xs(&solo_x_, 1), ys(&solo_y_, 1);
+  std::span<host_out_part> outs(&solo_out_, 1);
+  if (!riders_.empty()) {
+    xs_.resize(tasks.size());
+    if (two_inputs) ys_.resize(tasks.size());
+    outs_.resize(tasks.size());
+    xs = xs_;
+    ys = two_inputs ? std::span<host_part>(ys_) : ys;
+    outs = outs_;
+  }
+  std::size_t elements = 0;
+  for (std::size_t i = 0; i < tasks.size(); ++i) {
+    const elementwise_piece& t = *tasks[i];
+    const std::size_t bytes = t.count_ * element;
+    const std::size_t skip = t.offset_ * element;
+    xs[i] = {static_cast<const char*>(t.job_->x()) + skip, bytes};
+    if (two_inputs) ys[i] = {static_cast<const char*>(t.job_->y()) + skip, bytes};
+    outs[i] = {static_cast<char*>(t.job_->output()) + skip, bytes};
+    elements += t.count_;
+  }
+
+  // Counted as it starts, whether or not its launch then succeeds.
+  if (tasks.size() > 1) slot.count_batch(tasks.size());
+  const std::size_t bytes = elements * element;
+  staged_input inputs[2] = {{0, xs, bytes}, {1, ys, bytes}};
+  const void* sources[2] = {};
+  output_ = {0, outs, bytes};  // in place: the kernel overwrites the first input's device buffer
+  start_staged(slot, std::span<staged_input>(inputs, two_inputs ? 2 : 1), sources, output_,
+               [&](std::span<staged_input> on_device, void* out) {
+                 slot.launch(k, type, on_device[0].device,
+                             two_inputs ? on_device[1].device : nullptr, out, elements);
+               });
+}
+
+void elementwise_piece::finish(slot_context& slot) {
+  finish_staged(slot, output_);
+}
+
+void elementwise_piece::complete() noexcept {
+  for (elementwise_piece* t : members()) t->job_piece::complete();
+}
+
+void elementwise_piece::fail(std::exception_ptr e) noexcept {
+  for (elementwise_piece* t : members()) t->job_piece::fail(e);
+}
+
+bool elementwise_piece::cancel() noexcept {
+  // Every task of a batch is a whole job that no lane has touched, so each cancels (and counts
+  // itself out) for sure.
+  bool all = job_piece::cancel();
+  for (auto& r : riders_) all = r->job_piece::cancel() && all;
+  return all;
 }
 
 std::size_t elementwise_piece::bytes_in() const noexcept {
@@ -62,6 +123,22 @@ std::size_t elementwise_piece::bytes_in() const noexcept {
 
 std::size_t elementwise_piece::bytes_out() const noexcept {
   return count_ * size_of(job_->type());
+}
+
+std::size_t elementwise_piece::carried_count() const noexcept {
+  return members().size();
+}
+
+bool elementwise_piece::carried(std::size_t i, std::uint64_t& id, double& submitted,
+                                std::size_t& in, std::size_t& out) const noexcept {
+  const auto tasks = members();
+  if (i >= tasks.size()) return false;
+  const elementwise_piece& t = *tasks[i];
+  id = t.trace_id;
+  submitted = t.submitted_us;
+  in = t.bytes_in();
+  out = t.bytes_out();
+  return true;
 }
 
 }  // namespace gpupool::detail

@@ -1,11 +1,24 @@
-// One piece (at most chunk_bytes per input) of an elementwise job, pipelined on one lane:
-// host -> pinned slot -> device, kernel, device -> pinned slot -> host.
+// One piece (at most chunk_bytes per input) of a built-in kernel's job, through the staged
+// pipeline: host -> pinned slot -> device, kernel, device -> pinned slot -> host.
+//
+// A piece that is a whole job (a small map input or transform) coalesces: while it waits in the
+// queue it absorbs the whole-job pieces queued right behind it that run the same kernel (alpha
+// included) on the same type and device, up to a slot buffer's bytes and `most_tasks_per_batch`.
+// The batch then gathers every input into the slot's pinned buffers, uploads each operand once,
+// launches once over the concatenated elements (a built-in kernel reads and writes element i
+// alone, so where one task's elements end and the next begin does not matter), downloads once
+// and scatters each task's results. Each task keeps its own future: a cancelled one is left out
+// when the batch is claimed, and a failure of the batch fails exactly the tasks that ran in it.
 #pragma once
 
 #include <cstddef>
+#include <exception>
 #include <memory>
+#include <span>
+#include <vector>
 
 #include "core/lanes/job_piece.hpp"
+#include "core/lanes/staged_pipeline.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
@@ -13,17 +26,57 @@ namespace gpupool::detail {
 
 class elementwise_piece final : public job_piece<elementwise_job> {
  public:
-  using job_piece::job_piece;
+  /// The most tasks one batch carries: bounds the time the first task of a batch waits for the
+  /// last one's staging copy, and leaves other lanes work when many tiny tasks arrive at once.
+  static constexpr std::size_t most_tasks_per_batch = 256;
 
-  void start(lane& l, int slot) override;
-  void finish(lane& l, int slot) override;
+  /// `slot_bytes`: the size of a slot buffer, the most bytes per input a batch may stage.
+  /// `device`: the device the piece is queued for, -1 for any.
+  elementwise_piece(std::shared_ptr<elementwise_job> job, std::size_t offset, std::size_t count,
+                    std::size_t slot_bytes, int device = -1)
+      : job_piece(std::move(job), offset, count),
+        slot_bytes_(slot_bytes),
+        device_(device),
+        batch_elements_(count) {}
+
+  bool claim() override;
+  void start(slot_context& slot) override;
+  void finish(slot_context& slot) override;
+  void complete() noexcept override;
+  void fail(std::exception_ptr e) noexcept override;
+  bool cancel() noexcept override;
+  bool absorb(std::unique_ptr<work_item>& next) noexcept override;
+
   const char* trace_name() const noexcept override { return job_->kern().name(); }
   std::size_t bytes_in() const noexcept override;
   std::size_t bytes_out() const noexcept override;
+  std::size_t carried_count() const noexcept override;
+  bool carried(std::size_t i, std::uint64_t& id, double& submitted, std::size_t& in,
+               std::size_t& out) const noexcept override;
+
+  /// Tasks this item carries, itself included (1 unless it absorbed others).
+  [[nodiscard]] std::size_t tasks() const noexcept { return 1 + riders_.size(); }
 
  private:
-  void* out_ = nullptr;         // where this piece's results go
-  bool staged_output_ = false;  // results wait in the slot's pinned buffer for finish()
+  [[nodiscard]] bool whole_job() const noexcept { return offset_ == 0 && count_ == job_->count(); }
+  [[nodiscard]] bool coalesces_with(const elementwise_piece& other) const noexcept;
+  /// The tasks that run: this piece alone, or the batch's tasks claimed by `claim()`.
+  [[nodiscard]] std::span<elementwise_piece* const> members() const noexcept;
+
+  std::size_t slot_bytes_;
+  int device_;
+  std::size_t batch_elements_;  // elements per input of this piece and every absorbed one
+  std::vector<std::unique_ptr<elementwise_piece>> riders_;  // absorbed tasks, in queue order
+  std::vector<elementwise_piece*> running_;  // batch tasks claimed, in order (capacity kept)
+  elementwise_piece* self_ = this;
+
+  // Where the operands are, kept from start() to finish(): one part each when alone, one per
+  // running task in a batch.
+  host_part solo_x_, solo_y_;
+  host_out_part solo_out_;
+  std::vector<host_part> xs_, ys_;
+  std::vector<host_out_part> outs_;
+  staged_output output_;
 };
 
 }  // namespace gpupool::detail

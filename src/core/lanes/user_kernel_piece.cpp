@@ -1,62 +1,40 @@
 #include "core/lanes/user_kernel_piece.hpp"
 
-#include <cstring>
+#include <vector>
 
-#include "core/lanes/lane_worker.hpp"
-#include "core/lanes/staging.hpp"
 #include "core/tracing/nvtx.hpp"
-#include "gpupool/error.hpp"
-#include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
 
-void user_kernel_piece::start(lane& l, int slot) {
-  GPUPOOL_NVTX_RANGE("gpupool: stage in, enqueue upload/kernel/download");
-  auto& w = static_cast<lane_worker&>(l);
-  const auto& inputs = job_->inputs();
-  const int n = static_cast<int>(inputs.size());
-  std::vector<const void*> from(inputs.size());
-
-  const double staging_began = w.traced(slot) ? w.now_us() : 0.0;
-  for (int i = 0; i < n; ++i) {
-    const user_operand& in = inputs[static_cast<std::size_t>(i)];
-    if (in.is_array)
-      from[static_cast<std::size_t>(i)] =
-          stage(w, slot, i, in.data + offset_ * in.element_size, count_ * in.element_size);
+void user_kernel_piece::start(slot_context& slot) {
+  const auto& operands = job_->inputs();
+  const std::size_t n = operands.size();
+  // Array operand i travels through the slot's buffer pair i; scalars stay where they are.
+  std::vector<host_part> parts(n);
+  std::vector<staged_input> inputs;
+  inputs.reserve(n);
+  for (std::size_t i = 0; i < n; ++i) {
+    const user_operand& in = operands[i];
+    if (!in.is_array) continue;
+    const std::size_t bytes = count_ * in.element_size;
+    parts[i] = {in.data + offset_ * in.element_size, bytes};
+    inputs.push_back({static_cast<int>(i), std::span<const host_part>(&parts[i], 1), bytes});
   }
-  w.trace_stage_in(slot, staging_began);
-
-  // The kernel reads the slot's device buffers: arrays start there, scalars stay as they are.
+  std::vector<const void*> sources(inputs.size());
+  out_part_ = {job_->out() + offset_ * job_->out_element(), bytes_out()};
+  output_ = {static_cast<int>(n), std::span<const host_out_part>(&out_part_, 1), bytes_out()};
   std::vector<void*> args = job_->call().launch_args(nullptr);
-  w.trace_mark(slot, lane_worker::mark::upload_begin);
-  for (int i = 0; i < n; ++i) {
-    const user_operand& in = inputs[static_cast<std::size_t>(i)];
-    if (in.is_array) {
-      void* device = w.slot_device(slot, i);
-      w.stream().copy_to_device(device, from[static_cast<std::size_t>(i)],
-                                count_ * in.element_size);
-      args[static_cast<std::size_t>(i)] = device;
-    }
-  }
-  w.trace_mark(slot, lane_worker::mark::kernel_begin);
-  void* result = w.slot_device(slot, n);
-  args[static_cast<std::size_t>(n)] = result;
-  w.stream().launch_compiled(job_->kernel(w.device()), args.data(), count_);
-  w.trace_mark(slot, lane_worker::mark::kernel_end);
-
-  out_ = job_->out() + offset_ * job_->out_element();
-  staged_output_ = !is_pinned(out_);
-  w.stream().copy_to_host(staged_output_ ? w.slot_host(slot, n) : out_, result, bytes_out());
-  w.trace_mark(slot, lane_worker::mark::download_end);
+  start_staged(slot, inputs, sources, output_, [&](std::span<staged_input> on_device, void* out) {
+    for (const staged_input& in : on_device) args[static_cast<std::size_t>(in.buffer)] = in.device;
+    args[n] = out;
+    slot.stamp(slot_context::mark::kernel_begin);
+    slot.stream().launch_compiled(job_->kernel(slot.device()), args.data(), count_);
+    slot.stamp(slot_context::mark::kernel_end);
+  });
 }
 
-void user_kernel_piece::finish(lane& l, int slot) {
-  GPUPOOL_NVTX_RANGE("gpupool: stage out");
-  if (!staged_output_) return;
-  auto& w = static_cast<lane_worker&>(l);
-  const double began = w.traced(slot) ? w.now_us() : 0.0;
-  std::memcpy(out_, w.slot_host(slot, static_cast<int>(job_->inputs().size())), bytes_out());
-  w.trace_stage_out(slot, began);
+void user_kernel_piece::finish(slot_context& slot) {
+  finish_staged(slot, output_);
 }
 
 std::size_t user_kernel_piece::bytes_in() const noexcept {
@@ -66,14 +44,13 @@ std::size_t user_kernel_piece::bytes_in() const noexcept {
   return bytes;
 }
 
-void device_batch_piece::start(lane& l, int slot) {
+void device_batch_piece::start(slot_context& slot) {
   GPUPOOL_NVTX_RANGE("gpupool: enqueue a batch of device calls");
-  auto& w = static_cast<lane_worker&>(l);
-  w.trace_mark(slot, lane_worker::mark::upload_begin);
-  w.trace_mark(slot, lane_worker::mark::kernel_begin);
-  w.stream().launch_compiled_batch(job_->kernel(), table_.data(), count_);
-  w.trace_mark(slot, lane_worker::mark::kernel_end);
-  w.trace_mark(slot, lane_worker::mark::download_end);
+  slot.stamp(slot_context::mark::upload_begin);
+  slot.stamp(slot_context::mark::kernel_begin);
+  slot.stream().launch_compiled_batch(job_->kernel(), table_.data(), count_);
+  slot.stamp(slot_context::mark::kernel_end);
+  slot.stamp(slot_context::mark::download_end);
 }
 
 }  // namespace gpupool::detail

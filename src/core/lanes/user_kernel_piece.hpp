@@ -11,6 +11,7 @@
 #include "core/backend.hpp"
 #include "core/kernels/user_call.hpp"
 #include "core/lanes/job_piece.hpp"
+#include "core/lanes/staged_pipeline.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
@@ -58,15 +59,15 @@ class user_kernel_piece final : public job_piece<user_kernel_job> {
  public:
   using job_piece::job_piece;
 
-  void start(lane& l, int slot) override;
-  void finish(lane& l, int slot) override;
+  void start(slot_context& slot) override;
+  void finish(slot_context& slot) override;
   const char* trace_name() const noexcept override { return job_->name().c_str(); }
   std::size_t bytes_in() const noexcept override;
   std::size_t bytes_out() const noexcept override { return count_ * job_->out_element(); }
 
  private:
-  char* out_ = nullptr;
-  bool staged_output_ = false;
+  host_out_part out_part_;
+  staged_output output_;
 };
 
 /// Many calls on device arrays (executor::map_on_device): one future for all of them.
@@ -99,8 +100,8 @@ class device_batch_piece final : public job_piece<device_calls_job> {
         bytes_in_(bytes_in),
         bytes_out_(bytes_out) {}
 
-  void start(lane& l, int slot) override;
-  void finish(lane& /*l*/, int /*slot*/) override {}
+  void start(slot_context& slot) override;
+  void finish(slot_context& /*slot*/) override {}
   const char* trace_name() const noexcept override { return job_->name().c_str(); }
   // Device memory read and written (no host copies are made).
   std::size_t bytes_in() const noexcept override { return bytes_in_; }

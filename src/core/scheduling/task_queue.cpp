@@ -9,6 +9,8 @@ bool task_queue::push(work_item_ptr item, std::optional<int> device) {
     std::lock_guard lock(mutex_);
     if (closed_) return false;
     auto& q = device ? per_device_.at(static_cast<std::size_t>(*device)) : shared_;
+    // Coalescing: the last queued item may carry this one along; then nothing new is queued.
+    if (!q.empty() && q.back()->absorb(item)) return true;
     q.push_back(std::move(item));
     ++size_;
   }
@@ -25,8 +27,11 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     std::lock_guard lock(mutex_);
     if (closed_) return false;
     auto& q = device ? per_device_[static_cast<std::size_t>(*device)] : shared_;
-    for (auto& item : items) q.push_back(std::move(item));
-    size_ += items.size();
+    for (auto& item : items) {
+      if (!q.empty() && q.back()->absorb(item)) continue;
+      q.push_back(std::move(item));
+      ++size_;
+    }
   }
   items.clear();
   available_.notify_all();
