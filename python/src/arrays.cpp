@@ -211,7 +211,8 @@ std::vector<std::size_t> shape_of(const input_array& a) {
 
 void bind_arrays(nb::module_& m) {
   using namespace nb::literals;
-  nb::class_<array_future>(m, "ArrayFuture", "The result of a built-in kernel over one array.")
+  nb::class_<array_future>(m, "ArrayFuture",
+                           "The future of one batch of a compiled kernel over device arrays.")
       .def("result", &array_future::result, "timeout"_a = nb::none())
       .def("done", &array_future::done)
       .def("cancel", &array_future::cancel)

@@ -13,48 +13,6 @@
 
 namespace gpupool_python {
 
-// The exports (Py_buffer or DLPack) of a task's host inputs, held from the call until the task
-// has ended: the lanes read the inputs in place, so their owners must not resize or free that
-// memory meanwhile. While an export is held a bytearray or array.array refuses to resize
-// (BufferError) and NumPy refuses to resize its array, instead of freeing memory a lane reads.
-// Released exactly once, by whichever comes first: the task's completion callback (on a lane,
-// or on the thread that cancelled it), the future's result()/done(), or the future's end.
-class input_exports {
- public:
-  explicit input_exports(std::vector<input_array> views) : views_(std::move(views)) {}
-  input_exports(const input_exports&) = delete;
-  input_exports& operator=(const input_exports&) = delete;
-  ~input_exports() { release(); }
-
-  // Any thread, with or without the GIL. The exports are taken out and let go under the GIL, so
-  // a thread holding the GIL (result() after the wait) never finds them taken but not yet let
-  // go by a lane waiting for the GIL. Once the interpreter is finalizing, taking the GIL could
-  // hang or end the thread: leak them instead.
-  void release() noexcept {
-    {
-      std::lock_guard lock(mutex_);
-      if (views_.empty()) return;
-    }
-    if (!interpreter_alive()) {
-      std::lock_guard lock(mutex_);
-      static_cast<void>(new std::vector<input_array>(std::move(views_)));  // deliberately leaked
-      views_.clear();
-      return;
-    }
-    nb::gil_scoped_acquire gil;
-    std::vector<input_array> views;
-    {
-      std::lock_guard lock(mutex_);
-      views.swap(views_);
-    }
-    views.clear();
-  }
-
- private:
-  std::mutex mutex_;
-  std::vector<input_array> views_;
-};
-
 // Pinned memory for one result; returned to gpupool's pinned cache when the last owner (this, or
 // the NumPy array it became) lets go.
 class pinned_block {
@@ -69,49 +27,25 @@ class pinned_block {
   void* data_;
 };
 
-// The result of a built-in kernel over one array. The result is written by the device straight
-// into pinned memory that becomes the NumPy array handed out, so no host copy follows the
-// download. Waits without the GIL; keeps the inputs alive until the work is over.
+// The future of one batch of a compiled kernel over device arrays (map_device_calls): its result
+// is the outputs the caller made. Waits without the GIL; keeps `keep_alive` (the inputs) until
+// the work is over, and never lets them go before: dropped early, it cancels what has not
+// started and waits for the rest.
 class array_future {
  public:
-  // Result in `out`, handed out as a NumPy array of `type` and `shape`.
-  // The task reads `inputs` in place: their exports are held until it has ended.
-  array_future(gpupool::future<void> f, std::unique_ptr<pinned_block> out, nb::dlpack::dtype type,
-               std::vector<std::size_t> shape, nb::object x, nb::object y,
-               std::vector<input_array> inputs)
-      : future_(std::move(f)),
-        out_(std::move(out)),
-        type_(type),
-        shape_(std::move(shape)),
-        x_(std::move(x)),
-        y_(std::move(y)),
-        inputs_(std::make_shared<input_exports>(std::move(inputs))) {
-    // Registered first, so the exports are let go before any caller's done callback runs.
-    future_.on_complete([inputs = inputs_](gpupool::future<void>&) { inputs->release(); });
-  }
-  // Result written into `result`, an array the caller made (on a device), handed out as is.
   array_future(gpupool::future<void> f, nb::object result, nb::object keep_alive)
-      : future_(std::move(f)), x_(std::move(keep_alive)), result_(std::move(result)) {}
+      : future_(std::move(f)), keep_alive_(std::move(keep_alive)), result_(std::move(result)) {}
   array_future(const array_future&) = delete;
   array_future& operator=(const array_future&) = delete;
   ~array_future() {
-    // The lanes may still read the inputs and write the output: never let them go before the
-    // work is over.
     if (!future_.ready()) {
       future_.cancel();
       nb::gil_scoped_release nogil;
       future_.wait();
     }
-    if (inputs_) inputs_->release();
   }
 
-  // The completion callback runs after waiters wake, so a caller that saw the task end lets the
-  // exports go itself: once done() or result() says the work is over, the inputs are free.
-  bool done() const {
-    if (!future_.ready()) return false;
-    if (inputs_) inputs_->release();
-    return true;
-  }
+  bool done() const { return future_.ready(); }
   bool cancel() { return future_.cancel(); }
   bool cancelled() const { return future_.status() == gpupool::task_status::cancelled; }
 
@@ -129,9 +63,7 @@ class array_future {
       PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
       throw nb::python_error();
     }
-    if (inputs_) inputs_->release();
     future_.get();  // rethrows the task's failure
-    if (!result_.is_valid()) result_ = make_array();
     return result_;
   }
 
@@ -150,21 +82,9 @@ class array_future {
   }
 
  private:
-  nb::object make_array() {
-    pinned_block* block = out_.release();
-    nb::capsule owner(block, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
-    return nb::cast(
-        nb::ndarray<nb::numpy>(block->data(), shape_.size(), shape_.data(), owner, nullptr, type_));
-  }
-
   gpupool::future<void> future_;
-  std::unique_ptr<pinned_block> out_;
-  nb::dlpack::dtype type_;
-  std::vector<std::size_t> shape_;
-  nb::object x_;
-  nb::object y_;
+  nb::object keep_alive_;
   nb::object result_;
-  std::shared_ptr<input_exports> inputs_;
 };
 
 const char* dtype_name(nb::dlpack::dtype t);

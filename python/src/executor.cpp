@@ -186,52 +186,6 @@ class py_executor {
         pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
   }
 
-  // A compiled kernel over many calls on arrays already on GPU `ordinal`. `calls[i]` lists the
-  // call's arguments: numbers, or (address, element count, dtype name) for device arrays;
-  // `outs[i]` is the address of its output of `counts[i]` elements. One future for all calls;
-  // its result is `result` (the output arrays, made by the caller).
-  template <class K>
-  std::unique_ptr<array_future> map_on_device(const K& k, int ordinal, nb::list calls,
-                                              const std::vector<std::uintptr_t>& outs,
-                                              const std::vector<std::size_t>& counts,
-                                              nb::object result, nb::object keep_alive) {
-    const int device = device_of_ordinal(ordinal);
-    if (outs.size() != nb::len(calls) || counts.size() != outs.size())
-      throw nb::value_error("gpupool: calls, outputs and counts differ in number");
-    std::vector<gpupool::device_call> work(outs.size());
-    for (std::size_t c = 0; c < work.size(); ++c) {
-      nb::list args = nb::borrow<nb::list>(calls[c]);
-      auto& inputs = work[c].inputs;
-      inputs.reserve(nb::len(args));
-      if (nb::len(args) != k.inputs().size())
-        throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
-                              std::to_string(k.inputs().size()) + " argument(s), " +
-                              std::to_string(nb::len(args)) + " given")
-                                 .c_str());
-      for (std::size_t i = 0; i < nb::len(args); ++i) {
-        nb::handle a = args[i];
-        if (auto number = as_number(a)) {
-          inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
-                                           "argument[" + std::to_string(i) + "] ('" +
-                                               k.inputs()[i].name + "') of kernel '" + k.name() +
-                                               "'"));
-        } else {
-          auto [address, count, type] =
-              nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string>>(a);
-          inputs.push_back(device_argument(address, count, dtype_from_name(type)));
-        }
-      }
-      work[c].out = reinterpret_cast<void*>(outs[c]);
-      work[c].count = counts[c];
-    }
-    gpupool::future<void> f;
-    {
-      nb::gil_scoped_release nogil;
-      f = get().map_on_device(device, k, work);
-    }
-    return std::make_unique<array_future>(std::move(f), std::move(result), std::move(keep_alive));
-  }
-
   // A compiled kernel over many calls whose arrays live on GPUs, every array looked at here
   // (W5 from Python: no Python loop per array): numbers are checked against their parameter,
   // CuPy arrays (of type `cupy_ndarray`) are read directly, any other device array through
@@ -523,10 +477,6 @@ void bind_executor(nb::module_& m) {
            "kernel"_a, "args"_a, "future_type"_a)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
            "args"_a, "future_type"_a)
-      .def("map_on_device", &py_executor::map_on_device<gpupool::elementwise_kernel>, "kernel"_a,
-           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
-      .def("map_on_device", &py_executor::map_on_device<gpupool::raw_kernel>, "kernel"_a,
-           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
            "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
            "before_launch"_a, "keep_alive"_a)
