@@ -161,14 +161,14 @@ class CompiledMap:
     per-device batches that fill them."""
 
     def __init__(self, futures, outputs):
-        self._futures = futures
+        self.futures = futures
         self.outputs = outputs
 
     def results(self, deadline):
         import time
 
         try:
-            for future in self._futures:
+            for future in self.futures:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 future.result(remaining)
         except TimeoutError as exc:
@@ -176,45 +176,20 @@ class CompiledMap:
 
             raise concurrent.futures.TimeoutError() from exc
         finally:
-            for future in self._futures:
+            for future in self.futures:
                 if not future.done():
                     future.cancel()
         yield from self.outputs
 
-    def single(self):
-        return _SingleResult(self._futures[0], self.outputs[0])
 
-
-class _SingleResult:
-    """An ArrayFuture-like view of a one-call map: its result is that call's output."""
-
-    def __init__(self, future, output):
-        self._future = future
-        self._output = output
-
-    def result(self, timeout=None):
-        self._future.result(timeout)
-        return self._output
-
-    def done(self):
-        return self._future.done()
-
-    def cancel(self):
-        return self._future.cancel()
-
-    def cancelled(self):
-        return self._future.cancelled()
-
-    def add_done_callback(self, callback):
-        self._future.add_done_callback(callback)  # called with no arguments, as ArrayFuture's
-
-
-def map_compiled(core, kernel, calls):
+def map_compiled(core, kernel, calls, future_type, single=False):
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device, calls grouped by device, each group one batched map there. Every call is checked
     before anything runs. Outputs are new arrays of the first array's kind, shape and device
     (views into one buffer per device). The per-array work is done by the extension in one
-    call (core.map_device_calls); this module only lends it what needs CuPy or PyTorch."""
+    call (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. The
+    futures (of `future_type`, one per device) give the outputs; with `single` (one call) the
+    one future gives that call's output."""
     cupy = sys.modules.get("cupy")
     # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream.
     streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()
@@ -234,5 +209,5 @@ def map_compiled(core, kernel, calls):
 
     outputs, futures = core.map_device_calls(
         kernel, calls, cupy.ndarray if cupy is not None else None, describe_other,
-        allocate_flat, lambda: _wait_for(streams), tuple(calls))
+        allocate_flat, lambda: _wait_for(streams), tuple(calls), future_type, single)
     return CompiledMap(futures, outputs)

@@ -27,66 +27,6 @@ class pinned_block {
   void* data_;
 };
 
-// The future of one batch of a compiled kernel over device arrays (map_device_calls): its result
-// is the outputs the caller made. Waits without the GIL; keeps `keep_alive` (the inputs) until
-// the work is over, and never lets them go before: dropped early, it cancels what has not
-// started and waits for the rest.
-class array_future {
- public:
-  array_future(gpupool::future<void> f, nb::object result, nb::object keep_alive)
-      : future_(std::move(f)), keep_alive_(std::move(keep_alive)), result_(std::move(result)) {}
-  array_future(const array_future&) = delete;
-  array_future& operator=(const array_future&) = delete;
-  ~array_future() {
-    if (!future_.ready()) {
-      future_.cancel();
-      nb::gil_scoped_release nogil;
-      future_.wait();
-    }
-  }
-
-  bool done() const { return future_.ready(); }
-  bool cancel() { return future_.cancel(); }
-  bool cancelled() const { return future_.status() == gpupool::task_status::cancelled; }
-
-  // Waits at most `timeout` seconds (forever if None). Raises TimeoutError if not done.
-  nb::object result(std::optional<double> timeout) {
-    bool finished = true;
-    {
-      nb::gil_scoped_release nogil;
-      if (timeout)
-        finished = future_.wait_for(std::chrono::duration<double>(*timeout));
-      else
-        future_.wait();
-    }
-    if (!finished) {
-      PyErr_SetString(PyExc_TimeoutError, "gpupool: the result was not ready in time");
-      throw nb::python_error();
-    }
-    future_.get();  // rethrows the task's failure
-    return result_;
-  }
-
-  // Calls `callback()` (with the GIL) once the work has ended, possibly right away.
-  void add_done_callback(nb::callable callback) {
-    auto ref = std::make_shared<py_ref>(callback);
-    future_.on_complete([ref](gpupool::future<void>&) {
-      if (!interpreter_alive()) return;
-      nb::gil_scoped_acquire gil;
-      try {
-        ref->get()();
-      } catch (nb::python_error& e) {
-        e.discard_as_unraisable("gpupool: in a done callback");
-      }
-    });
-  }
-
- private:
-  gpupool::future<void> future_;
-  nb::object keep_alive_;
-  nb::object result_;
-};
-
 const char* dtype_name(nb::dlpack::dtype t);
 gpupool::dtype dtype_from_name(const std::string& name);
 nb::dlpack::dtype dlpack_of(gpupool::dtype t);

@@ -194,12 +194,16 @@ class py_executor {
   // `allocate_flat(anchor array, ordinal, count, dtype name)` -> (buffer, address) makes;
   // `before_launch()` runs once everything is checked and allocated (it waits for the streams
   // the inputs' producers use), then each group is one batched map_on_device. Returns
-  // (outputs in call order, one future per group); `keep_alive` is held until they end.
+  // (outputs in call order, one future of `future_type` per group, whose result is the group's
+  // outputs, or with `single` (one call) that call's output); `keep_alive` is held until they
+  // end.
   template <class K>
   nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
                              nb::callable describe_other, nb::callable allocate_flat,
-                             nb::callable before_launch, nb::object keep_alive) {
+                             nb::callable before_launch, nb::object keep_alive,
+                             nb::handle future_type, bool single) {
     const std::size_t n = nb::len(calls);
+    if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
     const std::size_t arity = k.inputs().size();
     struct described_call {
       gpupool::device_call work;
@@ -325,12 +329,12 @@ class py_executor {
           nb::gil_scoped_release nogil;
           f = get().map_on_device(device, k, batches[b].second);
         }
-        futures.append(nb::cast(
-            std::make_unique<array_future>(std::move(f), std::move(batch_outputs[b]), keep_alive)));
+        nb::object result = single ? outputs.front() : nb::object(batch_outputs[b]);
+        futures.append(adopt_kernel_task(std::move(f), future_type, {}, std::nullopt,
+                                         std::move(result), keep_alive));
       }
     } catch (...) {
-      for (std::size_t b = 0; b < nb::len(futures); ++b)
-        nb::cast<array_future&>(futures[b]).cancel();
+      for (std::size_t b = 0; b < nb::len(futures); ++b) futures[b].attr("cancel")();
       throw;
     }
     nb::list all;
@@ -479,10 +483,10 @@ void bind_executor(nb::module_& m) {
            "args"_a, "future_type"_a)
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
            "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "before_launch"_a, "keep_alive"_a)
+           "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
            "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "before_launch"_a, "keep_alive"_a)
+           "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)

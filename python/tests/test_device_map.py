@@ -3,9 +3,12 @@
 array. On the CPU backend host memory stands in for device memory, so the C++ side runs here with
 NumPy arrays described as device arrays; python/tests/test_gpu_frameworks.py runs it on CuPy."""
 
+import concurrent.futures as cf
+
 import gpupool
 import numpy as np
 import pytest
+from gpupool._executor import _Future
 
 SCALE = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = x * a", "device_map_scale")
 
@@ -60,9 +63,11 @@ def run(core, calls, cupy_type=None, flats=None):
     flats = flats or Flats()
     launched = []
     outputs, futures = core.map_device_calls(SCALE, calls, cupy_type, describe_host, flats,
-                                             lambda: launched.append(len(flats.made)), ())
+                                             lambda: launched.append(len(flats.made)), (),
+                                             _Future)
     for f in futures:
-        f.result(timeout=30)
+        assert isinstance(f, cf.Future)
+        assert all(a is b for a, b in zip(f.result(timeout=30), outputs))
     return outputs, futures, flats, launched
 
 
@@ -98,7 +103,7 @@ def test_every_call_is_checked_before_anything_runs(core, calls, error, message)
     flats = Flats()
     with pytest.raises(error, match=message):
         core.map_device_calls(SCALE, calls(np.ones(4)), FakeCupyArray, describe_host, flats,
-                              lambda: pytest.fail("launched"), ())
+                              lambda: pytest.fail("launched"), (), _Future)
     assert flats.made == []
 
 
@@ -107,7 +112,18 @@ def test_arrays_of_one_call_on_two_gpus_are_refused(core):
     calls = [[FakeCupyArray(np.ones(4), 0), FakeCupyArray(np.ones(4), 1)]]
     with pytest.raises(ValueError, match="arrays on GPUs 0 and 1"):
         core.map_device_calls(two, calls, FakeCupyArray, describe_host, Flats(),
-                              lambda: pytest.fail("launched"), ())
+                              lambda: pytest.fail("launched"), (), _Future)
+
+
+def test_one_call_gives_one_future_whose_result_is_its_output(core):
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    outputs, futures = core.map_device_calls(SCALE, [[x, 4.0]], None, describe_host, Flats(),
+                                             lambda: None, (), _Future, True)
+    assert len(futures) == 1 and futures[0].result(timeout=30) is outputs[0]
+    np.testing.assert_array_equal(outputs[0], x * 4.0)
+    with pytest.raises(ValueError, match="exactly one call"):
+        core.map_device_calls(SCALE, [[x, 1.0], [x, 1.0]], None, describe_host, Flats(),
+                              lambda: pytest.fail("launched"), (), _Future, True)
 
 
 @pytest.mark.gpu
