@@ -161,14 +161,14 @@ class CompiledMap:
     per-device batches that fill them."""
 
     def __init__(self, futures, outputs):
-        self._futures = futures
+        self.futures = futures
         self.outputs = outputs
 
     def results(self, deadline):
         import time
 
         try:
-            for future in self._futures:
+            for future in self.futures:
                 remaining = None if deadline is None else max(0.0, deadline - time.monotonic())
                 future.result(remaining)
         except TimeoutError as exc:
@@ -176,101 +176,38 @@ class CompiledMap:
 
             raise concurrent.futures.TimeoutError() from exc
         finally:
-            for future in self._futures:
+            for future in self.futures:
                 if not future.done():
                     future.cancel()
         yield from self.outputs
 
-    def single(self):
-        return _SingleResult(self._futures[0], self.outputs[0])
 
-
-class _SingleResult:
-    """An ArrayFuture-like view of a one-call map: its result is that call's output."""
-
-    def __init__(self, future, output):
-        self._future = future
-        self._output = output
-
-    def result(self, timeout=None):
-        self._future.result(timeout)
-        return self._output
-
-    def done(self):
-        return self._future.done()
-
-    def cancel(self):
-        return self._future.cancel()
-
-    def cancelled(self):
-        return self._future.cancelled()
-
-    def add_done_callback(self, callback):
-        self._future.add_done_callback(callback)  # called with no arguments, as ArrayFuture's
-
-
-def map_compiled(core, kernel, calls):
+def map_compiled(core, kernel, calls, future_type, single=False):
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device, calls grouped by device, each group one batched map there. Every call is checked
     before anything runs. Outputs are new arrays of the first array's kind, shape and device
-    (views into one buffer per device)."""
-    out_dtype = kernel.output[0]
+    (views into one buffer per device). The per-array work is done by the extension in one
+    call (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. The
+    futures (of `future_type`, one per device) give the outputs; with `single` (one call) the
+    one future gives that call's output."""
     cupy = sys.modules.get("cupy")
-    cupy_ndarray = cupy.ndarray if cupy is not None else None
-    # CuPy work, and the outputs allocated below, are ordered on CuPy's current stream.
+    # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream.
     streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()
-    groups = {}  # ordinal -> [call index]
-    described = []
-    for c, args in enumerate(calls):
-        row, first = [], None
-        for i, a in enumerate(args):
-            kind = type(a)
-            if kind is int or kind is float or kind is bool or kind is complex:
-                row.append(a)  # checked against the parameter's type by the extension
-                continue
-            if kind is not cupy_ndarray and not is_device_array(a):
-                raise TypeError(f"gpupool: call {c} argument {i} is not a device array while "
-                                "others are; pass host arrays and device arrays in separate maps")
-            address, count, name, ordinal, shape = _describe(a, f"call {c} argument {i}", streams)
-            if first is None:
-                first = (a, count, ordinal, shape)
-            elif count and ordinal != first[2]:
-                raise ValueError(f"gpupool: call {c} has arrays on GPUs {first[2]} and {ordinal}")
-            row.append((address, count, name))
-        if first is None:
-            raise TypeError(f"gpupool: call {c} of kernel '{kernel.name}' has no array")
-        described.append((row, first))
-        groups.setdefault(max(first[2], 0), []).append(c)  # empty arrays may not know theirs
 
-    outputs = [None] * len(calls)
-    futures = []
-    for ordinal, members in groups.items():
-        total = sum(described[c][1][1] for c in members)
-        anchor = described[members[0]][1][0]
-        target = ordinal
-        flat = _allocate_flat(anchor, target, max(total, 1), out_dtype)
+    def describe_other(obj, where):
+        if not is_device_array(obj):
+            raise TypeError(f"gpupool: {where} is not a device array while others are; pass "
+                            "host arrays and device arrays in separate maps")
+        address, count, name, ordinal, shape = _describe(obj, where, streams)
+        return address, count, name, ordinal, shape
+
+    def allocate_flat(anchor, ordinal, count, dtype):
+        flat = _allocate_flat(anchor, ordinal, count, dtype)
         base = flat.data.ptr if hasattr(flat, "data") and hasattr(flat.data, "ptr") \
             else flat.data_ptr()
-        itemsize = np.dtype(out_dtype).itemsize
-        rows, outs, counts, offset = [], [], [], 0
-        for c in members:
-            row, (_, count, _, shape) = described[c]
-            view = flat[offset:offset + count]
-            outputs[c] = view if len(shape) <= 1 else view.reshape(shape)
-            rows.append(row)
-            outs.append(base + offset * itemsize)
-            counts.append(count)
-            offset += count
-        futures.append((target, members, rows, outs, counts))
-    _wait_for(streams)
-    keep_alive = tuple(calls)
-    started = []
-    try:
-        for target, members, rows, outs, counts in futures:
-            started.append(core.map_on_device(kernel, target, rows, outs, counts,
-                                              [outputs[c] for c in members], keep_alive))
-    except BaseException:
-        for future in started:
-            future.cancel()
-        raise
-    return CompiledMap(started, outputs)
+        return flat, base
+
+    outputs, futures = core.map_device_calls(
+        kernel, calls, cupy.ndarray if cupy is not None else None, describe_other,
+        allocate_flat, lambda: _wait_for(streams), tuple(calls), future_type, single)
+    return CompiledMap(futures, outputs)

@@ -160,29 +160,6 @@ class _Future(_futures.Future):
         return True
 
 
-def _adopt(pending):
-    """One Future for an ArrayFuture of the extension (a batch over device arrays): its outcome
-    is handed over by one callback once the batch ends."""
-    future = _Future()
-    future._task = pending
-
-    def complete():
-        if pending.cancelled():
-            future._notify_cancelled()
-            return
-        try:
-            value = pending.result(0)
-        except BaseException as exc:  # noqa: B902 - handed to the caller, as the stdlib does
-            with contextlib.suppress(_futures.InvalidStateError):
-                future.set_exception(exc)
-        else:
-            with contextlib.suppress(_futures.InvalidStateError):
-                future.set_result(value)
-
-    pending.add_done_callback(complete)
-    return future
-
-
 # Every executor not yet shut down. At exit they are shut down (intake stopped, queued work run,
 # lanes joined) while the interpreter is still whole, as concurrent.futures does for its pools:
 # a lane must never reach for Python once the interpreter is finalizing.
@@ -416,7 +393,8 @@ class Executor(_futures.Executor):
                 if calls and any(_device.is_device_array(a) for a in calls[0]):
                     if self.backend != "cuda":
                         raise TypeError("gpupool: device arrays need the CUDA backend")
-                    results = _device.map_compiled(self._core, fn, calls).results(deadline)
+                    results = _device.map_compiled(self._core, fn, calls, _Future).results(
+                        deadline)
                     if progress:
                         results = _with_progress(results, len(calls), fn.name)
                     return results
@@ -502,7 +480,8 @@ class Executor(_futures.Executor):
                 if any(_device.is_device_array(a) for a in arguments):
                     if self.backend != "cuda":
                         raise TypeError("gpupool: device arrays need the CUDA backend")
-                    return _adopt(_device.map_compiled(self._core, kernel, [arguments]).single())
+                    return _device.map_compiled(self._core, kernel, [arguments], _Future,
+                                                single=True).futures[0]
                 return self._core.launch_compiled(kernel, arguments, _Future)
             return self._kernel_futures(
                 kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]

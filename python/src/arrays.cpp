@@ -207,13 +207,6 @@ std::vector<std::size_t> shape_of(const input_array& a) {
 
 void bind_arrays(nb::module_& m) {
   using namespace nb::literals;
-  nb::class_<array_future>(m, "ArrayFuture", "The result of a built-in kernel over one array.")
-      .def("result", &array_future::result, "timeout"_a = nb::none())
-      .def("done", &array_future::done)
-      .def("cancel", &array_future::cancel)
-      .def("cancelled", &array_future::cancelled)
-      .def("add_done_callback", &array_future::add_done_callback, "callback"_a);
-
   m.def(
       "allocate_pinned",
       [](std::size_t nbytes) {

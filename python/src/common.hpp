@@ -26,23 +26,6 @@ inline bool interpreter_alive() {
 #endif
 }
 
-// A strong reference to a Python object that may be released on a lane thread, without the GIL.
-class py_ref {
- public:
-  explicit py_ref(nb::handle h) : object_(h.inc_ref().ptr()) {}
-  py_ref(const py_ref&) = delete;
-  py_ref& operator=(const py_ref&) = delete;
-  ~py_ref() {
-    if (object_ == nullptr || !interpreter_alive()) return;  // at exit: leak rather than crash
-    nb::gil_scoped_acquire gil;
-    Py_DECREF(object_);
-  }
-  [[nodiscard]] nb::handle get() const { return object_; }
-
- private:
-  PyObject* object_;
-};
-
 // Gives this thread, if Python did not start it (a lane), a Python thread state kept until the
 // thread ends: each later acquisition of the GIL there reuses it, rather than making one and
 // destroying it again, which costs more than most Python tasks. Call without the GIL.

@@ -1,6 +1,7 @@
 // Executor: the C++ executor behind gpupool.Executor (whose concurrent.futures semantics live in
 // python/gpupool/_executor.py): Python calls on lanes, kernels over host and device arrays.
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -10,6 +11,7 @@
 #include <span>
 #include <string>
 #include <thread>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -184,50 +186,160 @@ class py_executor {
         pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
   }
 
-  // A compiled kernel over many calls on arrays already on GPU `ordinal`. `calls[i]` lists the
-  // call's arguments: numbers, or (address, element count, dtype name) for device arrays;
-  // `outs[i]` is the address of its output of `counts[i]` elements. One future for all calls;
-  // its result is `result` (the output arrays, made by the caller).
+  // A compiled kernel over many calls whose arrays live on GPUs, every array looked at here
+  // (W5 from Python: no Python loop per array): numbers are checked against their parameter,
+  // CuPy arrays (of type `cupy_ndarray`) are read directly, any other device array through
+  // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape). Calls are
+  // grouped by device; each group's outputs are views into one buffer that
+  // `allocate_flat(anchor array, ordinal, count, dtype name)` -> (buffer, address) makes;
+  // `before_launch()` runs once everything is checked and allocated (it waits for the streams
+  // the inputs' producers use), then each group is one batched map_on_device. Returns
+  // (outputs in call order, one future of `future_type` per group, whose result is the group's
+  // outputs, or with `single` (one call) that call's output); `keep_alive` is held until they
+  // end.
   template <class K>
-  std::unique_ptr<array_future> map_on_device(const K& k, int ordinal, nb::list calls,
-                                              const std::vector<std::uintptr_t>& outs,
-                                              const std::vector<std::size_t>& counts,
-                                              nb::object result, nb::object keep_alive) {
-    const int device = device_of_ordinal(ordinal);
-    if (outs.size() != nb::len(calls) || counts.size() != outs.size())
-      throw nb::value_error("gpupool: calls, outputs and counts differ in number");
-    std::vector<gpupool::device_call> work(outs.size());
-    for (std::size_t c = 0; c < work.size(); ++c) {
-      nb::list args = nb::borrow<nb::list>(calls[c]);
-      auto& inputs = work[c].inputs;
-      inputs.reserve(nb::len(args));
-      if (nb::len(args) != k.inputs().size())
-        throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
-                              std::to_string(k.inputs().size()) + " argument(s), " +
-                              std::to_string(nb::len(args)) + " given")
+  nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
+                             nb::callable describe_other, nb::callable allocate_flat,
+                             nb::callable before_launch, nb::object keep_alive,
+                             nb::handle future_type, bool single) {
+    const std::size_t n = nb::len(calls);
+    if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
+    const std::size_t arity = k.inputs().size();
+    struct described_call {
+      gpupool::device_call work;
+      nb::object anchor;  // the call's first array
+      int ordinal = -1;
+      nb::object shape;
+    };
+    std::vector<described_call> described(n);
+    for (std::size_t c = 0; c < n; ++c) {
+      nb::object args = calls[c];
+      const std::size_t given = nb::len(args);
+      if (given != arity)
+        throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " + std::to_string(arity) +
+                              " argument(s), " + std::to_string(given) + " given")
                                  .c_str());
-      for (std::size_t i = 0; i < nb::len(args); ++i) {
-        nb::handle a = args[i];
+      auto& d = described[c];
+      d.work.inputs.reserve(arity);
+      for (std::size_t i = 0; i < arity; ++i) {
+        nb::object a = args[i];
+        const std::string where = "call " + std::to_string(c) + " argument " + std::to_string(i);
         if (auto number = as_number(a)) {
-          inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
-                                           "argument[" + std::to_string(i) + "] ('" +
-                                               k.inputs()[i].name + "') of kernel '" + k.name() +
-                                               "'"));
+          d.work.inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
+                                                  "argument[" + std::to_string(i) + "] ('" +
+                                                      k.inputs()[i].name + "') of kernel '" +
+                                                      k.name() + "'"));
+          continue;
+        }
+        std::uintptr_t address = 0;
+        std::size_t count = 0;
+        std::string type;
+        int ordinal = -1;
+        nb::object shape;
+        if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && a.type().is(cupy_ndarray)) {
+          // The common case, kept cheap: CuPy's own attributes rather than its interface dict.
+          type = nb::cast<std::string>(a.attr("dtype").attr("name"));
+          if (type != "float32" && type != "float64" && type != "int32" && type != "int64")
+            throw nb::type_error(("gpupool: " + where + " has unsupported dtype " + type +
+                                  "; expected float32, float64, int32 or int64")
+                                     .c_str());
+          if (!nb::cast<bool>(a.attr("flags").attr("c_contiguous")))
+            throw nb::value_error(
+                ("gpupool: " + where + " is not C-contiguous; make a contiguous copy").c_str());
+          nb::object memory = a.attr("data");
+          address = nb::cast<std::uintptr_t>(memory.attr("ptr"));
+          ordinal = nb::cast<int>(memory.attr("device_id"));
+          count = nb::cast<std::size_t>(a.attr("size"));
+          shape = a.attr("shape");
         } else {
-          auto [address, count, type] =
-              nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string>>(a);
-          inputs.push_back(device_argument(address, count, dtype_from_name(type)));
+          auto t = nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string, int, nb::object>>(
+              describe_other(a, where));
+          std::tie(address, count, type, ordinal, shape) = std::move(t);
+        }
+        d.work.inputs.push_back(device_argument(address, count, dtype_from_name(type)));
+        if (!d.anchor.is_valid()) {
+          d.anchor = a;
+          d.ordinal = ordinal;
+          d.shape = shape;
+          d.work.count = count;
+        } else if (count != 0 && ordinal != d.ordinal) {
+          throw nb::value_error(("gpupool: call " + std::to_string(c) + " has arrays on GPUs " +
+                                 std::to_string(d.ordinal) + " and " + std::to_string(ordinal))
+                                    .c_str());
         }
       }
-      work[c].out = reinterpret_cast<void*>(outs[c]);
-      work[c].count = counts[c];
+      if (!d.anchor.is_valid())
+        throw nb::type_error(
+            ("gpupool: call " + std::to_string(c) + " of kernel '" + k.name() + "' has no array")
+                .c_str());
     }
-    gpupool::future<void> f;
-    {
-      nb::gil_scoped_release nogil;
-      f = get().map_on_device(device, k, work);
+
+    // Group by device (empty arrays may not know theirs: they join GPU 0), in first-seen order.
+    std::vector<std::pair<int, std::vector<std::size_t>>> groups;
+    for (std::size_t c = 0; c < n; ++c) {
+      const int ordinal = std::max(described[c].ordinal, 0);
+      auto it = std::find_if(groups.begin(), groups.end(),
+                             [&](const auto& g) { return g.first == ordinal; });
+      if (it == groups.end()) {
+        groups.push_back({ordinal, {}});
+        it = std::prev(groups.end());
+      }
+      it->second.push_back(c);
     }
-    return std::make_unique<array_future>(std::move(f), std::move(result), std::move(keep_alive));
+    const auto out_type = k.output().type;
+    const std::string out_name = gpupool::to_string(out_type);
+    const std::size_t itemsize = gpupool::size_of(out_type);
+    std::vector<nb::object> outputs(n);
+    std::vector<std::pair<int, std::vector<gpupool::device_call>>> batches;
+    std::vector<nb::list> batch_outputs;
+    for (auto& [ordinal, members] : groups) {
+      std::size_t total = 0;
+      for (std::size_t c : members) total += described[c].work.count;
+      auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(allocate_flat(
+          described[members.front()].anchor, ordinal, std::max<std::size_t>(total, 1), out_name));
+      std::vector<gpupool::device_call> work;
+      work.reserve(members.size());
+      nb::list mine;
+      std::size_t offset = 0;
+      for (std::size_t c : members) {
+        auto& d = described[c];
+        nb::object range = nb::steal(
+            PySlice_New(nb::int_(offset).ptr(), nb::int_(offset + d.work.count).ptr(), nullptr));
+        if (!range.is_valid()) throw nb::python_error();
+        nb::object view = nb::steal(PyObject_GetItem(flat.ptr(), range.ptr()));
+        if (!view.is_valid()) throw nb::python_error();
+        if (nb::len(d.shape) > 1) view = view.attr("reshape")(d.shape);
+        outputs[c] = view;
+        mine.append(view);
+        d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
+        offset += d.work.count;
+        work.push_back(std::move(d.work));
+      }
+      batches.emplace_back(ordinal, std::move(work));
+      batch_outputs.push_back(std::move(mine));
+    }
+    before_launch();
+
+    nb::list futures;
+    try {
+      for (std::size_t b = 0; b < batches.size(); ++b) {
+        const int device = device_of_ordinal(batches[b].first);
+        gpupool::future<void> f;
+        {
+          nb::gil_scoped_release nogil;
+          f = get().map_on_device(device, k, batches[b].second);
+        }
+        nb::object result = single ? outputs.front() : nb::object(batch_outputs[b]);
+        futures.append(adopt_kernel_task(std::move(f), future_type, {}, std::nullopt,
+                                         std::move(result), keep_alive));
+      }
+    } catch (...) {
+      for (std::size_t b = 0; b < nb::len(futures); ++b) futures[b].attr("cancel")();
+      throw;
+    }
+    nb::list all;
+    for (auto& o : outputs) all.append(o);
+    return nb::make_tuple(all, futures);
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -359,10 +471,12 @@ void bind_executor(nb::module_& m) {
            "kernel"_a, "args"_a, "future_type"_a)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
            "args"_a, "future_type"_a)
-      .def("map_on_device", &py_executor::map_on_device<gpupool::elementwise_kernel>, "kernel"_a,
-           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
-      .def("map_on_device", &py_executor::map_on_device<gpupool::raw_kernel>, "kernel"_a,
-           "ordinal"_a, "calls"_a, "outs"_a, "counts"_a, "result"_a, "keep_alive"_a)
+      .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
+           "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
+           "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
+      .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
+           "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
+           "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)

@@ -1,0 +1,144 @@
+"""The extension's one-call bookkeeping for compiled kernels over many device arrays
+(Executor.map over CuPy arrays, W5): checked, grouped and launched without a Python loop per
+array. On the CPU backend host memory stands in for device memory, so the C++ side runs here with
+NumPy arrays described as device arrays; python/tests/test_gpu_frameworks.py runs it on CuPy."""
+
+import concurrent.futures as cf
+
+import gpupool
+import numpy as np
+import pytest
+from gpupool._executor import _Future
+
+SCALE = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = x * a", "device_map_scale")
+
+
+class FakeCupyArray:
+    """What the extension reads of a CuPy array (dtype, flags, data.ptr, data.device_id, size,
+    shape), over a NumPy array."""
+
+    class _Flags:
+        def __init__(self, contiguous):
+            self.c_contiguous = contiguous
+
+    class _Memory:
+        def __init__(self, ptr, device_id):
+            self.ptr = ptr
+            self.device_id = device_id
+
+    def __init__(self, host, device_id=0):
+        self.host = host
+        self.dtype = host.dtype
+        self.flags = self._Flags(host.flags.c_contiguous)
+        self.data = self._Memory(host.ctypes.data, device_id)
+        self.size = host.size
+        self.shape = host.shape
+
+
+def describe_host(obj, where):
+    if not isinstance(obj, np.ndarray):
+        raise TypeError(f"gpupool: {where} is not a device array while others are")
+    return obj.ctypes.data, obj.size, obj.dtype.name, 0, obj.shape
+
+
+class Flats:
+    """allocate_flat for the extension: one NumPy buffer per device, remembered."""
+
+    def __init__(self):
+        self.made = []
+
+    def __call__(self, anchor, ordinal, count, dtype):
+        flat = np.full(count, -1.0, dtype)
+        self.made.append((ordinal, count, dtype))
+        return flat, flat.ctypes.data
+
+
+@pytest.fixture
+def core():
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu") as ex:
+        yield ex._core
+
+
+def run(core, calls, cupy_type=None, flats=None):
+    flats = flats or Flats()
+    launched = []
+    outputs, futures = core.map_device_calls(SCALE, calls, cupy_type, describe_host, flats,
+                                             lambda: launched.append(len(flats.made)), (),
+                                             _Future)
+    for f in futures:
+        assert isinstance(f, cf.Future)
+        assert all(a is b for a, b in zip(f.result(timeout=30), outputs))
+    return outputs, futures, flats, launched
+
+
+def test_many_arrays_in_one_call_each_output_a_view_of_one_buffer(core):
+    xs = [np.arange(n, dtype=np.float64) for n in (3, 1, 0, 1000, 7)]
+    xs.append(np.arange(12, dtype=np.float64).reshape(3, 4))
+    outputs, futures, flats, launched = run(core, [[x, 2.5] for x in xs])
+    assert len(outputs) == len(xs) and len(futures) == 1  # one device: one batch
+    for x, out in zip(xs, outputs):
+        assert out.shape == x.shape
+        np.testing.assert_array_equal(out, x * 2.5)
+    assert flats.made == [(0, sum(x.size for x in xs), "float64")]
+    assert launched == [1]  # once, after everything was checked and allocated
+
+
+def test_cupy_arrays_are_read_through_their_own_attributes(core):
+    xs = [np.arange(n, dtype=np.float64) for n in (5, 64)]
+    calls = [[FakeCupyArray(x), 3.0] for x in xs]
+    outputs, _, _, _ = run(core, calls, cupy_type=FakeCupyArray)
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 3.0)
+
+
+@pytest.mark.parametrize("calls, error, message", [
+    (lambda x: [[x]], TypeError, "takes 2 argument"),
+    (lambda x: [[x, 1.0], [2.0, 1.0]], TypeError, "call 1 of kernel 'device_map_scale' has no"),
+    (lambda x: [[x, "two"]], TypeError, "call 0 argument 1 is not a device array"),
+    (lambda x: [[x, 1j]], TypeError, "complex"),
+    (lambda x: [[FakeCupyArray(x.astype(np.float16)), 1.0]], TypeError, "unsupported dtype"),
+    (lambda x: [[FakeCupyArray(np.ones((4, 4))[:, 1]), 1.0]], ValueError, "not C-contiguous"),
+])
+def test_every_call_is_checked_before_anything_runs(core, calls, error, message):
+    flats = Flats()
+    with pytest.raises(error, match=message):
+        core.map_device_calls(SCALE, calls(np.ones(4)), FakeCupyArray, describe_host, flats,
+                              lambda: pytest.fail("launched"), (), _Future)
+    assert flats.made == []
+
+
+def test_arrays_of_one_call_on_two_gpus_are_refused(core):
+    two = gpupool.elementwise("float64 x, float64 z", "float64 y", "y = x + z", "device_map_add")
+    calls = [[FakeCupyArray(np.ones(4), 0), FakeCupyArray(np.ones(4), 1)]]
+    with pytest.raises(ValueError, match="arrays on GPUs 0 and 1"):
+        core.map_device_calls(two, calls, FakeCupyArray, describe_host, Flats(),
+                              lambda: pytest.fail("launched"), (), _Future)
+
+
+def test_one_call_gives_one_future_whose_result_is_its_output(core):
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    outputs, futures = core.map_device_calls(SCALE, [[x, 4.0]], None, describe_host, Flats(),
+                                             lambda: None, (), _Future, True)
+    assert len(futures) == 1 and futures[0].result(timeout=30) is outputs[0]
+    np.testing.assert_array_equal(outputs[0], x * 4.0)
+    with pytest.raises(ValueError, match="exactly one call"):
+        core.map_device_calls(SCALE, [[x, 1.0], [x, 1.0]], None, describe_host, Flats(),
+                              lambda: pytest.fail("launched"), (), _Future, True)
+
+
+@pytest.mark.gpu
+def test_w5_many_cupy_arrays_through_executor_map():
+    cp = pytest.importorskip("cupy")
+    if not gpupool.cuda_available()[0]:
+        pytest.skip("no usable GPU")
+    k = gpupool.elementwise("float32 x, float32 a, float32 b", "float32 y", "y = x * a + b",
+                            "device_map_w5")
+    chunks = [cp.arange(n, dtype=cp.float32) for n in [16384, 1, 0, 300] * 500]
+    with gpupool.Executor(backend="cuda") as ex:
+        out = list(ex.map(k, chunks, 2.0, 1.0))
+    assert len(out) == len(chunks)
+    for o, c in zip(out[:8], chunks[:8]):
+        assert isinstance(o, cp.ndarray) and o.shape == c.shape
+        cp.testing.assert_array_equal(o, c * 2 + 1)
+    # Views into one buffer per device, as the one-call bookkeeping makes them.
+    assert len({o.data.mem.ptr for o in out if o.size}) == 1
