@@ -40,16 +40,61 @@ std::size_t default_cache_limit() {
 
 std::size_t thread_stripe(std::size_t count) noexcept {
   static std::atomic<std::size_t> next{0};
-  thread_local const std::size_t mine = next.fetch_add(1, std::memory_order_relaxed);
-  return mine % count;
+  // Constant-initialised (0: not given yet), so reading it costs no initialisation check.
+  thread_local std::size_t mine_plus_one = 0;
+  if (mine_plus_one == 0) mine_plus_one = next.fetch_add(1, std::memory_order_relaxed) + 1;
+  return (mine_plus_one - 1) % count;
 }
 
 // ---- pinned_block_registry
 
-template <class F>
-auto pinned_block_registry::read(F f) const noexcept {
+namespace {
+
+// A thread's copy of one registry, at one version: blocks sorted by start.
+struct registry_copy {
+  std::uint64_t registry = 0;  // the registry's id; 0: none
+  std::uint64_t version = 0;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
+};
+thread_local registry_copy thread_copy;
+
+std::atomic<std::uint64_t> next_registry_id{1};
+
+}  // namespace
+
+pinned_block_registry::pinned_block_registry() noexcept
+    : id_(next_registry_id.fetch_add(1, std::memory_order_relaxed)) {}
+
+std::pair<std::uintptr_t, std::size_t> pinned_block_registry::find(
+    std::uintptr_t address) const noexcept {
+  const auto around = [address](const auto& blocks) -> std::pair<std::uintptr_t, std::size_t> {
+    auto it = std::upper_bound(blocks.begin(), blocks.end(), address,
+                               [](std::uintptr_t a, const auto& block) { return a < block.first; });
+    if (it == blocks.begin()) return {0, 0};
+    --it;
+    if (address - it->first >= it->second) return {0, 0};
+    return {it->first, it->second};
+  };
+  registry_copy& copy = thread_copy;
+  // Acquire: a block freed (or made) before this call, by way of any synchronisation that led
+  // here, moved the version on before its memory was freed, so a stale copy is never used.
+  if (copy.registry == id_ && copy.version == version_.load(std::memory_order_acquire))
+    return around(copy.blocks);
   std::lock_guard lock(stripes_[thread_stripe(stripe_count)].mutex);
-  return f();
+  if (blocks_.size() <= largest_copy) {
+    try {
+      copy.blocks.assign(blocks_.begin(), blocks_.end());
+      copy.registry = id_;
+      copy.version = version_.load(std::memory_order_relaxed);  // writers hold this stripe too
+    } catch (const std::bad_alloc&) {
+      copy.registry = 0;
+    }
+  }
+  auto it = blocks_.upper_bound(address);
+  if (it == blocks_.begin()) return {0, 0};
+  --it;
+  if (address - it->first >= it->second) return {0, 0};
+  return {it->first, it->second};
 }
 
 template <class F>
@@ -58,23 +103,18 @@ void pinned_block_registry::write(F f) noexcept(noexcept(f())) {
   std::array<std::unique_lock<std::mutex>, stripe_count> locks;
   for (std::size_t i = 0; i < stripe_count; ++i) locks[i] = std::unique_lock(stripes_[i].mutex);
   f();
+  // Release, before the stripes are unlocked and before a removed block's memory is freed.
+  version_.fetch_add(1, std::memory_order_release);
 }
 
 std::size_t pinned_block_registry::capacity_at(const void* p) const noexcept {
-  return read([&]() noexcept -> std::size_t {
-    auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(p));
-    return it == blocks_.end() ? 0 : it->second;
-  });
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  const auto [start, capacity] = find(address);
+  return start == address ? capacity : 0;
 }
 
 bool pinned_block_registry::contains(const void* p) const noexcept {
-  const auto address = reinterpret_cast<std::uintptr_t>(p);
-  return read([&]() noexcept {
-    auto it = blocks_.upper_bound(address);
-    if (it == blocks_.begin()) return false;
-    --it;
-    return address - it->first < it->second;
-  });
+  return find(reinterpret_cast<std::uintptr_t>(p)).second != 0;
 }
 
 void pinned_block_registry::add(void* p, std::size_t capacity) {

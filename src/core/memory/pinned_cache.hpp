@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "core/memory/host_memory.hpp"
@@ -24,11 +25,18 @@ namespace gpupool::detail {
 [[nodiscard]] std::size_t thread_stripe(std::size_t count) noexcept;
 
 /// Every block a pinned_cache made and has not given back, by address (in use or cached). Read on
-/// every task, written only when a block is made or given back (both slow anyway): each reader
-/// locks one stripe, its own, so readers on different threads never wait for each other or share
-/// a cache line; a writer locks every stripe. Thread-safe.
+/// every task, written only when a block is made or given back (both slow anyway). A reader
+/// answers from its thread's own copy of the registry while the registry's version is the one
+/// the copy was taken at: one load of a word that only writers change, no lock, nothing written.
+/// Else it locks one stripe, its own, to look and to take a new copy, so readers on different
+/// threads never wait for each other or write a shared cache line; a writer locks every stripe
+/// and moves the version on. Thread-safe.
 class pinned_block_registry {
  public:
+  pinned_block_registry() noexcept;
+  pinned_block_registry(const pinned_block_registry&) = delete;
+  pinned_block_registry& operator=(const pinned_block_registry&) = delete;
+
   /// The capacity of the block that starts exactly at `p`; 0 if no block starts there.
   [[nodiscard]] std::size_t capacity_at(const void* p) const noexcept;
   /// True if `p` is inside a registered block.
@@ -39,16 +47,21 @@ class pinned_block_registry {
 
  private:
   static constexpr std::size_t stripe_count = 32;
+  // Beyond this many blocks a thread's copy costs more to take than it saves: lookups then take
+  // the stripe's lock each time.
+  static constexpr std::size_t largest_copy = 4096;
   struct alignas(64) stripe {
     mutable std::mutex mutex;
   };
-  template <class F>
-  auto read(F f) const noexcept;
+  // The registered block around `address`: {start, capacity}, or {0, 0}.
+  [[nodiscard]] std::pair<std::uintptr_t, std::size_t> find(std::uintptr_t address) const noexcept;
   template <class F>
   void write(F f) noexcept(noexcept(f()));
 
   std::array<stripe, stripe_count> stripes_;
   std::map<std::uintptr_t, std::size_t> blocks_;  // start address -> capacity
+  const std::uint64_t id_;                        // tells registries apart in threads' copies
+  alignas(64) std::atomic<std::uint64_t> version_{1};
 };
 
 /// Pinned blocks from one memory_resource, with the freed ones kept for reuse up to a limit.
