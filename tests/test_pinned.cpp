@@ -17,10 +17,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/pinned_cache.hpp"
 #include "gpupool/pinned.hpp"
 #include "gpupool/pointer.hpp"
+#include "test_support.hpp"
 
 namespace gpupool {
 namespace {
@@ -168,6 +170,62 @@ TEST_F(PinnedTest, TheCacheLimitAndTrimHoldUnderManyThreads) {
   EXPECT_LE(pinned_memory_stats().cached, small_limit);
   trim_pinned_cache();
   EXPECT_EQ(pinned_memory_stats().cached, 0u);
+}
+
+// A pinned block released by a destructor that runs after the thread's own gpupool state is gone
+// (as static destructors do on the main thread) is still answered and cached rightly. Under
+// AddressSanitizer this also checks that nothing freed at thread exit is read.
+std::atomic<int> late_answers{0};
+struct released_at_thread_exit {
+  void* block = nullptr;
+  ~released_at_thread_exit() {
+    if (is_pinned(block) && describe_pointer(block).kind == memory_kind::pinned_host)
+      ++late_answers;
+    deallocate_pinned(block, 4096);
+    std::vector<char> ordinary(64);
+    if (!is_pinned(ordinary.data())) ++late_answers;
+  }
+};
+
+TEST_F(PinnedTest, BlocksReleasedAtThreadExitAreStillAnsweredRightly) {
+  late_answers = 0;
+  const std::size_t in_use_before = pinned_memory_stats().in_use;
+  void* block = allocate_pinned(4096);
+  std::thread([block] {
+    // Made before the thread first asks, so destroyed after what the first question made.
+    thread_local released_at_thread_exit late;
+    late.block = block;
+    EXPECT_TRUE(is_pinned(block));
+  }).join();
+  EXPECT_EQ(late_answers.load(), 2);
+  EXPECT_EQ(pinned_memory_stats().in_use, in_use_before);
+}
+
+// On a GPU: CUDA's host memory describes device memory with its device, gpupool's pinned blocks
+// are memory the driver itself calls pinned, and foreign streams can be waited on.
+TEST(CudaHostMemoryTest, DeviceMemoryAndPinnedBlocksAreWhatTheDriverSays) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  if (const char* forced = std::getenv("GPUPOOL_BACKEND"); forced && std::string(forced) == "cpu")
+    GTEST_SKIP() << "GPUPOOL_BACKEND=cpu: pinned blocks are ordinary memory";
+  auto cuda = detail::cuda_backend_registration.make(0);
+  cuda->bind_thread(0);
+  auto stream = cuda->open_stream(0);
+  void* device = stream->allocate(std::size_t{1} << 20);
+  stream->synchronize();
+  EXPECT_EQ(describe_pointer(device).kind, memory_kind::device);
+  EXPECT_EQ(describe_pointer(device).device, 0);
+  EXPECT_FALSE(is_pinned(device));
+
+  detail::host_memory& driver = detail::cuda_backend_registration.host();
+  void* block = allocate_pinned(std::size_t{1} << 16);
+  EXPECT_EQ(driver.describe(block).kind, memory_kind::pinned_host);
+  std::vector<char> pageable(4096);
+  EXPECT_EQ(driver.describe(pageable.data()).kind, memory_kind::unknown);
+  EXPECT_EQ(describe_pointer(pageable.data()).kind, memory_kind::unknown);
+  wait_for_stream(reinterpret_cast<std::uintptr_t>(stream->native_handle()));
+  deallocate_pinned(block, std::size_t{1} << 16);
+  stream->deallocate(device);
+  stream->synchronize();
 }
 
 // ---- the seam, with stand-in host memory that counts what it is asked

@@ -1,6 +1,7 @@
 // The small interface every backend implements: devices, streams, copies, memory, kernels,
-// events. The core (executor, lanes, queues, futures) is written against this alone and never
-// includes CUDA headers.
+// events, and its registration (whether it can run, making it, its host memory: see
+// core/memory/host_memory.hpp). The core (executor, lanes, queues, futures, pinned memory) is
+// written against these alone and never includes CUDA headers.
 #pragma once
 
 #include <cstddef>

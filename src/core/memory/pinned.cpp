@@ -56,7 +56,43 @@ struct registry_copy {
   std::uint64_t version = 0;
   std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
 };
-thread_local registry_copy thread_copy;
+
+// The copy is reached through a plain pointer, which stays readable to the thread's very end: a
+// pinned block may be released by a destructor that runs after the thread's own objects are gone
+// (on the main thread, every static destructor). The owner frees the copy at thread exit and
+// leaves the thread on the locked path from then on.
+thread_local registry_copy* thread_copy = nullptr;
+thread_local bool thread_copy_gone = false;
+struct registry_copy_owner {
+  registry_copy_owner() = default;
+  registry_copy_owner(const registry_copy_owner&) = delete;
+  registry_copy_owner& operator=(const registry_copy_owner&) = delete;
+  ~registry_copy_owner() {
+    delete thread_copy;
+    thread_copy = nullptr;
+    thread_copy_gone = true;
+  }
+};
+thread_local registry_copy_owner thread_copy_owner;
+
+// A new copy for this thread, or null (at thread exit, or without memory for it).
+registry_copy* new_thread_copy() noexcept {
+  if (thread_copy_gone) return nullptr;
+  [[maybe_unused]] registry_copy_owner& owner = thread_copy_owner;  // frees it at thread exit
+  thread_copy = new (std::nothrow) registry_copy();
+  return thread_copy;
+}
+
+// The block holding `address`, given `after`, the first block that starts after it: {start,
+// capacity}, or {0, 0}.
+template <class Iterator>
+std::pair<std::uintptr_t, std::size_t> block_holding(std::uintptr_t address, Iterator first,
+                                                     Iterator after) noexcept {
+  if (after == first) return {0, 0};
+  --after;
+  if (address - after->first >= after->second) return {0, 0};
+  return {after->first, after->second};
+}
 
 std::atomic<std::uint64_t> next_registry_id{1};
 
@@ -67,34 +103,28 @@ pinned_block_registry::pinned_block_registry() noexcept
 
 std::pair<std::uintptr_t, std::size_t> pinned_block_registry::find(
     std::uintptr_t address) const noexcept {
-  const auto around = [address](const auto& blocks) -> std::pair<std::uintptr_t, std::size_t> {
-    auto it = std::upper_bound(blocks.begin(), blocks.end(), address,
-                               [](std::uintptr_t a, const auto& block) { return a < block.first; });
-    if (it == blocks.begin()) return {0, 0};
-    --it;
-    if (address - it->first >= it->second) return {0, 0};
-    return {it->first, it->second};
-  };
-  registry_copy& copy = thread_copy;
+  registry_copy* copy = thread_copy;
   // Acquire: a block freed (or made) before this call, by way of any synchronisation that led
   // here, moved the version on before its memory was freed, so a stale copy is never used.
-  if (copy.registry == id_ && copy.version == version_.load(std::memory_order_acquire))
-    return around(copy.blocks);
+  if (copy != nullptr && copy->registry == id_ &&
+      copy->version == version_.load(std::memory_order_acquire)) {
+    const auto& blocks = copy->blocks;
+    return block_holding(
+        address, blocks.begin(),
+        std::upper_bound(blocks.begin(), blocks.end(), address,
+                         [](std::uintptr_t a, const auto& block) { return a < block.first; }));
+  }
   std::lock_guard lock(stripes_[thread_stripe(stripe_count)].mutex);
-  if (blocks_.size() <= largest_copy) {
+  if (blocks_.size() <= largest_copy && (copy != nullptr || (copy = new_thread_copy()))) {
     try {
-      copy.blocks.assign(blocks_.begin(), blocks_.end());
-      copy.registry = id_;
-      copy.version = version_.load(std::memory_order_relaxed);  // writers hold this stripe too
+      copy->blocks.assign(blocks_.begin(), blocks_.end());
+      copy->registry = id_;
+      copy->version = version_.load(std::memory_order_relaxed);  // writers hold this stripe too
     } catch (const std::bad_alloc&) {
-      copy.registry = 0;
+      copy->registry = 0;
     }
   }
-  auto it = blocks_.upper_bound(address);
-  if (it == blocks_.begin()) return {0, 0};
-  --it;
-  if (address - it->first >= it->second) return {0, 0};
-  return {it->first, it->second};
+  return block_holding(address, blocks_.begin(), blocks_.upper_bound(address));
 }
 
 template <class F>

@@ -2,8 +2,9 @@
 // slow (driver-wide locks; first touch), so freed blocks are kept, by size class, up to a limit,
 // and handed out again. Every task asks whether its buffers are pinned and many take pinned
 // blocks, from every lane at once, so the questions a task asks take no lock that other threads
-// take too: blocks are found in a registry each reader locks its own stripe of, and cached blocks
-// sit in shards each thread goes to its own one of first.
+// take too: blocks are looked up in each thread's own copy of a registry (or, after a change,
+// under the thread's own stripe of its lock), and cached blocks sit in shards each thread goes to
+// its own one of first.
 #pragma once
 
 #include <array>
