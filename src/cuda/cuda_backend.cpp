@@ -1,6 +1,6 @@
 // The CUDA backend: host-side runtime calls only (kernels live in elementwise.cu).
 // cudart is linked statically and loads the driver at run time, so a process without a driver
-// or GPU still starts; probe_cuda() then reports why and the CPU backend takes over.
+// or GPU still starts; its probe then reports why and the CPU backend takes over.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
