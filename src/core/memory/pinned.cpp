@@ -258,6 +258,11 @@ void pinned_cache::trim_to(std::size_t limit) {
   {
     std::array<std::unique_lock<std::mutex>, shard_count> locks;
     for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
+    // Room for every cached block before any leaves its shard: running out of memory half-way
+    // would lose the blocks already taken.
+    std::size_t cached_blocks = 0;
+    for (const shard& s : shards_) cached_blocks += s.blocks.load(std::memory_order_relaxed);
+    taken.reserve(cached_blocks);
     // Largest first: the fewest blocks given back for the bytes freed.
     while (cached_.load(std::memory_order_relaxed) > limit) {
       shard* largest = nullptr;
