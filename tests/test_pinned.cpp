@@ -1,9 +1,28 @@
-// The pinned allocator: tracking, reuse of freed blocks, the cache limit.
+// The pinned allocator: tracking, reuse of freed blocks, the cache limit, pointer kinds, and the
+// host-memory seam the core is written against.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "core/backend.hpp"
+#include "core/memory/host_memory.hpp"
+#include "core/memory/pinned_cache.hpp"
 #include "gpupool/pinned.hpp"
+#include "gpupool/pointer.hpp"
+#include "test_support.hpp"
 
 namespace gpupool {
 namespace {
@@ -14,6 +33,7 @@ class PinnedTest : public ::testing::Test {
     set_pinned_cache_limit(std::size_t{64} << 20);
     trim_pinned_cache();
   }
+  void TearDown() override { set_pinned_cache_limit(std::size_t{64} << 20); }
 };
 
 TEST_F(PinnedTest, FreedBlocksAreReusedForTheSameSizeClass) {
@@ -48,6 +68,448 @@ TEST_F(PinnedTest, PinnedVectorIsPinnedAndOrdinaryMemoryIsNot) {
   EXPECT_TRUE(is_pinned(v.data()));
   EXPECT_FALSE(is_pinned(w.data()));
   EXPECT_FALSE(is_pinned(nullptr));
+}
+
+TEST_F(PinnedTest, KindsOfPageableFreshAndCachedMemory) {
+  std::vector<double> pageable(4096, 1.0);
+  EXPECT_EQ(describe_pointer(pageable.data()).kind, memory_kind::unknown);
+  EXPECT_EQ(describe_pointer(pageable.data()).device, -1);
+  EXPECT_EQ(describe_pointer(nullptr).kind, memory_kind::unknown);
+
+  void* fresh = allocate_pinned(100'000);
+  EXPECT_EQ(describe_pointer(fresh).kind, memory_kind::pinned_host);
+  EXPECT_EQ(describe_pointer(fresh).device, -1);
+  EXPECT_EQ(describe_pointer(static_cast<char*>(fresh) + 99'999).kind, memory_kind::pinned_host);
+  deallocate_pinned(fresh, 100'000);
+
+  void* cached = allocate_pinned(100'000);  // the same block, from the cache
+  ASSERT_EQ(cached, fresh);
+  EXPECT_TRUE(is_pinned(cached));
+  EXPECT_EQ(describe_pointer(cached).kind, memory_kind::pinned_host);
+  deallocate_pinned(cached, 100'000);
+}
+
+// An address gpupool gave back and the system then handed out as ordinary memory is ordinary; an
+// address that was ordinary memory and then became a gpupool block is pinned. Nothing is answered
+// from a stale record either way.
+TEST_F(PinnedTest, FreedAndReallocatedAddressesAreDescribedAsWhatTheyAreNow) {
+  set_pinned_cache_limit(0);  // every freed block goes back to the system at once
+  constexpr std::size_t bytes = 64 << 10;
+  void* pinned = allocate_pinned(bytes);
+  ASSERT_TRUE(is_pinned(pinned));
+  deallocate_pinned(pinned, bytes);
+  EXPECT_FALSE(is_pinned(pinned));
+  EXPECT_EQ(describe_pointer(pinned).kind, memory_kind::unknown);
+
+  // Ordinary allocations until one covers the freed block's address (the system usually hands
+  // it out again at once).
+  std::vector<char*> ordinary;
+  bool reused = false;
+  for (int i = 0; i < 64 && !reused; ++i) {
+    ordinary.push_back(static_cast<char*>(std::malloc(bytes)));
+    ASSERT_NE(ordinary.back(), nullptr);
+    reused = ordinary.back() <= pinned && pinned < ordinary.back() + bytes;
+    EXPECT_FALSE(is_pinned(ordinary.back()));
+    EXPECT_EQ(describe_pointer(ordinary.back()).kind, memory_kind::unknown);
+  }
+  EXPECT_FALSE(is_pinned(pinned));
+  const void* last_ordinary = ordinary.back();
+  for (char* p : ordinary) std::free(p);
+  if (!reused) std::printf("(the system did not hand the freed address out again)\n");
+
+  void* again = allocate_pinned(bytes);
+  EXPECT_TRUE(is_pinned(again));
+  EXPECT_EQ(describe_pointer(again).kind, memory_kind::pinned_host);
+  if (again == last_ordinary) std::printf("(a gpupool block now sits where ordinary memory was)\n");
+  deallocate_pinned(again, bytes);
+}
+
+// Many threads taking and returning blocks of several sizes while one thread keeps changing the
+// limit and trimming: the cache never holds more than the largest limit set, ends within the last
+// one, and every byte is accounted for.
+TEST_F(PinnedTest, TheCacheLimitAndTrimHoldUnderManyThreads) {
+  constexpr std::size_t big_limit = std::size_t{4} << 20;
+  constexpr std::size_t small_limit = std::size_t{1} << 20;
+  set_pinned_cache_limit(big_limit);
+  const std::size_t in_use_before = pinned_memory_stats().in_use;
+  std::atomic<bool> stop{false};
+  std::atomic<std::size_t> most_cached{0};
+  std::vector<std::thread> workers;
+  for (int t = 0; t < 8; ++t)
+    workers.emplace_back([t] {
+      std::mt19937 random(static_cast<unsigned>(t));
+      std::vector<std::pair<void*, std::size_t>> held;
+      for (int i = 0; i < 3000; ++i) {
+        if (held.size() < 6 && random() % 2 == 0) {
+          const std::size_t bytes = std::size_t{4096} << (random() % 7);  // 4 KiB .. 256 KiB
+          void* p = allocate_pinned(bytes);
+          static_cast<char*>(p)[bytes - 1] = 1;  // it is as large as asked for
+          EXPECT_TRUE(is_pinned(static_cast<char*>(p) + bytes - 1));
+          held.emplace_back(p, bytes);
+        } else if (!held.empty()) {
+          const std::size_t k = random() % held.size();
+          deallocate_pinned(held[k].first, held[k].second);
+          held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+      }
+      for (auto [p, bytes] : held) deallocate_pinned(p, bytes);
+    });
+  std::thread limits([&] {
+    for (int i = 0; !stop.load(); ++i) {
+      if (i % 3 == 0) trim_pinned_cache();
+      set_pinned_cache_limit(i % 2 ? small_limit : big_limit);
+      most_cached = std::max(most_cached.load(), pinned_memory_stats().cached);
+    }
+  });
+  for (auto& w : workers) w.join();
+  stop = true;
+  limits.join();
+  EXPECT_LE(most_cached.load(), big_limit);
+  EXPECT_EQ(pinned_memory_stats().in_use, in_use_before);
+  set_pinned_cache_limit(small_limit);
+  EXPECT_LE(pinned_memory_stats().cached, small_limit);
+  trim_pinned_cache();
+  EXPECT_EQ(pinned_memory_stats().cached, 0u);
+}
+
+// A pinned block released by a destructor that runs after the thread's own gpupool state is gone
+// (as static destructors do on the main thread) is still answered and cached rightly. Under
+// AddressSanitizer this also checks that nothing freed at thread exit is read.
+std::atomic<int> late_answers{0};
+struct released_at_thread_exit {
+  void* block = nullptr;
+  ~released_at_thread_exit() {
+    if (is_pinned(block) && describe_pointer(block).kind == memory_kind::pinned_host)
+      ++late_answers;
+    deallocate_pinned(block, 4096);
+    std::vector<char> ordinary(64);
+    if (!is_pinned(ordinary.data())) ++late_answers;
+  }
+};
+
+TEST_F(PinnedTest, BlocksReleasedAtThreadExitAreStillAnsweredRightly) {
+  late_answers = 0;
+  const std::size_t in_use_before = pinned_memory_stats().in_use;
+  void* block = allocate_pinned(4096);
+  std::thread([block] {
+    // Made before the thread first asks, so destroyed after what the first question made.
+    thread_local released_at_thread_exit late;
+    late.block = block;
+    EXPECT_TRUE(is_pinned(block));
+  }).join();
+  EXPECT_EQ(late_answers.load(), 2);
+  EXPECT_EQ(pinned_memory_stats().in_use, in_use_before);
+}
+
+// On a GPU: CUDA's host memory describes device memory with its device, gpupool's pinned blocks
+// are memory the driver itself calls pinned, and foreign streams can be waited on.
+TEST(CudaHostMemoryTest, DeviceMemoryAndPinnedBlocksAreWhatTheDriverSays) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  if (const char* forced = std::getenv("GPUPOOL_BACKEND"); forced && std::string(forced) == "cpu")
+    GTEST_SKIP() << "GPUPOOL_BACKEND=cpu: pinned blocks are ordinary memory";
+  auto cuda = detail::cuda_backend_registration.make(0);
+  cuda->bind_thread(0);
+  auto stream = cuda->open_stream(0);
+  void* device = stream->allocate(std::size_t{1} << 20);
+  stream->synchronize();
+  EXPECT_EQ(describe_pointer(device).kind, memory_kind::device);
+  EXPECT_EQ(describe_pointer(device).device, 0);
+  EXPECT_FALSE(is_pinned(device));
+
+  detail::host_memory& driver = detail::cuda_backend_registration.host();
+  void* block = allocate_pinned(std::size_t{1} << 16);
+  EXPECT_EQ(driver.describe(block).kind, memory_kind::pinned_host);
+  std::vector<char> pageable(4096);
+  EXPECT_EQ(driver.describe(pageable.data()).kind, memory_kind::unknown);
+  EXPECT_EQ(describe_pointer(pageable.data()).kind, memory_kind::unknown);
+  wait_for_stream(reinterpret_cast<std::uintptr_t>(stream->native_handle()));
+  deallocate_pinned(block, std::size_t{1} << 16);
+  stream->deallocate(device);
+  stream->synchronize();
+}
+
+// ---- the seam, with stand-in host memory that counts what it is asked
+
+class counting_resource final : public detail::memory_resource {
+ public:
+  explicit counting_resource(const detail::pinned_cache* watched = nullptr) : watched_(watched) {}
+  void* allocate(std::size_t bytes) override {
+    void* p = std::aligned_alloc(detail::host_page_bytes, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    std::lock_guard lock(mutex_);
+    live_[p] = bytes;
+    ++allocations_;
+    return p;
+  }
+  void deallocate(void* p, std::size_t bytes) noexcept override {
+    {
+      std::lock_guard lock(mutex_);
+      if (watched_ != nullptr && watched_->owns(p)) ++freed_while_owned_;
+      auto it = live_.find(p);
+      if (it == live_.end() || it->second != bytes) ++bad_frees_;
+      if (it != live_.end()) live_.erase(it);
+    }
+    std::free(p);
+  }
+  void watch(const detail::pinned_cache* cache) { watched_ = cache; }
+  std::size_t live_bytes() {
+    std::lock_guard lock(mutex_);
+    std::size_t sum = 0;
+    for (auto& [p, bytes] : live_) sum += bytes;
+    return sum;
+  }
+  int allocations() {
+    std::lock_guard lock(mutex_);
+    return allocations_;
+  }
+  int freed_while_owned() {
+    std::lock_guard lock(mutex_);
+    return freed_while_owned_;
+  }
+  int bad_frees() {
+    std::lock_guard lock(mutex_);
+    return bad_frees_;
+  }
+
+ private:
+  const detail::pinned_cache* watched_;
+  std::mutex mutex_;
+  std::map<void*, std::size_t> live_;
+  int allocations_ = 0;
+  int freed_while_owned_ = 0;
+  int bad_frees_ = 0;
+};
+
+class counting_host_memory final : public detail::host_memory {
+ public:
+  detail::memory_resource& pinned() noexcept override { return pinned_; }
+  pointer_info describe(const void* p) const noexcept override {
+    ++descriptions;
+    return p == registered ? pointer_info{memory_kind::pinned_host, -1} : pointer_info{};
+  }
+  void wait_for_stream(std::uintptr_t /*stream*/) override {}
+
+  counting_resource pinned_;
+  const void* registered = nullptr;  // stands for memory registered with the driver elsewhere
+  mutable std::atomic<int> descriptions{0};
+};
+
+TEST(PinnedCacheTest, OwnBlocksAreAnsweredWithoutAskingTheBackend) {
+  counting_host_memory memory;
+  detail::pinned_cache cache(memory.pinned(), std::size_t{16} << 20);
+  void* block = cache.acquire(10'000);
+  EXPECT_TRUE(detail::is_pinned(block, cache, memory));
+  EXPECT_TRUE(detail::is_pinned(static_cast<char*>(block) + 12'287, cache, memory));
+  EXPECT_EQ(detail::describe_pointer(block, cache, memory).kind, memory_kind::pinned_host);
+  EXPECT_EQ(memory.descriptions.load(), 0) << "the backend was asked about gpupool's own block";
+
+  // Past the block's end, and memory the backend knows as pinned: the backend answers.
+  std::vector<char> registered(64);
+  memory.registered = registered.data();
+  EXPECT_FALSE(detail::is_pinned(static_cast<char*>(block) + 12'288, cache, memory));
+  EXPECT_TRUE(detail::is_pinned(registered.data(), cache, memory));
+  EXPECT_EQ(detail::describe_pointer(registered.data(), cache, memory).kind,
+            memory_kind::pinned_host);
+  EXPECT_EQ(memory.descriptions.load(), 3);
+  cache.release(block);
+}
+
+TEST(PinnedCacheTest, CachedBlocksComeBackWithoutANewAllocation) {
+  counting_resource source;
+  detail::pinned_cache cache(source, std::size_t{16} << 20);
+  void* a = cache.acquire(8192);
+  cache.release(a);
+  void* b = cache.acquire(5000);  // same size class (two pages)
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(source.allocations(), 1);
+  // Taken on one thread, returned and taken again on others: still the one block.
+  std::thread([&] { cache.release(b); }).join();
+  void* c = nullptr;
+  std::thread([&] { c = cache.acquire(8192); }).join();
+  EXPECT_EQ(c, a);
+  EXPECT_EQ(source.allocations(), 1);
+  cache.release(c);
+}
+
+TEST(PinnedCacheTest, BlocksLeaveTheRegistryBeforeTheirMemoryIsFreed) {
+  counting_resource source;
+  {
+    detail::pinned_cache cache(source, std::size_t{1} << 20);
+    source.watch(&cache);
+    std::vector<void*> blocks;
+    for (int i = 0; i < 8; ++i) blocks.push_back(cache.acquire(std::size_t{256} << 10));
+    for (void* p : blocks) cache.release(p);  // four fit the limit; four are freed at once
+    EXPECT_EQ(source.live_bytes(), std::size_t{1} << 20);
+    cache.set_limit(std::size_t{256} << 10);
+    cache.trim();
+    for (void* p : blocks) EXPECT_FALSE(cache.owns(p));
+    EXPECT_EQ(source.freed_while_owned(), 0);
+    source.watch(nullptr);
+  }
+  EXPECT_EQ(source.live_bytes(), 0u);
+  EXPECT_EQ(source.bad_frees(), 0);
+}
+
+TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
+  counting_resource source;
+  constexpr std::size_t limit = std::size_t{2} << 20;
+  {
+    detail::pinned_cache cache(source, limit);
+    source.watch(&cache);
+    std::atomic<bool> stop{false};
+    std::atomic<bool> over_limit{false};
+    std::thread watcher([&] {
+      while (!stop.load())
+        if (cache.stats().cached > limit) over_limit = true;
+    });
+    std::vector<std::thread> workers;
+    for (int t = 0; t < 8; ++t)
+      workers.emplace_back([&, t] {
+        std::mt19937 random(static_cast<unsigned>(100 + t));
+        std::vector<void*> held;
+        for (int i = 0; i < 4000; ++i) {
+          if (held.size() < 8 && random() % 2 == 0) {
+            held.push_back(cache.acquire(std::size_t{4096} << (random() % 8)));
+          } else if (!held.empty()) {
+            const std::size_t k = random() % held.size();
+            cache.release(held[k]);
+            held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
+          }
+          if (i % 500 == 0 && t == 0) cache.trim();
+        }
+        for (void* p : held) cache.release(p);
+      });
+    for (auto& w : workers) w.join();
+    stop = true;
+    watcher.join();
+    EXPECT_FALSE(over_limit.load());
+    const pinned_stats s = cache.stats();
+    EXPECT_EQ(s.in_use, 0u);
+    EXPECT_LE(s.cached, limit);
+    EXPECT_EQ(source.live_bytes(), s.cached) << "cached bytes and the source's live bytes differ";
+    cache.trim();
+    EXPECT_EQ(cache.stats().cached, 0u);
+    EXPECT_EQ(source.live_bytes(), 0u);
+    EXPECT_EQ(source.freed_while_owned(), 0);
+    source.watch(nullptr);
+  }
+  EXPECT_EQ(source.bad_frees(), 0);
+}
+
+TEST(PinnedCacheTest, TheRegistryAnswersExactlyTheBlocksRange) {
+  detail::pinned_block_registry registry;
+  const auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  registry.add(at(0x10000), 0x3000);
+  registry.add(at(0x20000), 0x1000);
+  EXPECT_FALSE(registry.contains(at(0xffff)));
+  EXPECT_TRUE(registry.contains(at(0x10000)));
+  EXPECT_TRUE(registry.contains(at(0x12fff)));
+  EXPECT_FALSE(registry.contains(at(0x13000)));
+  EXPECT_TRUE(registry.contains(at(0x20fff)));
+  EXPECT_EQ(registry.capacity_at(at(0x10000)), 0x3000u);
+  EXPECT_EQ(registry.capacity_at(at(0x10001)), 0u) << "only a block's start is a block";
+  registry.remove(at(0x10000));
+  EXPECT_FALSE(registry.contains(at(0x10000)));
+  EXPECT_TRUE(registry.contains(at(0x20000)));
+}
+
+// A thread answers from its own copy of the registry; the copy is never used once the registry
+// has changed, whichever thread changed it.
+TEST(PinnedCacheTest, AThreadsCopyOfTheRegistryIsNeverUsedAfterAChange) {
+  detail::pinned_block_registry registry;
+  const auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  registry.add(at(0x40000), 0x1000);
+  std::atomic<int> step{0};
+  std::vector<bool> seen;
+  std::thread reader([&] {
+    const auto wait_for = [&](int s) {
+      while (step.load() != s) std::this_thread::yield();
+    };
+    for (int i = 0; i < 100; ++i) seen.push_back(registry.contains(at(0x40800)));  // copy taken
+    step = 1;
+    wait_for(2);
+    seen.push_back(registry.contains(at(0x40800)));  // removed by the other thread
+    seen.push_back(registry.contains(at(0x50800)));
+    step = 3;
+    wait_for(4);
+    seen.push_back(registry.contains(at(0x50800)));  // added by the other thread
+    seen.push_back(registry.capacity_at(at(0x50000)) == 0x1000);
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  registry.remove(at(0x40000));
+  step = 2;
+  while (step.load() != 3) std::this_thread::yield();
+  registry.add(at(0x50000), 0x1000);
+  step = 4;
+  reader.join();
+  ASSERT_EQ(seen.size(), 104u);
+  for (int i = 0; i < 100; ++i) EXPECT_TRUE(seen[i]);
+  EXPECT_FALSE(seen[100]) << "answered from a copy taken before the block was removed";
+  EXPECT_FALSE(seen[101]);
+  EXPECT_TRUE(seen[102]) << "answered from a copy taken before the block was added";
+  EXPECT_TRUE(seen[103]);
+}
+
+// The core is written against the backend interfaces alone: no CUDA header, no build switch on
+// the backend. (src/cuda/ and src/cpu/ implement them.)
+TEST(BackendSeamTest, TheCoreHasNoCudaIncludeAndNoBackendSwitch) {
+  const std::filesystem::path core =
+      std::filesystem::path(__FILE__).parent_path().parent_path() / "src" / "core";
+  if (!std::filesystem::is_directory(core)) GTEST_SKIP() << "no source tree at " << core;
+  int files = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(core)) {
+    if (!entry.is_regular_file()) continue;
+    ++files;
+    std::ifstream in(entry.path());
+    std::string line;
+    for (int number = 1; std::getline(in, line); ++number) {
+      const std::string where = entry.path().string() + ":" + std::to_string(number) + ": " + line;
+      const bool include = line.find("#include") != std::string::npos;
+      EXPECT_FALSE(include && line.find("cuda") != std::string::npos) << where;
+      EXPECT_EQ(line.find("GPUPOOL_HAS_CUDA"), std::string::npos) << where;
+    }
+  }
+  EXPECT_GT(files, 10);
+}
+
+// A measurement, not a check: the per-task host-memory calls on 1, 8 and 16 threads. Run with
+// --gtest_also_run_disabled_tests --gtest_filter='*HostMemoryCostPerTask*'.
+TEST(PinnedBenchmark, DISABLED_HostMemoryCostPerTask) {
+  constexpr long per_thread = 2'000'000;
+  std::vector<void*> blocks;
+  for (int i = 0; i < 64; ++i) blocks.push_back(allocate_pinned(std::size_t{8192} * (1 + i % 8)));
+  std::vector<double> pageable(1024);
+  const auto rate = [](int threads, long n, auto body) {
+    std::vector<std::thread> pool;
+    const auto start = std::chrono::steady_clock::now();
+    for (int t = 0; t < threads; ++t) pool.emplace_back([&, t] { body(t, n); });
+    for (auto& th : pool) th.join();
+    const double s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return double(threads) * double(n) / s / 1e6;
+  };
+  std::atomic<long> hits{0};
+  for (int threads : {1, 8, 16}) {
+    const double own = rate(threads, per_thread, [&](int t, long n) {
+      long h = 0;
+      for (long i = 0; i < n; ++i) h += is_pinned(static_cast<char*>(blocks[(i + t) % 64]) + 100);
+      hits += h;
+    });
+    const double ordinary = rate(threads, per_thread, [&](int, long n) {
+      long h = 0;
+      for (long i = 0; i < n; ++i) h += is_pinned(pageable.data() + (i & 511));
+      hits += h;
+    });
+    const double cycle = rate(threads, per_thread / 4, [&](int, long n) {
+      for (long i = 0; i < n; ++i) deallocate_pinned(allocate_pinned(8192), 8192);
+    });
+    std::printf(
+        "%d thread(s): is_pinned(gpupool block) %.1f M/s, is_pinned(pageable) %.1f M/s, "
+        "allocate+deallocate 8 KiB %.2f M/s\n",
+        threads, own, ordinary, cycle);
+  }
+  for (void* p : blocks) deallocate_pinned(p, 0);
+  EXPECT_EQ(hits.load(), 25 * per_thread);  // every lookup of a gpupool block, on 1, 8, 16 threads
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // The small interface every backend implements: devices, streams, copies, memory, kernels,
-// events. The core (executor, lanes, queues, futures) is written against this alone and never
-// includes CUDA headers.
+// events, and its registration (whether it can run, making it, its host memory: see
+// core/memory/host_memory.hpp). The core (executor, lanes, queues, futures, pinned memory) is
+// written against these alone and never includes CUDA headers.
 #pragma once
 
 #include <cstddef>
@@ -114,27 +115,41 @@ class backend {
                                                                        int ordinal) = 0;
 };
 
-/// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else CUDA when a usable
-/// GPU exists, else the CPU backend (printing one notice per process unless `quiet`).
-/// @throw backend_unavailable when CUDA is requested and cannot run.
+/// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else the first
+/// registered backend that can run here (CUDA when a usable GPU exists, else the CPU backend,
+/// printing one notice per process unless `quiet`).
+/// @throw backend_unavailable when a backend that cannot run is requested.
 std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
                                         int cpu_devices, bool quiet);
 
-/// Whether the CUDA backend can run in this process, and if not, why (for messages).
-struct cuda_probe {
+class host_memory;
+
+/// Whether a backend can run in this process, and if not, why (for messages).
+struct backend_probe {
   bool usable = false;
   int devices = 0;
   std::string reason;
 };
-cuda_probe probe_cuda();
 
-/// Whether host-side CUDA calls (pinned memory, pointer queries) should be made: a GPU is usable
-/// and GPUPOOL_BACKEND does not force the CPU backend. Computed once.
-bool cuda_runtime_usable();
+/// One backend as the core sees it before any executor exists: whether it can run, how to make
+/// it, and its host memory. Each backend's own translation unit defines its registration.
+struct backend_registration {
+  backend_kind kind;
+  /// Whether it can run here; computed once, cheap afterwards.
+  backend_probe (*probe)();
+  /// Makes it, standing in for `stand_in_devices` devices where it stands in for them (the CPU
+  /// backend). @throw backend_unavailable where it cannot run.
+  std::shared_ptr<backend> (*make)(int stand_in_devices);
+  /// Its host memory (pinned blocks, pointer descriptions, waiting for its streams); null for a
+  /// backend this build does not contain. Called only where the backend can run.
+  host_memory& (*host)();
+};
 
-/// The CPU backend standing in for `devices` devices.
-std::shared_ptr<backend> make_cpu_backend(int devices);
-/// The CUDA backend (only in builds with CUDA). @throw backend_unavailable without a usable GPU.
-std::shared_ptr<backend> make_cuda_backend();
+/// The backends built into the library (select_backend's table lists them in the order it tries
+/// them). Adding a backend: a folder src/<name>/ defining its registration, a line here and one in
+/// that table. In builds without the CUDA toolkit, src/cuda/cuda_unavailable.cpp defines the CUDA
+/// registration: a probe that says why it cannot run.
+extern const backend_registration cuda_backend_registration;
+extern const backend_registration cpu_backend_registration;
 
 }  // namespace gpupool::detail

@@ -6,9 +6,9 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/memory/host_memory.hpp"
 #include "gpupool/availability.hpp"
 #include "gpupool/error.hpp"
-#include "gpupool/version.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -63,24 +63,45 @@ void check_environment() {
   (void)cpu_devices_from_environment();
 }
 
+// The backends built in, in the order the automatic choice tries them.
+constexpr const backend_registration* registrations[] = {&cuda_backend_registration,
+                                                         &cpu_backend_registration};
+
+const backend_registration& registration(backend_kind kind) {
+  for (const backend_registration* r : registrations)
+    if (r->kind == kind) return *r;
+  throw std::logic_error(std::string("gpupool: no registration for the ") + to_string(kind) +
+                         " backend");
+}
+
+bool can_run(const backend_registration& r) noexcept {
+  try {
+    return r.probe().usable;
+  } catch (...) {
+    return false;
+  }
+}
+
 }  // namespace
 
-#if !GPUPOOL_HAS_CUDA
-cuda_probe probe_cuda() {
-  return {false, 0, "this gpupool was built without the CUDA backend"};
-}
-std::shared_ptr<backend> make_cuda_backend() {
-  throw backend_unavailable("gpupool: the CUDA backend was requested, but " + probe_cuda().reason);
-}
-#endif
-
-bool cuda_runtime_usable() {
-  static const bool usable = [] {
-    const char* forced = std::getenv("GPUPOOL_BACKEND");
-    if (forced != nullptr && std::string(forced) == "cpu") return false;
-    return probe_cuda().usable;
+host_memory& process_host_memory() noexcept {
+  static host_memory& chosen = []() noexcept -> host_memory& {
+    std::optional<backend_kind> named;
+    try {
+      named = backend_from_environment();
+    } catch (const std::invalid_argument&) {
+      // A bad value is refused when an executor is made; pinned memory does not wait for one.
+    }
+    const auto usable = [](const backend_registration* r) {
+      return r->host != nullptr && can_run(*r);
+    };
+    for (const backend_registration* r : registrations)
+      if (named == r->kind && usable(r)) return r->host();
+    for (const backend_registration* r : registrations)
+      if (usable(r)) return r->host();
+    return cpu_backend_registration.host();  // runs everywhere
   }();
-  return usable;
+  return chosen;
 }
 
 std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
@@ -92,19 +113,25 @@ std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& reque
   check_environment();
   const int stand_ins = cpu_devices > 0 ? cpu_devices : cpu_devices_from_environment();
   const std::optional<backend_kind> wanted = requested ? requested : backend_from_environment();
-  if (wanted == backend_kind::cpu) return make_cpu_backend(stand_ins);
-  if (wanted == backend_kind::cuda) return make_cuda_backend();
+  if (wanted) return registration(*wanted).make(stand_ins);
 
-  const cuda_probe probe = probe_cuda();
-  if (probe.usable) return make_cuda_backend();
-  static std::once_flag notice;
-  if (!quiet && !quiet_from_environment()) {
-    std::call_once(notice, [&] {
-      std::fprintf(stderr, "gpupool: no usable GPU (%s); running on the CPU backend\n",
-                   probe.reason.c_str());
-    });
+  std::string skipped;  // why the backends before the one chosen cannot run
+  for (const backend_registration* r : registrations) {
+    const backend_probe probe = r->probe();
+    if (!probe.usable) {
+      skipped += (skipped.empty() ? "" : "; ") + probe.reason;
+      continue;
+    }
+    if (!skipped.empty() && !quiet && !quiet_from_environment()) {
+      static std::once_flag notice;
+      std::call_once(notice, [&] {
+        std::fprintf(stderr, "gpupool: no usable GPU (%s); running on the CPU backend\n",
+                     skipped.c_str());
+      });
+    }
+    return r->make(stand_ins);
   }
-  return make_cpu_backend(stand_ins);
+  throw backend_unavailable("gpupool: no backend can run here (" + skipped + ")");
 }
 
 }  // namespace gpupool::detail
@@ -113,7 +140,7 @@ namespace gpupool {
 
 backend_availability cuda_availability() noexcept {
   try {
-    const detail::cuda_probe p = detail::probe_cuda();
+    const detail::backend_probe p = detail::registration(backend_kind::cuda).probe();
     return {p.usable, p.devices, p.reason};
   } catch (const std::exception& e) {
     return {false, 0, e.what()};

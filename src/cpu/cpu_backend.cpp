@@ -13,6 +13,7 @@
 
 #include "core/backend.hpp"
 #include "core/kernels/elementwise_math.hpp"
+#include "core/memory/host_memory.hpp"
 #include "cpu/host_compiler.hpp"
 #include "gpupool/error.hpp"
 
@@ -132,10 +133,46 @@ class cpu_backend final : public backend {
   int devices_;
 };
 
+// Stands in for pinned memory: ordinary page-aligned host memory. The core tracks these blocks as
+// pinned, so the CPU backend takes the same "already pinned, skip staging" paths as CUDA does.
+class aligned_host_resource final : public memory_resource {
+ public:
+  void* allocate(std::size_t bytes) override {
+    void* p = std::aligned_alloc(host_page_bytes, bytes);
+    if (p == nullptr) throw std::bad_alloc();
+    return p;
+  }
+  void deallocate(void* p, std::size_t /*bytes*/) noexcept override { std::free(p); }
+};
+
+// Without a device there is nothing but host memory to describe and no stream to wait for.
+class cpu_host_memory final : public host_memory {
+ public:
+  memory_resource& pinned() noexcept override { return pinned_; }
+  pointer_info describe(const void* /*p*/) const noexcept override { return {}; }
+  void wait_for_stream(std::uintptr_t /*stream*/) override {}
+
+ private:
+  aligned_host_resource pinned_;
+};
+
+backend_probe probe() {
+  return {true, 1, {}};
+}
+
+std::shared_ptr<backend> make(int stand_in_devices) {
+  return std::make_shared<cpu_backend>(stand_in_devices);
+}
+
+host_memory& host() {
+  // Never destroyed: pinned blocks may be released by static destructors after main returns.
+  static auto* memory = new cpu_host_memory();
+  return *memory;
+}
+
 }  // namespace
 
-std::shared_ptr<backend> make_cpu_backend(int devices) {
-  return std::make_shared<cpu_backend>(devices);
-}
+constinit const backend_registration cpu_backend_registration{backend_kind::cpu, &probe, &make,
+                                                              &host};
 
 }  // namespace gpupool::detail

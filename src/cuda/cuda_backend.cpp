@@ -1,6 +1,6 @@
 // The CUDA backend: host-side runtime calls only (kernels live in elementwise.cu).
 // cudart is linked statically and loads the driver at run time, so a process without a driver
-// or GPU still starts; probe_cuda() then reports why and the CPU backend takes over.
+// or GPU still starts; its probe then reports why and the CPU backend takes over.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -15,6 +15,7 @@
 
 #include "core/backend.hpp"
 #include "core/kernels/kernel_source.hpp"
+#include "core/memory/host_memory.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.hpp"
 #include "cuda/host_memory.hpp"
@@ -43,44 +44,6 @@ void host_free(void* p) noexcept {
   // At process exit the runtime may already be unloading; nothing is left to free then.
   const cudaError_t status = cudaFreeHost(p);
   if (status != cudaSuccess) (void)cudaGetLastError();
-}
-
-bool host_is_pinned(const void* p) noexcept {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeHost;
-}
-
-void describe(const void* p, int& kind, int& device) noexcept {
-  kind = 0;
-  device = -1;
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return;
-  }
-  switch (attributes.type) {
-    case cudaMemoryTypeHost:
-      kind = 1;
-      break;
-    case cudaMemoryTypeDevice:
-      kind = 2;
-      device = attributes.device;
-      break;
-    case cudaMemoryTypeManaged:
-      kind = 3;
-      device = attributes.device;
-      break;
-    default:
-      break;
-  }
-}
-
-void synchronize_stream(std::uintptr_t stream) {
-  GPUPOOL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
 }
 
 }  // namespace cuda
@@ -437,14 +400,49 @@ class cuda_backend final : public backend {
   std::map<const void*, std::shared_ptr<const compiled_kernel>> loaded_;
 };
 
-}  // namespace
+// Page-locked, portable host memory (usable by every device): what the pinned cache hands out.
+class cuda_pinned_resource final : public memory_resource {
+ public:
+  void* allocate(std::size_t bytes) override { return cuda::host_alloc(bytes); }
+  void deallocate(void* p, std::size_t /*bytes*/) noexcept override { cuda::host_free(p); }
+};
 
-cuda_probe probe_cuda() {
-  static const cuda_probe result = [] {
+class cuda_host_memory final : public host_memory {
+ public:
+  memory_resource& pinned() noexcept override { return pinned_; }
+
+  pointer_info describe(const void* p) const noexcept override {
+    cudaPointerAttributes attributes{};
+    if (cudaPointerGetAttributes(&attributes, p) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {};
+    }
+    switch (attributes.type) {
+      case cudaMemoryTypeHost:
+        return {memory_kind::pinned_host, -1};
+      case cudaMemoryTypeDevice:
+        return {memory_kind::device, attributes.device};
+      case cudaMemoryTypeManaged:
+        return {memory_kind::managed, attributes.device};
+      default:  // cudaMemoryTypeUnregistered: pageable host memory, or unknown to CUDA
+        return {};
+    }
+  }
+
+  void wait_for_stream(std::uintptr_t stream) override {
+    GPUPOOL_CUDA_CHECK(cudaStreamSynchronize(reinterpret_cast<cudaStream_t>(stream)));
+  }
+
+ private:
+  cuda_pinned_resource pinned_;
+};
+
+backend_probe probe() {
+  static const backend_probe result = [] {
     // More busy streams than this share hardware queues and falsely serialise. The driver reads
     // it when a context is created, so set it (unless the user did) before the first CUDA call.
     ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
-    cuda_probe p;
+    backend_probe p;
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {
@@ -464,11 +462,23 @@ cuda_probe probe_cuda() {
   return result;
 }
 
-std::shared_ptr<backend> make_cuda_backend() {
-  const cuda_probe p = probe_cuda();
+std::shared_ptr<backend> make(int /*stand_in_devices*/) {
+  const backend_probe p = probe();
   if (!p.usable)
     throw backend_unavailable("gpupool: the CUDA backend was requested, but " + p.reason);
   return std::make_shared<cuda_backend>(p.devices);
 }
+
+host_memory& host() {
+  // Never destroyed: pinned blocks may be released by static destructors after main returns,
+  // when the runtime may already be unloading (host_free tolerates that).
+  static auto* memory = new cuda_host_memory();
+  return *memory;
+}
+
+}  // namespace
+
+constinit const backend_registration cuda_backend_registration{backend_kind::cuda, &probe, &make,
+                                                               &host};
 
 }  // namespace gpupool::detail

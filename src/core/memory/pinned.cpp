@@ -1,72 +1,28 @@
-// Pinned host memory for users, for results and for the lanes' staging slots. With a usable GPU
-// it is page-locked by CUDA; otherwise ordinary aligned memory that gpupool still tracks, so the
-// CPU backend takes the same "already pinned, skip staging" paths that the CUDA backend does.
-//
-// Page-locking is slow (driver-wide locks; first touch), so freed blocks are kept in a cache,
-// by size class, up to a limit, and handed out again.
+// Pinned host memory for users, for results and for the lanes' staging slots: a cache of blocks
+// from the process's host memory (page-locked by CUDA with a usable GPU; otherwise ordinary
+// aligned memory that gpupool still tracks, so the CPU backend takes the same "already pinned,
+// skip staging" paths that the CUDA backend does).
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <limits>
-#include <map>
-#include <mutex>
 #include <new>
-#include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
 
-#include "core/backend.hpp"
+#include "core/memory/host_memory.hpp"
+#include "core/memory/pinned_cache.hpp"
 #include "gpupool/pinned.hpp"
-#include "gpupool/version.hpp"
-
-#if GPUPOOL_HAS_CUDA
-#include "cuda/host_memory.hpp"
-#endif
 
 namespace gpupool {
+namespace detail {
 namespace {
-
-constexpr std::size_t host_alignment = 4096;
-
-#if GPUPOOL_HAS_CUDA
-bool use_cuda_host_memory() {
-  return detail::cuda_runtime_usable();
-}
-#endif
 
 // More than any machine's memory: larger requests are refused before any rounding, which would
 // wrap around (SIZE_MAX - 7 would round to 0) and hand out a block smaller than asked for.
 constexpr std::size_t largest_request = std::numeric_limits<std::size_t>::max() / 2;
-
-// Rounds a request (at most largest_request) up to its size class: whole pages up to 64 KiB,
-// then four classes per power of two, so a cached block is never more than 25% larger than what
-// is asked for.
-std::size_t size_class(std::size_t bytes) {
-  if (bytes <= (std::size_t{64} << 10))
-    return (bytes + host_alignment - 1) / host_alignment * host_alignment;
-  std::size_t power = std::size_t{1} << (63 - __builtin_clzll(bytes));
-  const std::size_t step = power / 4;
-  return (bytes + step - 1) / step * step;
-}
-
-void* page_lock_new(std::size_t bytes) {
-#if GPUPOOL_HAS_CUDA
-  if (use_cuda_host_memory()) return detail::cuda::host_alloc(bytes);  // throws std::bad_alloc
-#endif
-  void* p = std::aligned_alloc(host_alignment, bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  return p;
-}
-
-void page_unlock(void* p) noexcept {
-#if GPUPOOL_HAS_CUDA
-  if (use_cuda_host_memory()) {
-    detail::cuda::host_free(p);
-    return;
-  }
-#endif
-  std::free(p);
-}
 
 std::size_t default_cache_limit() {
   if (const char* value = std::getenv("GPUPOOL_PINNED_CACHE_BYTES")) {
@@ -80,140 +36,310 @@ std::size_t default_cache_limit() {
   return static_cast<std::size_t>(pages) * static_cast<std::size_t>(page_size) / 4;
 }
 
-// Every pinned block gpupool made, by start address (for is_pinned), and the cache of free ones.
-class pinned_store {
- public:
-  void* acquire(std::size_t bytes) {
-    if (bytes > largest_request)
-      throw std::length_error("gpupool::allocate_pinned: " + std::to_string(bytes) +
-                              " bytes is more than any allocation can hold");
-    const std::size_t capacity = size_class(bytes == 0 ? 1 : bytes);
-    {
-      std::unique_lock lock(mutex_);
-      auto hit = free_.find(capacity);
-      if (hit != free_.end()) {
-        void* p = hit->second;
-        free_.erase(hit);
-        cached_ -= capacity;
-        in_use_ += capacity;
-        return p;
-      }
-    }
-    void* p = page_lock_new(capacity);  // slow: outside the lock
-    std::unique_lock lock(mutex_);
-    blocks_[reinterpret_cast<std::uintptr_t>(p)] = capacity;
-    in_use_ += capacity;
-    return p;
-  }
+}  // namespace
 
-  void release(void* p) noexcept {
-    std::size_t capacity = 0;
-    {
-      std::unique_lock lock(mutex_);
-      auto it = blocks_.find(reinterpret_cast<std::uintptr_t>(p));
-      if (it == blocks_.end()) return;
-      capacity = it->second;
-      in_use_ -= capacity;
-      if (cached_ + capacity <= limit_) {
-        free_.emplace(capacity, p);
-        cached_ += capacity;
-        return;
-      }
-      blocks_.erase(it);
-    }
-    page_unlock(p);
-  }
+std::size_t thread_stripe(std::size_t count) noexcept {
+  static std::atomic<std::size_t> next{0};
+  // Constant-initialised (0: not given yet), so reading it costs no initialisation check.
+  thread_local std::size_t mine_plus_one = 0;
+  if (mine_plus_one == 0) mine_plus_one = next.fetch_add(1, std::memory_order_relaxed) + 1;
+  return (mine_plus_one - 1) % count;
+}
 
-  bool contains(const void* p) const noexcept {
-    const auto address = reinterpret_cast<std::uintptr_t>(p);
-    std::shared_lock lock(mutex_);
-    auto it = blocks_.upper_bound(address);
-    if (it == blocks_.begin()) return false;
-    --it;
-    return address < it->first + it->second;
-  }
+// ---- pinned_block_registry
 
-  void set_limit(std::size_t bytes) {
-    std::unique_lock lock(mutex_);
-    limit_ = bytes;
-    trim_locked(lock);
-  }
+namespace {
 
-  void trim() {
-    std::unique_lock lock(mutex_);
-    const std::size_t keep = limit_;
-    limit_ = 0;
-    trim_locked(lock);
-    limit_ = keep;
-  }
-
-  pinned_stats stats() const {
-    std::shared_lock lock(mutex_);
-    return {in_use_, cached_, limit_};
-  }
-
- private:
-  // Frees cached blocks, largest first, until the cache fits its limit.
-  void trim_locked(std::unique_lock<std::shared_mutex>& lock) {
-    while (cached_ > limit_ && !free_.empty()) {
-      auto last = std::prev(free_.end());
-      void* p = last->second;
-      cached_ -= last->first;
-      blocks_.erase(reinterpret_cast<std::uintptr_t>(p));
-      free_.erase(last);
-      lock.unlock();
-      page_unlock(p);
-      lock.lock();
-    }
-  }
-
-  mutable std::shared_mutex mutex_;
-  std::map<std::uintptr_t, std::size_t> blocks_;  // address -> capacity, in use or cached
-  std::multimap<std::size_t, void*> free_;        // capacity -> cached block
-  std::size_t in_use_ = 0;
-  std::size_t cached_ = 0;
-  std::size_t limit_ = default_cache_limit();
+// A thread's copy of one registry, at one version: blocks sorted by start.
+struct registry_copy {
+  std::uint64_t registry = 0;  // the registry's id; 0: none
+  std::uint64_t version = 0;
+  std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
 };
 
-pinned_store& store() {
-  // Never destroyed: blocks may be released by static destructors after main returns.
-  static auto* s = new pinned_store();
-  return *s;
+// The copy is reached through a plain pointer, which stays readable to the thread's very end: a
+// pinned block may be released by a destructor that runs after the thread's own objects are gone
+// (on the main thread, every static destructor). The owner frees the copy at thread exit and
+// leaves the thread on the locked path from then on.
+thread_local registry_copy* thread_copy = nullptr;
+thread_local bool thread_copy_gone = false;
+struct registry_copy_owner {
+  registry_copy_owner() = default;
+  registry_copy_owner(const registry_copy_owner&) = delete;
+  registry_copy_owner& operator=(const registry_copy_owner&) = delete;
+  ~registry_copy_owner() {
+    delete thread_copy;
+    thread_copy = nullptr;
+    thread_copy_gone = true;
+  }
+};
+thread_local registry_copy_owner thread_copy_owner;
+
+// A new copy for this thread, or null (at thread exit, or without memory for it).
+registry_copy* new_thread_copy() noexcept {
+  if (thread_copy_gone) return nullptr;
+  [[maybe_unused]] registry_copy_owner& owner = thread_copy_owner;  // frees it at thread exit
+  thread_copy = new (std::nothrow) registry_copy();
+  return thread_copy;
 }
+
+// The block holding `address`, given `after`, the first block that starts after it: {start,
+// capacity}, or {0, 0}.
+template <class Iterator>
+std::pair<std::uintptr_t, std::size_t> block_holding(std::uintptr_t address, Iterator first,
+                                                     Iterator after) noexcept {
+  if (after == first) return {0, 0};
+  --after;
+  if (address - after->first >= after->second) return {0, 0};
+  return {after->first, after->second};
+}
+
+std::atomic<std::uint64_t> next_registry_id{1};
 
 }  // namespace
 
+pinned_block_registry::pinned_block_registry() noexcept
+    : id_(next_registry_id.fetch_add(1, std::memory_order_relaxed)) {}
+
+std::pair<std::uintptr_t, std::size_t> pinned_block_registry::find(
+    std::uintptr_t address) const noexcept {
+  registry_copy* copy = thread_copy;
+  // Acquire: a block freed (or made) before this call, by way of any synchronisation that led
+  // here, moved the version on before its memory was freed, so a stale copy is never used.
+  if (copy != nullptr && copy->registry == id_ &&
+      copy->version == version_.load(std::memory_order_acquire)) {
+    const auto& blocks = copy->blocks;
+    return block_holding(
+        address, blocks.begin(),
+        std::upper_bound(blocks.begin(), blocks.end(), address,
+                         [](std::uintptr_t a, const auto& block) { return a < block.first; }));
+  }
+  std::lock_guard lock(stripes_[thread_stripe(stripe_count)].mutex);
+  if (blocks_.size() <= largest_copy && (copy != nullptr || (copy = new_thread_copy()))) {
+    try {
+      copy->blocks.assign(blocks_.begin(), blocks_.end());
+      copy->registry = id_;
+      copy->version = version_.load(std::memory_order_relaxed);  // writers hold this stripe too
+    } catch (const std::bad_alloc&) {
+      copy->registry = 0;
+    }
+  }
+  return block_holding(address, blocks_.begin(), blocks_.upper_bound(address));
+}
+
+template <class F>
+void pinned_block_registry::write(F f) noexcept(noexcept(f())) {
+  // Every stripe, always in the same order, so two writers never wait on each other in a cycle.
+  std::array<std::unique_lock<std::mutex>, stripe_count> locks;
+  for (std::size_t i = 0; i < stripe_count; ++i) locks[i] = std::unique_lock(stripes_[i].mutex);
+  f();
+  // Release, before the stripes are unlocked and before a removed block's memory is freed.
+  version_.fetch_add(1, std::memory_order_release);
+}
+
+std::size_t pinned_block_registry::capacity_at(const void* p) const noexcept {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  const auto [start, capacity] = find(address);
+  return start == address ? capacity : 0;
+}
+
+bool pinned_block_registry::contains(const void* p) const noexcept {
+  return find(reinterpret_cast<std::uintptr_t>(p)).second != 0;
+}
+
+void pinned_block_registry::add(void* p, std::size_t capacity) {
+  write([&] { blocks_.emplace(reinterpret_cast<std::uintptr_t>(p), capacity); });
+}
+
+void pinned_block_registry::remove(void* p) noexcept {
+  write([&]() noexcept { blocks_.erase(reinterpret_cast<std::uintptr_t>(p)); });
+}
+
+// ---- pinned_cache
+
+pinned_cache::pinned_cache(memory_resource& source, std::size_t cache_limit) noexcept
+    : source_(source), limit_(cache_limit) {}
+
+pinned_cache::~pinned_cache() {
+  try {
+    trim();
+  } catch (const std::bad_alloc&) {
+    // Nothing to do at teardown: the cached blocks stay with the process.
+  }
+}
+
+std::size_t pinned_cache::size_class(std::size_t bytes) noexcept {
+  if (bytes <= (std::size_t{64} << 10))
+    return (bytes + host_page_bytes - 1) / host_page_bytes * host_page_bytes;
+  const std::size_t power = std::size_t{1} << (63 - __builtin_clzll(bytes));
+  const std::size_t step = power / 4;
+  return (bytes + step - 1) / step * step;
+}
+
+void* pinned_cache::take_cached(std::size_t capacity) noexcept {
+  const std::size_t home = thread_stripe(shard_count);
+  for (std::size_t i = 0; i < shard_count; ++i) {
+    shard& s = shards_[(home + i) % shard_count];
+    // Another thread may cache a block here right after this look; missing it only costs a new
+    // block, as a miss under one lock would have a moment earlier.
+    if (s.blocks.load(std::memory_order_relaxed) == 0) continue;
+    std::lock_guard lock(s.mutex);
+    auto hit = s.free.find(capacity);
+    if (hit == s.free.end() || hit->second.empty()) continue;
+    void* p = hit->second.back();
+    hit->second.pop_back();
+    s.blocks.fetch_sub(1, std::memory_order_relaxed);
+    cached_.fetch_sub(capacity, std::memory_order_relaxed);
+    return p;
+  }
+  return nullptr;
+}
+
+void* pinned_cache::acquire(std::size_t bytes) {
+  if (bytes > largest_request)
+    throw std::length_error("gpupool::allocate_pinned: " + std::to_string(bytes) +
+                            " bytes is more than any allocation can hold");
+  const std::size_t capacity = size_class(bytes == 0 ? 1 : bytes);
+  void* p = take_cached(capacity);
+  if (p == nullptr) {
+    p = source_.allocate(capacity);  // slow: no lock held
+    try {
+      registry_.add(p, capacity);
+    } catch (...) {
+      source_.deallocate(p, capacity);
+      throw;
+    }
+  }
+  shards_[thread_stripe(shard_count)].in_use.fetch_add(capacity, std::memory_order_relaxed);
+  return p;
+}
+
+bool pinned_cache::reserve_cache_room(std::size_t capacity) noexcept {
+  std::size_t cached = cached_.load(std::memory_order_relaxed);
+  do {
+    const std::size_t limit = limit_.load(std::memory_order_relaxed);
+    if (cached > limit || capacity > limit - cached) return false;
+  } while (!cached_.compare_exchange_weak(cached, cached + capacity, std::memory_order_relaxed));
+  return true;
+}
+
+void pinned_cache::release(void* p) noexcept {
+  if (p == nullptr) return;
+  const std::size_t capacity = registry_.capacity_at(p);
+  if (capacity == 0) return;  // not a block this cache handed out
+  shard& home = shards_[thread_stripe(shard_count)];
+  home.in_use.fetch_sub(capacity, std::memory_order_relaxed);
+  {
+    // The room is reserved under the shard's lock, so trim_to (which holds every shard's lock)
+    // sees either this block in the shard or, after it, its own new limit applied to it.
+    std::lock_guard lock(home.mutex);
+    if (reserve_cache_room(capacity)) {
+      try {
+        home.free[capacity].push_back(p);
+        home.blocks.fetch_add(1, std::memory_order_relaxed);
+        return;
+      } catch (const std::bad_alloc&) {
+        cached_.fetch_sub(capacity, std::memory_order_relaxed);  // no room to note it: give it back
+      }
+    }
+  }
+  give_back(p, capacity);
+}
+
+void pinned_cache::give_back(void* p, std::size_t capacity) noexcept {
+  // Out of the registry before the source frees it: once freed, the address may come back as
+  // another library's (pageable, or pinned elsewhere) memory, and must not be answered as ours.
+  registry_.remove(p);
+  source_.deallocate(p, capacity);
+}
+
+void pinned_cache::trim_to(std::size_t limit) {
+  std::vector<std::pair<void*, std::size_t>> taken;
+  {
+    std::array<std::unique_lock<std::mutex>, shard_count> locks;
+    for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
+    // Room for every cached block before any leaves its shard: running out of memory half-way
+    // would lose the blocks already taken.
+    std::size_t cached_blocks = 0;
+    for (const shard& s : shards_) cached_blocks += s.blocks.load(std::memory_order_relaxed);
+    taken.reserve(cached_blocks);
+    // Largest first: the fewest blocks given back for the bytes freed.
+    while (cached_.load(std::memory_order_relaxed) > limit) {
+      shard* largest = nullptr;
+      for (shard& s : shards_) {
+        while (!s.free.empty() && s.free.rbegin()->second.empty())
+          s.free.erase(std::prev(s.free.end()));
+        if (!s.free.empty() &&
+            (largest == nullptr || s.free.rbegin()->first > largest->free.rbegin()->first))
+          largest = &s;
+      }
+      if (largest == nullptr) break;
+      auto& [capacity, blocks] = *largest->free.rbegin();
+      taken.emplace_back(blocks.back(), capacity);
+      blocks.pop_back();
+      largest->blocks.fetch_sub(1, std::memory_order_relaxed);
+      cached_.fetch_sub(capacity, std::memory_order_relaxed);
+    }
+  }
+  for (auto [p, capacity] : taken) give_back(p, capacity);  // slow: no shard lock held
+}
+
+void pinned_cache::set_limit(std::size_t bytes) {
+  limit_.store(bytes, std::memory_order_relaxed);
+  trim_to(bytes);
+}
+
+void pinned_cache::trim() {
+  trim_to(0);
+}
+
+pinned_stats pinned_cache::stats() const noexcept {
+  std::size_t in_use = 0;
+  for (const shard& s : shards_) in_use += s.in_use.load(std::memory_order_relaxed);
+  return {in_use, cached_.load(std::memory_order_relaxed), limit_.load(std::memory_order_relaxed)};
+}
+
+bool is_pinned(const void* p, const pinned_cache& cache, const host_memory& memory) noexcept {
+  if (p == nullptr) return false;
+  // A freed block leaves the registry before its memory is freed, so an address reused by other
+  // memory is never answered from it.
+  if (cache.owns(p)) return true;
+  return memory.describe(p).kind == memory_kind::pinned_host;
+}
+
+pinned_cache& process_pinned_cache() {
+  static auto* cache = new pinned_cache(process_host_memory().pinned(), default_cache_limit());
+  return *cache;
+}
+
+}  // namespace detail
+
 void* allocate_pinned(std::size_t bytes) {
-  return store().acquire(bytes);
+  return detail::process_pinned_cache().acquire(bytes);
 }
 
 void deallocate_pinned(void* p, std::size_t /*bytes*/) noexcept {
-  if (p != nullptr) store().release(p);
+  detail::process_pinned_cache().release(p);
 }
 
 bool is_pinned(const void* p) noexcept {
-  if (p == nullptr) return false;
-  if (store().contains(p)) return true;
-#if GPUPOOL_HAS_CUDA
-  if (use_cuda_host_memory()) return detail::cuda::host_is_pinned(p);
-#endif
-  return false;
+  return detail::is_pinned(p, detail::process_pinned_cache(), detail::process_host_memory());
 }
 
 std::size_t pinned_bytes_in_use() noexcept {
-  return store().stats().in_use;
+  return detail::process_pinned_cache().stats().in_use;
 }
 
 pinned_stats pinned_memory_stats() noexcept {
-  return store().stats();
+  return detail::process_pinned_cache().stats();
 }
 
 void set_pinned_cache_limit(std::size_t bytes) {
-  store().set_limit(bytes);
+  detail::process_pinned_cache().set_limit(bytes);
 }
 
 void trim_pinned_cache() {
-  store().trim();
+  detail::process_pinned_cache().trim();
 }
 
 }  // namespace gpupool

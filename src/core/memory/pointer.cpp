@@ -1,35 +1,27 @@
 // Pointer descriptions and waiting on foreign streams, for front ends that accept device arrays.
 #include "gpupool/pointer.hpp"
 
-#include "core/backend.hpp"
-#include "gpupool/pinned.hpp"
-#include "gpupool/version.hpp"
-
-#if GPUPOOL_HAS_CUDA
-#include "cuda/host_memory.hpp"
-#endif
+#include "core/memory/host_memory.hpp"
+#include "core/memory/pinned_cache.hpp"
 
 namespace gpupool {
+namespace detail {
 
-pointer_info describe_pointer(const void* p) noexcept {
+pointer_info describe_pointer(const void* p, const pinned_cache& cache,
+                              const host_memory& memory) noexcept {
   if (p == nullptr) return {};
-#if GPUPOOL_HAS_CUDA
-  if (detail::cuda_runtime_usable()) {
-    int kind = 0;
-    int device = -1;
-    detail::cuda::describe(p, kind, device);
-    constexpr memory_kind kinds[] = {memory_kind::unknown, memory_kind::pinned_host,
-                                     memory_kind::device, memory_kind::managed};
-    return {kinds[kind], device};
-  }
-#endif
-  return is_pinned(p) ? pointer_info{memory_kind::pinned_host, -1} : pointer_info{};
+  if (cache.owns(p)) return {memory_kind::pinned_host, -1};
+  return memory.describe(p);
 }
 
-void wait_for_stream([[maybe_unused]] std::uintptr_t stream) {
-#if GPUPOOL_HAS_CUDA
-  if (detail::cuda_runtime_usable()) detail::cuda::synchronize_stream(stream);
-#endif
+}  // namespace detail
+
+pointer_info describe_pointer(const void* p) noexcept {
+  return detail::describe_pointer(p, detail::process_pinned_cache(), detail::process_host_memory());
+}
+
+void wait_for_stream(std::uintptr_t stream) {
+  detail::process_host_memory().wait_for_stream(stream);
 }
 
 }  // namespace gpupool

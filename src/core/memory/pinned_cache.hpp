@@ -1,0 +1,135 @@
+// The pinned-block cache behind allocate_pinned / deallocate_pinned / is_pinned. Page-locking is
+// slow (driver-wide locks; first touch), so freed blocks are kept, by size class, up to a limit,
+// and handed out again. Every task asks whether its buffers are pinned and many take pinned
+// blocks, from every lane at once, so the questions a task asks take no lock that other threads
+// take too: blocks are looked up in each thread's own copy of a registry (or, after a change,
+// under the thread's own stripe of its lock), and cached blocks sit in shards each thread goes to
+// its own one of first.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/memory/host_memory.hpp"
+#include "gpupool/pinned.hpp"
+
+namespace gpupool::detail {
+
+/// Small numbers that tell the calling thread's stripe or shard from other threads' ones: given
+/// out in turn as threads first ask, so up to `count` threads never share one.
+[[nodiscard]] std::size_t thread_stripe(std::size_t count) noexcept;
+
+/// Every block a pinned_cache made and has not given back, by address (in use or cached). Read on
+/// every task, written only when a block is made or given back (both slow anyway). A reader
+/// answers from its thread's own copy of the registry while the registry's version is the one
+/// the copy was taken at: one load of a word that only writers change, no lock, nothing written.
+/// Else it locks one stripe, its own, to look and to take a new copy, so readers on different
+/// threads never wait for each other or write a shared cache line; a writer locks every stripe
+/// and moves the version on. Thread-safe.
+class pinned_block_registry {
+ public:
+  pinned_block_registry() noexcept;
+  pinned_block_registry(const pinned_block_registry&) = delete;
+  pinned_block_registry& operator=(const pinned_block_registry&) = delete;
+
+  /// The capacity of the block that starts exactly at `p`; 0 if no block starts there.
+  [[nodiscard]] std::size_t capacity_at(const void* p) const noexcept;
+  /// True if `p` is inside a registered block.
+  [[nodiscard]] bool contains(const void* p) const noexcept;
+  /// @throw std::bad_alloc.
+  void add(void* p, std::size_t capacity);
+  void remove(void* p) noexcept;
+
+ private:
+  static constexpr std::size_t stripe_count = 32;
+  // Beyond this many blocks a thread's copy costs more to take than it saves: lookups then take
+  // the stripe's lock each time.
+  static constexpr std::size_t largest_copy = 4096;
+  struct alignas(64) stripe {
+    mutable std::mutex mutex;
+  };
+  // The registered block around `address`: {start, capacity}, or {0, 0}.
+  [[nodiscard]] std::pair<std::uintptr_t, std::size_t> find(std::uintptr_t address) const noexcept;
+  template <class F>
+  void write(F f) noexcept(noexcept(f()));
+
+  std::array<stripe, stripe_count> stripes_;
+  std::map<std::uintptr_t, std::size_t> blocks_;  // start address -> capacity
+  const std::uint64_t id_;                        // tells registries apart in threads' copies
+  alignas(64) std::atomic<std::uint64_t> version_{1};
+};
+
+/// Pinned blocks from one memory_resource, with the freed ones kept for reuse up to a limit.
+/// Thread-safe.
+class pinned_cache {
+ public:
+  pinned_cache(memory_resource& source, std::size_t cache_limit) noexcept;
+  pinned_cache(const pinned_cache&) = delete;
+  pinned_cache& operator=(const pinned_cache&) = delete;
+  /// Gives every cached block back to the source; blocks still in use must have been released.
+  ~pinned_cache();
+
+  /// A block of at least `bytes`: a cached one of its size class, else a new one.
+  /// @throw std::length_error beyond any machine's memory; std::bad_alloc.
+  [[nodiscard]] void* acquire(std::size_t bytes);
+  /// Takes back a block from `acquire`: cached while the cache has room, else given back to the
+  /// source. Pointers this cache did not hand out are ignored.
+  void release(void* p) noexcept;
+  /// True if `p` points into a block of this cache (in use or cached). No source call, no lock
+  /// other threads take.
+  [[nodiscard]] bool owns(const void* p) const noexcept { return registry_.contains(p); }
+  /// Sets the limit and gives back cached blocks, largest first, until the cache fits it.
+  void set_limit(std::size_t bytes);
+  /// Gives back every cached block.
+  void trim();
+  [[nodiscard]] pinned_stats stats() const noexcept;
+
+  /// The size class a request is rounded up to: whole pages up to 64 KiB, then four classes per
+  /// power of two, so a cached block is never more than 25% larger than what is asked for.
+  [[nodiscard]] static std::size_t size_class(std::size_t bytes) noexcept;
+
+ private:
+  static constexpr std::size_t shard_count = 32;
+  // Free blocks by capacity. A thread caches what it frees in its own shard and looks there
+  // first; it takes from the others only when its own has nothing of the class.
+  struct alignas(64) shard {
+    std::mutex mutex;
+    std::map<std::size_t, std::vector<void*>> free;  // capacity -> cached blocks
+    std::atomic<std::size_t> blocks{0};              // cached here, to skip empty shards unlocked
+    // Bytes handed out by this shard's threads minus bytes released by them: only the sum over
+    // shards means anything (it wraps per shard when one thread frees what another took).
+    std::atomic<std::size_t> in_use{0};
+  };
+
+  [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
+  // Reserves room for `capacity` more cached bytes if the limit allows.
+  [[nodiscard]] bool reserve_cache_room(std::size_t capacity) noexcept;
+  void trim_to(std::size_t limit);
+  void give_back(void* p, std::size_t capacity) noexcept;
+
+  memory_resource& source_;
+  pinned_block_registry registry_;
+  std::array<shard, shard_count> shards_;
+  std::atomic<std::size_t> cached_{0};
+  std::atomic<std::size_t> limit_;
+};
+
+/// is_pinned and describe_pointer over a given cache and host memory (the public functions pass the
+/// process's): the cache's own blocks are answered without asking the host memory (on CUDA, a
+/// driver call); anything else is what the host memory says.
+[[nodiscard]] bool is_pinned(const void* p, const pinned_cache& cache,
+                             const host_memory& memory) noexcept;
+[[nodiscard]] pointer_info describe_pointer(const void* p, const pinned_cache& cache,
+                                            const host_memory& memory) noexcept;
+
+/// The process's pinned cache, over process_host_memory()'s pinned resource. Never destroyed:
+/// blocks may be released by static destructors after main returns.
+[[nodiscard]] pinned_cache& process_pinned_cache();
+
+}  // namespace gpupool::detail
