@@ -4,8 +4,10 @@
 //   map    - executor::map(kernel::square, many small float64 arrays) (W4's shape), then get()
 //   queue  - the executor's task queue alone: one producer pushing items that do nothing, a
 //            thread per lane popping them (no executor, no futures)
-// Every result is checked before any rate is reported. Devices are CPU stand-ins on the CPU
-// backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
+// Every result is checked before any rate is reported. Reported: the best round's tasks per
+// second (on a shared machine the best round is the one least disturbed) and the process's CPU
+// time (user + system, every thread) per task, over all rounds. Devices are CPU stand-ins on the
+// CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
 //                             [--tasks N] [--size N] [--repeat N] [--modes submit,map,queue]
@@ -20,6 +22,8 @@
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <sys/resource.h>
 
 #include "core/scheduling/task_queue.hpp"
 #include "gpupool/gpupool.hpp"
@@ -171,9 +175,14 @@ double queue_round(int devices, int lanes, std::size_t tasks) {
   return took;
 }
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
+// CPU seconds this process spent so far, every thread, user and system.
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
 }
 
 }  // namespace
@@ -185,15 +194,17 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < inputs.size(); ++i)
       for (std::size_t j = 0; j < s.size; ++j) inputs[i][j] = static_cast<double>((i + j) % 97);
 
-    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, median of %d\n",
+    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d\n",
                 s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat);
-    std::printf("%-7s %8s %6s %14s\n", "mode", "devices", "lanes", "tasks/s");
+    std::printf("%-7s %8s %6s %14s %14s\n", "mode", "devices", "lanes", "tasks/s", "cpu us/task");
     for (const auto& mode : s.modes) {
       for (int devices : s.devices) {
         for (int lanes : s.lanes) {
           std::vector<double> times;
+          double cpu_before = 0.0;
           if (mode == "queue") {
             queue_round(devices, lanes, s.tasks / 10 + 1);  // warm-up
+            cpu_before = cpu_seconds();
             for (int r = 0; r < s.repeat; ++r)
               times.push_back(queue_round(devices, lanes, s.tasks));
           } else {
@@ -202,14 +213,20 @@ int main(int argc, char** argv) {
                 inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(s.tasks / 10 + 1));
             if (mode == "submit") {
               submit_round(ex, s.tasks / 10 + 1);
+              cpu_before = cpu_seconds();
               for (int r = 0; r < s.repeat; ++r) times.push_back(submit_round(ex, s.tasks));
             } else {
               map_round(ex, warm);
+              cpu_before = cpu_seconds();
               for (int r = 0; r < s.repeat; ++r) times.push_back(map_round(ex, inputs));
             }
           }
-          std::printf("%-7s %8d %6d %14.0f\n", mode.c_str(), devices, lanes,
-                      static_cast<double>(s.tasks) / median(times));
+          const double cpu_per_task =
+              (cpu_seconds() - cpu_before) /
+              static_cast<double>(s.tasks * static_cast<std::size_t>(s.repeat));
+          std::printf("%-7s %8d %6d %14.0f %14.2f\n", mode.c_str(), devices, lanes,
+                      static_cast<double>(s.tasks) / *std::min_element(times.begin(), times.end()),
+                      1e6 * cpu_per_task);
           std::fflush(stdout);
         }
       }
