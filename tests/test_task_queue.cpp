@@ -225,6 +225,10 @@ TEST(TaskQueue, CloseWakesEveryWaitingLaneAndRefusesWork) {
   EXPECT_FALSE(q.push_all(batch));
   EXPECT_EQ(batch.size(), 2u);  // left with the caller
   EXPECT_NE(batch[0], nullptr);
+  std::vector<work_item_ptr> one = items(3, 1);
+  EXPECT_FALSE(q.push_all(one, 1));
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_NE(one[0], nullptr);
   EXPECT_EQ(q.size(), 0u);
 }
 

@@ -141,6 +141,10 @@ std::size_t task_queue::shared_target() {
 
 bool task_queue::push(work_item_ptr item, std::optional<int> device) {
   if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
+  return push_one(item, device);
+}
+
+bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
   const bool pinned = device.has_value();
   if (pinned) (void)at(*device);  // throws for an unknown device
   const std::size_t target = pinned ? static_cast<std::size_t>(*device) : shared_target();
@@ -164,6 +168,13 @@ bool task_queue::push(work_item_ptr item, std::optional<int> device) {
 bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> device) {
   for (const auto& item : items)
     if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
+  // One item (map queues each input's pieces on their own) is queued as push does, waking a
+  // lane only if none is on its way.
+  if (items.size() == 1) {
+    if (!push_one(items.front(), device)) return false;
+    items.clear();
+    return true;
+  }
   if (device) {
     device_queue& q = at(*device);
     std::pair<int, bool> woken;

@@ -32,7 +32,8 @@ class task_queue {
   /// @throw std::out_of_range for a device this queue does not have.
   bool push(work_item_ptr item, std::optional<int> device);
   /// Queues several items at once, for any device or for `device` alone, taking each device's
-  /// lock once and waking at most one waiting lane per item. False (nothing queued, `items`
+  /// lock once and waking at most one waiting lane per item (a single item is queued as `push`
+  /// queues it). False (nothing queued, `items`
   /// left as they were) if closed; otherwise `items` is left empty.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
@@ -81,6 +82,8 @@ class task_queue {
   };
 
   device_queue& at(int device) const;
+  // push, leaving `item` with the caller if the queue is closed.
+  bool push_one(work_item_ptr& item, std::optional<int> device);
   // Under q's lock: the next pinned item, else the next shared one.
   static work_item_ptr take_own_locked(device_queue& q);
   // Under q's lock: appends `item` to `deque`, or lets its last item absorb it. True if queued.
