@@ -303,6 +303,58 @@ TEST(Future, AValueThatCannotBeStoredLeavesTheTaskToFailNormally) {
   EXPECT_THROW((void)f.get(), std::runtime_error);
 }
 
+TEST(CompletionBatch, DeferredWorkRunsOnceAtTheEndOfTheOutermostBatch) {
+  std::vector<int> log;
+  auto note = [](void* arg) {
+    auto* l = static_cast<std::vector<int>*>(arg);
+    l->push_back(static_cast<int>(l->size()));
+  };
+  // No batch open: nothing is kept; the caller does its work itself.
+  EXPECT_FALSE(detail::completion_batch::open());
+  EXPECT_FALSE(detail::completion_batch::defer(note, &log));
+  EXPECT_TRUE(log.empty());
+  {
+    detail::completion_batch outer;
+    auto state = std::make_shared<detail::shared_state<int>>();
+    future<int> f(state);
+    bool callback_ran = false;
+    f.on_complete([&](future<int>&) {
+      callback_ran = true;  // callbacks themselves run at once
+      EXPECT_TRUE(detail::completion_batch::defer(note, &log));
+    });
+    {
+      detail::completion_batch inner;
+      state->try_start();
+      state->set_value(1);
+      EXPECT_TRUE(callback_ran);
+    }
+    EXPECT_TRUE(log.empty());  // the inner batch's end is not the outermost
+    EXPECT_TRUE(detail::completion_batch::defer(note, &log));
+    EXPECT_TRUE(log.empty());
+  }
+  EXPECT_EQ(log, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(detail::completion_batch::open());
+}
+
+TEST(CompletionBatch, WorkDeferredWhileTheBatchEndsRunsInTheSameEndAndBatchesArePerThread) {
+  struct chain {
+    int runs = 0;
+    static void step(void* arg) {
+      auto* c = static_cast<chain*>(arg);
+      if (++c->runs < 3) {
+        EXPECT_TRUE(detail::completion_batch::defer(step, c));
+      }
+    }
+  } c;
+  {
+    detail::completion_batch batch;
+    EXPECT_TRUE(detail::completion_batch::defer(chain::step, &c));
+    std::thread other([] { EXPECT_FALSE(detail::completion_batch::open()); });
+    other.join();
+  }
+  EXPECT_EQ(c.runs, 3);
+}
+
 #ifdef GPUPOOL_TEST_COUNTS_ALLOCATIONS
 TEST(Future, NeitherACallbackNorTheCompletionAllocates) {
   auto state = std::make_shared<detail::shared_state<int>>();

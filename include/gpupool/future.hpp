@@ -35,6 +35,30 @@ class shared_state;
 /// go (the task already ended). Call only from a catch block.
 void report_callback_failure() noexcept;
 
+/// A pass over finished tasks on one thread (a lane completing every ready item), during which
+/// completion callbacks may put off work they share, to do it once for the whole pass: e.g. a
+/// callback that needs Python's GIL queues its result and defers one function that takes the
+/// GIL once and hands over every queued result. Callbacks themselves still run at once, on the
+/// completing thread; only what they `defer` waits for the end of the pass.
+///
+/// Batches nest on a thread; deferred functions run, in the order deferred, when the outermost
+/// one ends (on that thread). A function deferred while they run runs in the same end.
+class completion_batch {
+ public:
+  completion_batch() noexcept;
+  ~completion_batch();
+  completion_batch(const completion_batch&) = delete;
+  completion_batch& operator=(const completion_batch&) = delete;
+
+  /// Runs `fn(arg)` at the end of the outermost batch open on this thread. Returns false, and
+  /// keeps nothing, when no batch is open here: the caller then does its work now. `fn` must not
+  /// throw (an exception is reported on stderr and dropped).
+  /// @throw std::bad_alloc if the function cannot be recorded.
+  static bool defer(void (*fn)(void*), void* arg);
+  /// True while a batch is open on this thread.
+  [[nodiscard]] static bool open() noexcept;
+};
+
 /// The untyped part of a task's shared state: status, exception and waiting.
 ///
 /// Thread-safe, and cheap when nobody waits: the status lives in one atomic word together with

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "gpupool/future.hpp"
 
@@ -56,6 +57,51 @@ void report_callback_failure() noexcept {
   } catch (...) {
     std::fprintf(stderr, "gpupool: a completion callback threw a non-standard exception\n");
   }
+}
+
+namespace {
+
+struct deferred_call {
+  void (*fn)(void*);
+  void* arg;
+};
+
+// This thread's open batches and what they put off; the list keeps its capacity between passes.
+thread_local int open_batches = 0;
+thread_local std::vector<deferred_call> deferred_calls;
+
+}  // namespace
+
+completion_batch::completion_batch() noexcept {
+  ++open_batches;
+}
+
+completion_batch::~completion_batch() {
+  if (open_batches > 1) {
+    --open_batches;
+    return;
+  }
+  // Still open while the deferred functions run, so that what they defer runs here too.
+  for (std::size_t i = 0; i < deferred_calls.size(); ++i) {
+    const deferred_call call = deferred_calls[i];  // a copy: the list may grow meanwhile
+    try {
+      call.fn(call.arg);
+    } catch (...) {
+      report_callback_failure();
+    }
+  }
+  deferred_calls.clear();
+  --open_batches;
+}
+
+bool completion_batch::defer(void (*fn)(void*), void* arg) {
+  if (open_batches == 0) return false;
+  deferred_calls.push_back({fn, arg});
+  return true;
+}
+
+bool completion_batch::open() noexcept {
+  return open_batches > 0;
 }
 
 std::uint32_t state_base::load() const noexcept {
