@@ -139,6 +139,25 @@ TEST(TaskQueue, ADeviceThatRunsDryStealsSharedWorkButNeverPinnedWork) {
   }
 }
 
+TEST(TaskQueue, ABatchIsDealtOutInOneRunPerDevice) {
+  task_queue q(4);
+  std::vector<work_item_ptr> batch = items(0, 8);
+  ASSERT_TRUE(q.push_all(batch));
+  EXPECT_EQ(q.size(), 8u);
+  // Each device's first item is the head of its own run of two.
+  std::vector<int> heads;
+  for (int d = 0; d < 4; ++d) heads.push_back(id_of(q.pop(d, /*block=*/false)));
+  std::sort(heads.begin(), heads.end());
+  EXPECT_EQ(heads, (std::vector<int>{0, 2, 4, 6}));
+  // Fewer items than devices: one run each for some of them, all taken.
+  std::vector<work_item_ptr> small = items(10, 3);
+  ASSERT_TRUE(q.push_all(small));
+  EXPECT_EQ(q.size(), 7u);
+  int taken = 0;
+  while (q.pop(2, /*block=*/false)) ++taken;
+  EXPECT_EQ(taken, 7);
+}
+
 TEST(TaskQueue, TheLastQueuedItemAbsorbsWhatFollowsAndSizeCountsOnlyQueuedItems) {
   task_queue q(1);
   constexpr int a = 1, b = 2;

@@ -16,16 +16,15 @@ namespace {
 template <class Queue>
 class ordered_locks {
  public:
-  ordered_locks() = default;
+  explicit ordered_locks(std::size_t most) { held_.reserve(most); }  // may throw: before locking
   ordered_locks(const ordered_locks&) = delete;
   ordered_locks& operator=(const ordered_locks&) = delete;
   ~ordered_locks() {
     for (auto it = held_.rbegin(); it != held_.rend(); ++it) (*it)->mutex.unlock();
   }
   void lock(Queue& q) {
-    held_.reserve(held_.size() + 1);  // may throw: before the lock is taken
     q.mutex.lock();
-    held_.push_back(&q);
+    held_.push_back(&q);  // within the reserved capacity: cannot throw
   }
 
  private:
@@ -201,7 +200,7 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
   std::vector<std::pair<int, bool>> woken(runs);
   std::size_t unserved = 0;  // items queued for which the target device had no idle lane
   {
-    ordered_locks<device_queue> locks;
+    ordered_locks<device_queue> locks(runs);
     for (std::size_t d = 0; d < count_; ++d)
       if ((d + count_ - first) % count_ < runs) locks.lock(queues_[d]);
     if (closed_.load()) return false;
@@ -339,7 +338,7 @@ void task_queue::close() {
 std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain() {
   std::vector<std::pair<work_item_ptr, std::optional<int>>> items;
   std::vector<std::pair<work_item_ptr, std::optional<int>>> unpinned;
-  ordered_locks<device_queue> locks;
+  ordered_locks<device_queue> locks(count_);
   for (std::size_t d = 0; d < count_; ++d) locks.lock(queues_[d]);
   std::size_t pinned = 0, shared = 0;
   for (std::size_t d = 0; d < count_; ++d) {
