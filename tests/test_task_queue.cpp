@@ -1,5 +1,6 @@
 // The executor's queue on its own: per-device queues, stealing, pinned items, wake-ups,
-// coalescing (work_item::absorb), close and drain, and many producers and consumers at once.
+// coalescing (work_item::absorb), close and drain, and many producers and consumers at once;
+// then stealing and pinning through an executor on two CPU stand-in devices.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "core/scheduling/task_queue.hpp"
+#include "gpupool/executor.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -455,6 +457,48 @@ TEST(TaskQueue, ManyProducersAndConsumersLoseAndDuplicateNothing) {
   EXPECT_EQ(duplicated, 0);
   EXPECT_EQ(misplaced.load(), 0);
   EXPECT_EQ(q.size(), 0u);
+}
+
+// Through the executor, on two CPU stand-in devices.
+executor_options two_stand_in_devices(int lanes) {
+  executor_options o;
+  o.backend = backend_kind::cpu;
+  o.cpu_devices = 2;
+  o.lanes_per_device = lanes;
+  o.quiet = true;
+  return o;
+}
+
+TEST(Scheduling, WorkForAnyDeviceRunsOnTheOtherWhileOneDevicesLanesAreAllBusy) {
+  executor ex(two_stand_in_devices(2));
+  std::atomic<int> blocked{0};
+  std::atomic<bool> release{false};
+  std::vector<future<void>> holders;
+  for (int i = 0; i < 2; ++i)
+    holders.push_back(ex.submit_to(0, [&](lane&) {
+      ++blocked;
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (!release.load() && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(100us);
+    }));
+  ASSERT_TRUE(eventually([&] { return blocked.load() == 2; }));
+  // Half of these are dealt to device 0, whose lanes cannot take them: device 1 steals them.
+  std::vector<future<int>> tasks;
+  for (int i = 0; i < 200; ++i) tasks.push_back(ex.submit([](lane& l) { return l.device(); }));
+  for (auto& t : tasks) {
+    ASSERT_TRUE(t.wait_for(20s)) << "a task waited for a busy device";
+    EXPECT_EQ(t.get(), 1);
+  }
+  release.store(true);
+  for (auto& h : holders) h.get();
+}
+
+TEST(Scheduling, TasksForADeviceRunOnlyThere) {
+  executor ex(two_stand_in_devices(3));
+  std::vector<future<int>> tasks;
+  for (int i = 0; i < 300; ++i)
+    tasks.push_back(ex.submit_to(i % 2, [](lane& l) { return l.device(); }));
+  for (int i = 0; i < 300; ++i) EXPECT_EQ(tasks[static_cast<std::size_t>(i)].get(), i % 2);
 }
 
 }  // namespace
