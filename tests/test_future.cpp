@@ -1,13 +1,43 @@
-// Futures on their own: states, values, exceptions, waiting, callbacks, cancellation.
+// Futures on their own: states, values, exceptions, waiting, callbacks, cancellation, and the
+// cheap paths (callbacks on the completing thread, exactly once, without allocating).
 #include <gtest/gtest.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <memory>
+#include <new>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 #include "gpupool/future.hpp"
+
+// Counts the allocations of each thread, to show that the completion path makes none. Left out
+// under sanitizers, which bring their own operator new.
+#if !defined(__SANITIZE_ADDRESS__) && !defined(__SANITIZE_THREAD__)
+#define GPUPOOL_TEST_COUNTS_ALLOCATIONS 1
+namespace {
+thread_local std::size_t allocations_here = 0;
+}  // namespace
+
+void* operator new(std::size_t bytes) {
+  ++allocations_here;
+  if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
+  throw std::bad_alloc();
+}
+// The replacement pair allocates with malloc and frees with free; GCC sees only the free after
+// a `new` and would call it a mismatch.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
+void operator delete(void* p) noexcept {
+  std::free(p);
+}
+void operator delete(void* p, std::size_t /*bytes*/) noexcept {
+  std::free(p);
+}
+#pragma GCC diagnostic pop
+#endif
 
 namespace gpupool {
 namespace {
@@ -129,6 +159,216 @@ TEST(MultiFuture, GetReturnsValuesInOrderAndRethrowsTheFirstFailure) {
   bad->set_exception(std::make_exception_ptr(std::runtime_error("second failed")));
   EXPECT_THROW(failing.get(), std::runtime_error);
 }
+
+TEST(Future, CallbacksRunOnceEachInOrderOnTheCompletingThread) {
+  auto state = std::make_shared<detail::shared_state<int>>();
+  future<int> f(state);
+  std::vector<int> order;
+  std::vector<std::thread::id> ran_on;
+  for (int i = 0; i < 3; ++i)
+    f.on_complete([&, i](future<int>& done) {
+      order.push_back(i);
+      ran_on.push_back(std::this_thread::get_id());
+      EXPECT_EQ(done.status(), task_status::succeeded);
+    });
+  std::thread::id completer;
+  std::thread t([&] {
+    completer = std::this_thread::get_id();
+    state->try_start();
+    state->set_value(1);
+  });
+  t.join();
+  EXPECT_EQ(order, (std::vector<int>{0, 1, 2}));
+  ASSERT_EQ(ran_on.size(), 3u);
+  for (const auto& id : ran_on) EXPECT_EQ(id, completer);
+  EXPECT_EQ(f.get(), 1);
+}
+
+TEST(Future, CallbacksRegisteredWhileTheTaskCompletesRunExactlyOnce) {
+  for (int round = 0; round < 500; ++round) {
+    auto state = std::make_shared<detail::shared_state<int>>();
+    future<int> f(state);
+    std::atomic<int> calls{0};
+    std::atomic<int> wrong{0};
+    std::atomic<bool> go{false};
+    std::thread registrar([&] {
+      while (!go.load()) {
+      }
+      for (int i = 0; i < 4; ++i)
+        f.on_complete([&](future<int>& done) {
+          ++calls;
+          if (done.status() != task_status::succeeded) ++wrong;
+        });
+    });
+    std::thread completer([&] {
+      while (!go.load()) {
+      }
+      state->try_start();
+      state->set_value(round);
+    });
+    go.store(true);
+    registrar.join();
+    completer.join();
+    ASSERT_EQ(calls.load(), 4) << "round " << round;
+    ASSERT_EQ(wrong.load(), 0);
+  }
+}
+
+TEST(Future, EveryWaiterIsWoken) {
+  for (int round = 0; round < 50; ++round) {
+    auto state = std::make_shared<detail::shared_state<void>>();
+    std::atomic<int> woken{0};
+    std::vector<std::thread> waiters;
+    for (int i = 0; i < 4; ++i)
+      waiters.emplace_back([&, i] {
+        future<void> f(state);
+        if (i % 2 == 0) {
+          f.wait();
+          ++woken;
+        } else if (f.wait_for(60s)) {
+          ++woken;
+        }
+      });
+    if (round % 2 == 0) std::this_thread::sleep_for(1ms);  // some rounds: waiters asleep first
+    state->try_start();
+    state->set_value();
+    for (auto& t : waiters) t.join();
+    ASSERT_EQ(woken.load(), 4) << "round " << round;
+  }
+}
+
+TEST(Future, CancellingWakesWaitersAndRunsCallbacks) {
+  auto state = std::make_shared<detail::shared_state<int>>();
+  future<int> f(state);
+  std::atomic<int> callbacks{0};
+  f.on_complete([&](future<int>& done) {
+    EXPECT_EQ(done.status(), task_status::cancelled);
+    ++callbacks;
+  });
+  std::thread waiter([state] { future<int>(state).wait(); });
+  std::this_thread::sleep_for(1ms);
+  EXPECT_TRUE(f.cancel());
+  waiter.join();
+  EXPECT_EQ(callbacks.load(), 1);
+  EXPECT_FALSE(state->try_start());
+  EXPECT_THROW((void)f.get(), cancelled_error);
+}
+
+TEST(Future, TheValueIsHandedOverToOneTakerOnly) {
+  for (int round = 0; round < 200; ++round) {
+    auto state = std::make_shared<detail::shared_state<int>>();
+    state->try_start();
+    state->set_value(5);
+    std::atomic<int> got{0}, refused{0};
+    std::vector<std::thread> takers;
+    for (int i = 0; i < 3; ++i)
+      takers.emplace_back([&] {
+        future<int> f(state);
+        try {
+          if (f.get() == 5) ++got;
+        } catch (const std::logic_error&) {
+          ++refused;
+        }
+      });
+    for (auto& t : takers) t.join();
+    ASSERT_EQ(got.load(), 1);
+    ASSERT_EQ(refused.load(), 2);
+  }
+}
+
+// A value whose move throws, the first time only.
+struct fragile {
+  static inline int moves_left_to_fail = 0;
+  int v = 0;
+  explicit fragile(int x) : v(x) {}
+  fragile(fragile&& other) : v(other.v) {
+    if (moves_left_to_fail > 0) {
+      --moves_left_to_fail;
+      throw std::runtime_error("move failed");
+    }
+  }
+  fragile& operator=(fragile&&) = default;
+};
+
+TEST(Future, AValueThatCannotBeStoredLeavesTheTaskToFailNormally) {
+  auto state = std::make_shared<detail::shared_state<fragile>>();
+  future<fragile> f(state);
+  state->try_start();
+  fragile::moves_left_to_fail = 1;
+  EXPECT_THROW(state->set_value(fragile(3)), std::runtime_error);
+  EXPECT_EQ(f.status(), task_status::running);
+  EXPECT_FALSE(f.ready());
+  state->set_exception(std::make_exception_ptr(std::runtime_error("stored instead")));
+  EXPECT_EQ(f.status(), task_status::failed);
+  EXPECT_THROW((void)f.get(), std::runtime_error);
+}
+
+TEST(CompletionBatch, DeferredWorkRunsOnceAtTheEndOfTheOutermostBatch) {
+  std::vector<int> log;
+  auto note = [](void* arg) {
+    auto* l = static_cast<std::vector<int>*>(arg);
+    l->push_back(static_cast<int>(l->size()));
+  };
+  // No batch open: nothing is kept; the caller does its work itself.
+  EXPECT_FALSE(detail::completion_batch::open());
+  EXPECT_FALSE(detail::completion_batch::defer(note, &log));
+  EXPECT_TRUE(log.empty());
+  {
+    detail::completion_batch outer;
+    auto state = std::make_shared<detail::shared_state<int>>();
+    future<int> f(state);
+    bool callback_ran = false;
+    f.on_complete([&](future<int>&) {
+      callback_ran = true;  // callbacks themselves run at once
+      EXPECT_TRUE(detail::completion_batch::defer(note, &log));
+    });
+    {
+      detail::completion_batch inner;
+      state->try_start();
+      state->set_value(1);
+      EXPECT_TRUE(callback_ran);
+    }
+    EXPECT_TRUE(log.empty());  // the inner batch's end is not the outermost
+    EXPECT_TRUE(detail::completion_batch::defer(note, &log));
+    EXPECT_TRUE(log.empty());
+  }
+  EXPECT_EQ(log, (std::vector<int>{0, 1}));
+  EXPECT_FALSE(detail::completion_batch::open());
+}
+
+TEST(CompletionBatch, WorkDeferredWhileTheBatchEndsRunsInTheSameEndAndBatchesArePerThread) {
+  struct chain {
+    int runs = 0;
+    static void step(void* arg) {
+      auto* c = static_cast<chain*>(arg);
+      if (++c->runs < 3) {
+        EXPECT_TRUE(detail::completion_batch::defer(step, c));
+      }
+    }
+  } c;
+  {
+    detail::completion_batch batch;
+    EXPECT_TRUE(detail::completion_batch::defer(chain::step, &c));
+    std::thread other([] { EXPECT_FALSE(detail::completion_batch::open()); });
+    other.join();
+  }
+  EXPECT_EQ(c.runs, 3);
+}
+
+#ifdef GPUPOOL_TEST_COUNTS_ALLOCATIONS
+TEST(Future, NeitherACallbackNorTheCompletionAllocates) {
+  auto state = std::make_shared<detail::shared_state<int>>();
+  future<int> f(state);
+  int seen = 0;
+  std::function<void(future<int>&)> cb = [&seen](future<int>& done) { seen = done.get(); };
+  const std::size_t before = allocations_here;
+  f.on_complete(std::move(cb));  // stored as it is: no wrapper, no list for the first one
+  state->try_start();
+  state->set_value(7);  // no waiter: no lock, no notification
+  EXPECT_EQ(allocations_here - before, 0u);
+  EXPECT_EQ(seen, 7);
+}
+#endif
 
 }  // namespace
 }  // namespace gpupool

@@ -1,6 +1,7 @@
 // The executor: owns devices and lanes, queues tasks, hands them to lanes, returns futures.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -113,10 +114,14 @@ class executor {
     require_arity(k, 1, "map");
     multi_future<host_vector<T>> futures;
     futures.reserve(std::ranges::size(xs));
+    std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
+    jobs.reserve(std::min<std::size_t>(std::ranges::size(xs), map_batch));
     for (const auto& x : xs) {
       auto sx = as_span<T>(x);
-      futures.push_back(map_one<T>(k, sx.data(), nullptr, sx.size()));
+      futures.push_back(map_into<T>(k, sx.data(), nullptr, sx.size(), jobs));
+      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
     }
+    enqueue_elementwise_all(jobs);
     return futures;
   }
 
@@ -245,6 +250,25 @@ class executor {
     }
     return future<host_vector<T>>(std::move(state));
   }
+
+  // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,
+  // small enough that lanes start while the rest is being prepared.
+  static constexpr std::size_t map_batch = 256;
+
+  template <class T>
+  future<host_vector<T>> map_into(const kernel& k, const T* x, const T* y, std::size_t n,
+                                  std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+    auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
+    if (n == 0) {
+      require_open();
+      state->try_start();
+      state->set_value({});
+    } else {
+      jobs.push_back(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
+    }
+    return future<host_vector<T>>(std::move(state));
+  }
+  void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
   future<void> transform_impl(const kernel& k, dtype t, const void* x, const void* y, void* out,
                               std::size_t n);

@@ -2,8 +2,10 @@
 // cancellable while the task is still queued, with completion callbacks.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -21,10 +23,50 @@ namespace gpupool {
 enum class task_status { pending, running, succeeded, failed, cancelled };
 [[nodiscard]] const char* to_string(task_status s) noexcept;
 
+template <class T>
+class future;
+
 namespace detail {
 
-/// The untyped part of a task's shared state: status, exception, waiting and callbacks.
-/// Thread-safe; every transition happens under one mutex.
+template <class T>
+class shared_state;
+
+/// Reports the exception being handled, thrown by a completion callback: it has nowhere else to
+/// go (the task already ended). Call only from a catch block.
+void report_callback_failure() noexcept;
+
+/// A pass over finished tasks on one thread (a lane completing every ready item), during which
+/// completion callbacks may put off work they share, to do it once for the whole pass: e.g. a
+/// callback that needs Python's GIL queues its result and defers one function that takes the
+/// GIL once and hands over every queued result. Callbacks themselves still run at once, on the
+/// completing thread; only what they `defer` waits for the end of the pass.
+///
+/// Batches nest on a thread; deferred functions run, in the order deferred, when the outermost
+/// one ends (on that thread). A function deferred while they run runs in the same end.
+class completion_batch {
+ public:
+  completion_batch() noexcept;
+  ~completion_batch();
+  completion_batch(const completion_batch&) = delete;
+  completion_batch& operator=(const completion_batch&) = delete;
+
+  /// Runs `fn(arg)` at the end of the outermost batch open on this thread. Returns false, and
+  /// keeps nothing, when no batch is open here: the caller then does its work now. `fn` must not
+  /// throw (an exception is reported on stderr and dropped).
+  /// @throw std::bad_alloc if the function cannot be recorded.
+  static bool defer(void (*fn)(void*), void* arg);
+  /// True while a batch is open on this thread.
+  [[nodiscard]] static bool open() noexcept;
+};
+
+/// The untyped part of a task's shared state: status, exception and waiting.
+///
+/// Thread-safe, and cheap when nobody waits: the status lives in one atomic word together with
+/// two flags, "a thread waits" and "callbacks are registered". Starting, completing and
+/// cancelling are single atomic operations; the mutex and condition variable are touched only
+/// when a flag says a waiter or a callback is there. The value or exception is written by the
+/// one thread that won the right to complete, before the final status is published (release),
+/// and read only after a final status was seen (acquire).
 class state_base {
  public:
   state_base() = default;
@@ -32,49 +74,88 @@ class state_base {
   state_base& operator=(const state_base&) = delete;
   virtual ~state_base() = default;
 
-  /// pending -> running. False if the task was cancelled (or already started).
-  bool try_start();
+  /// pending -> running. False if the task was cancelled (or already started or ended).
+  bool try_start() noexcept;
   /// pending -> cancelled, completing the state. False if the task already started or ended.
-  bool try_cancel();
-  /// running|pending -> failed. Ignored if the state already ended (first failure wins).
-  void set_exception(std::exception_ptr e);
+  bool try_cancel() noexcept;
+  /// running|pending -> failed. Ignored if the state already ended (first result wins).
+  void set_exception(std::exception_ptr e) noexcept;
 
-  [[nodiscard]] task_status status() const;
-  [[nodiscard]] bool done() const;
+  [[nodiscard]] task_status status() const noexcept;
+  [[nodiscard]] bool done() const noexcept;
   void wait() const;
   [[nodiscard]] bool wait_until(std::chrono::steady_clock::time_point deadline) const;
-  /// Runs `cb` once the state is final: now, on this thread, if it already is; otherwise on the
-  /// thread that completes it.
-  void add_callback(std::function<void()> cb);
   /// Rethrows the stored exception (failed) or throws cancelled_error (cancelled).
   void rethrow_if_unsuccessful() const;
 
  protected:
-  /// Ends the state as succeeded; the caller has stored the value. Returns false (and the caller
-  /// must discard the value) if the state had already ended.
-  bool begin_success(std::unique_lock<std::mutex>& lock);
-  void finish(std::unique_lock<std::mutex> lock, task_status final_status);
+  /// Claims the right to complete the state (pending|running -> completing). False if it already
+  /// ended or another thread is completing it: the caller must then store nothing.
+  bool begin_completion() noexcept;
+  /// The claimed completion did not happen (storing the value threw): back to where it was.
+  void abandon_completion() noexcept;
+  /// Publishes `final_status` after the caller stored the value or exception; then wakes waiters
+  /// and runs callbacks if there are any. The state may be destroyed by the time this returns
+  /// (the last callback may drop the last reference): callers touch nothing afterwards.
+  void end_completion(task_status final_status) noexcept;
+  /// Sets the "callbacks registered" flag unless the state already ended (false then). Called
+  /// with `mutex_` held, so that a completing thread reads the callbacks only after they are
+  /// stored.
+  bool mark_callbacks() noexcept;
+  /// Claims the value for one taker; false if it was already taken.
+  bool take_once() noexcept;
+  /// Runs the callbacks of a state that just ended, on the completing thread.
+  virtual void run_callbacks() noexcept = 0;
+
+  // Under mutex_: callbacks of the typed state; waiters sleep on cv_.
   mutable std::mutex mutex_;
 
  private:
+  std::uint32_t load() const noexcept;
+  // Moves the status bits from `from` to `to`, keeping the flags. False if they were not `from`.
+  bool transition(std::uint32_t from, std::uint32_t to) noexcept;
+  void wake_and_call(std::uint32_t before) noexcept;
+
   mutable std::condition_variable cv_;
-  task_status status_ = task_status::pending;
+  mutable std::atomic<std::uint32_t> word_{0};  // status bits | flags (see future.cpp)
   std::exception_ptr exception_;
-  std::vector<std::function<void()>> callbacks_;
+};
+
+/// The part of a state that knows the value's type: completion callbacks, which get a future.
+template <class T>
+class typed_state : public state_base {
+ public:
+  /// Runs `cb(f)`, where `f` refers to this state (held by `self`), once the state is final: now,
+  /// on this thread, if it already is; otherwise on the thread that completes it. Stores `cb`
+  /// itself (the first one in place, later ones in a list): no allocation of its own. An empty
+  /// `cb` is ignored.
+  void add_callback(std::function<void(future<T>&)> cb, std::shared_ptr<shared_state<T>> self);
+
+ private:
+  void run_callbacks() noexcept override;
+
+  std::function<void(future<T>&)> first_callback_;
+  std::vector<std::function<void(future<T>&)>> more_callbacks_;
+  // The state itself while callbacks wait, to hand them a future; dropped once they ran.
+  std::shared_ptr<shared_state<T>> self_;
 };
 
 template <class T>
-class shared_state final : public state_base {
+class shared_state final : public typed_state<T> {
  public:
   void set_value(T value) {
-    std::unique_lock lock(mutex_);
-    if (!begin_success(lock)) return;
-    value_.emplace(std::move(value));
-    finish(std::move(lock), task_status::succeeded);
+    if (!this->begin_completion()) return;
+    try {
+      value_.emplace(std::move(value));
+    } catch (...) {
+      this->abandon_completion();
+      throw;
+    }
+    this->end_completion(task_status::succeeded);
   }
   T take() {
-    std::lock_guard lock(mutex_);
-    if (!value_) throw std::logic_error("gpupool::future::get: the value was already taken");
+    if (!this->take_once())
+      throw std::logic_error("gpupool::future::get: the value was already taken");
     T v = std::move(*value_);
     value_.reset();
     return v;
@@ -85,12 +166,11 @@ class shared_state final : public state_base {
 };
 
 template <>
-class shared_state<void> final : public state_base {
+class shared_state<void> final : public typed_state<void> {
  public:
-  void set_value() {
-    std::unique_lock lock(mutex_);
-    if (!begin_success(lock)) return;
-    finish(std::move(lock), task_status::succeeded);
+  void set_value() noexcept {
+    if (!begin_completion()) return;
+    end_completion(task_status::succeeded);
   }
   void take() {}
 };
@@ -140,10 +220,7 @@ class [[nodiscard]] future {
   /// Runs on the lane thread that completes the task, or right away if it already ended.
   /// `cb` must not throw; it should be short, as it runs on a lane.
   void on_complete(std::function<void(future&)> cb) {
-    checked().add_callback([state = state_, cb = std::move(cb)]() mutable {
-      future alias(state);
-      cb(alias);
-    });
+    checked().add_callback(std::move(cb), state_);
   }
 
  private:
@@ -153,6 +230,56 @@ class [[nodiscard]] future {
   }
   std::shared_ptr<detail::shared_state<T>> state_;
 };
+
+namespace detail {
+
+// Calls one stored callback with a future of its own (a callback may move from it).
+template <class T>
+void invoke_callback(std::function<void(future<T>&)>& cb,
+                     const std::shared_ptr<shared_state<T>>& self) noexcept {
+  if (!cb) return;
+  try {
+    future<T> alias(self);
+    cb(alias);
+  } catch (...) {
+    report_callback_failure();
+  }
+}
+
+template <class T>
+void typed_state<T>::add_callback(std::function<void(future<T>&)> cb,
+                                  std::shared_ptr<shared_state<T>> self) {
+  if (!cb) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (mark_callbacks()) {
+      if (!first_callback_)
+        first_callback_ = std::move(cb);
+      else
+        more_callbacks_.push_back(std::move(cb));
+      if (!self_) self_ = std::move(self);
+      return;
+    }
+  }
+  invoke_callback(cb, self);
+}
+
+template <class T>
+void typed_state<T>::run_callbacks() noexcept {
+  std::shared_ptr<shared_state<T>> self;  // destroyed last: it may hold the last reference
+  std::function<void(future<T>&)> first;
+  std::vector<std::function<void(future<T>&)>> more;
+  {
+    std::lock_guard lock(mutex_);
+    first.swap(first_callback_);
+    more.swap(more_callbacks_);
+    self.swap(self_);
+  }
+  invoke_callback(first, self);
+  for (auto& cb : more) invoke_callback(cb, self);
+}
+
+}  // namespace detail
 
 /// The futures of a batch of tasks, in submission order. `get()` returns all values in order and
 /// rethrows the first failure (in order) after every task has ended.

@@ -438,6 +438,28 @@ void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
   if (!impl_->queue.push(std::move(item), device)) throw std::runtime_error(shut_down_message);
 }
 
+void executor::enqueue_elementwise_all(
+    std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+  if (jobs.empty()) return;
+  require_open();
+  std::vector<detail::work_item_ptr> items;
+  items.reserve(jobs.size());
+  for (auto& job : jobs) {
+    const std::size_t per_piece = impl_->chunk_bytes / size_of(job->type());
+    const std::size_t pieces = (job->count() + per_piece - 1) / per_piece;
+    job->set_piece_count(pieces);
+    for (std::size_t p = 0; p < pieces; ++p) {
+      const std::size_t offset = p * per_piece;
+      // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.
+      items.push_back(std::make_unique<detail::elementwise_piece>(
+          job, offset, std::min(per_piece, job->count() - offset), impl_->chunk_bytes));
+      impl_->stamp(*items.back());
+    }
+  }
+  jobs.clear();
+  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
+}
+
 void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job) {
   require_open();
   // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.

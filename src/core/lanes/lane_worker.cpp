@@ -118,9 +118,15 @@ void lane_worker::run(std::promise<void> ready) {
   // `next_slot`, so `next_slot` is free whenever fewer than `slots` items are in flight.
   std::deque<in_flight> window;
   int next_slot = 0;
-  for (;;) {
+  // Each completion pass runs inside a completion_batch, so that work futures' callbacks defer
+  // (taking Python's lock, say) is done once per pass rather than once per task.
+  const auto complete_ready = [&] {
+    completion_batch pass;
     while (!window.empty() && complete_oldest(window, /*block=*/false)) {
     }
+  };
+  for (;;) {
+    complete_ready();
     if (window.size() < static_cast<std::size_t>(buffers_.count())) {
       work_item_ptr item = setup_.queue->pop(setup_.device, /*block=*/window.empty());
       if (item) {
@@ -142,7 +148,12 @@ void lane_worker::run(std::promise<void> ready) {
       }
       if (window.empty()) break;  // the queue is closed and holds nothing for this device
     }
-    complete_oldest(window, /*block=*/true);
+    {
+      completion_batch pass;
+      complete_oldest(window, /*block=*/true);
+      while (!window.empty() && complete_oldest(window, /*block=*/false)) {
+      }
+    }
   }
   close();
 }

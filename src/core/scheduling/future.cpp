@@ -1,7 +1,9 @@
 // The untyped shared state behind every future.
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <utility>
+#include <vector>
 
 #include "gpupool/future.hpp"
 
@@ -26,14 +28,30 @@ const char* to_string(task_status s) noexcept {
 namespace detail {
 namespace {
 
-bool is_final(task_status s) noexcept {
-  return s == task_status::succeeded || s == task_status::failed || s == task_status::cancelled;
+// The state word: the status in the low bits, then flags.
+constexpr std::uint32_t status_bits = 0x7;
+// Transient: one thread is storing the result (from pending or from running).
+constexpr std::uint32_t completing_from_pending = 5;
+constexpr std::uint32_t completing_from_running = 6;
+constexpr std::uint32_t waiters_flag = 1u << 3;    // a thread waits (or waited) on cv_
+constexpr std::uint32_t callbacks_flag = 1u << 4;  // callbacks are stored
+constexpr std::uint32_t taken_flag = 1u << 5;      // the value was handed over
+
+constexpr std::uint32_t bits_of(task_status s) noexcept {
+  return static_cast<std::uint32_t>(s);
 }
 
-// A callback's exception has nowhere to go (the task already ended); report it rather than lose it.
-void run_callback(const std::function<void()>& cb) noexcept {
+bool is_final(std::uint32_t word) noexcept {
+  const std::uint32_t s = word & status_bits;
+  return s == bits_of(task_status::succeeded) || s == bits_of(task_status::failed) ||
+         s == bits_of(task_status::cancelled);
+}
+
+}  // namespace
+
+void report_callback_failure() noexcept {
   try {
-    cb();
+    throw;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gpupool: a completion callback threw: %s\n", e.what());
   } catch (...) {
@@ -41,76 +59,184 @@ void run_callback(const std::function<void()>& cb) noexcept {
   }
 }
 
+namespace {
+
+struct deferred_call {
+  void (*fn)(void*);
+  void* arg;
+};
+
+// This thread's open batches and what they put off; the list keeps its capacity between passes.
+thread_local int open_batches = 0;
+thread_local std::vector<deferred_call> deferred_calls;
+
 }  // namespace
 
-bool state_base::try_start() {
-  std::lock_guard lock(mutex_);
-  if (status_ != task_status::pending) return false;
-  status_ = task_status::running;
+completion_batch::completion_batch() noexcept {
+  ++open_batches;
+}
+
+completion_batch::~completion_batch() {
+  if (open_batches > 1) {
+    --open_batches;
+    return;
+  }
+  // Still open while the deferred functions run, so that what they defer runs here too.
+  for (std::size_t i = 0; i < deferred_calls.size(); ++i) {
+    const deferred_call call = deferred_calls[i];  // a copy: the list may grow meanwhile
+    try {
+      call.fn(call.arg);
+    } catch (...) {
+      report_callback_failure();
+    }
+  }
+  deferred_calls.clear();
+  --open_batches;
+}
+
+bool completion_batch::defer(void (*fn)(void*), void* arg) {
+  if (open_batches == 0) return false;
+  deferred_calls.push_back({fn, arg});
   return true;
 }
 
-bool state_base::try_cancel() {
-  std::unique_lock lock(mutex_);
-  if (status_ != task_status::pending) return false;
-  finish(std::move(lock), task_status::cancelled);
+bool completion_batch::open() noexcept {
+  return open_batches > 0;
+}
+
+std::uint32_t state_base::load() const noexcept {
+  return word_.load(std::memory_order_acquire);
+}
+
+bool state_base::transition(std::uint32_t from, std::uint32_t to) noexcept {
+  std::uint32_t word = word_.load(std::memory_order_relaxed);
+  do {
+    if ((word & status_bits) != from) return false;
+  } while (!word_.compare_exchange_weak(word, (word & ~status_bits) | to, std::memory_order_acq_rel,
+                                        std::memory_order_relaxed));
   return true;
 }
 
-void state_base::set_exception(std::exception_ptr e) {
-  std::unique_lock lock(mutex_);
-  if (is_final(status_)) return;
+bool state_base::try_start() noexcept {
+  return transition(bits_of(task_status::pending), bits_of(task_status::running));
+}
+
+bool state_base::try_cancel() noexcept {
+  // Nothing to store: straight from pending to its final status.
+  std::uint32_t word = word_.load(std::memory_order_relaxed);
+  do {
+    if ((word & status_bits) != bits_of(task_status::pending)) return false;
+  } while (!word_.compare_exchange_weak(word,
+                                        (word & ~status_bits) | bits_of(task_status::cancelled),
+                                        std::memory_order_acq_rel, std::memory_order_relaxed));
+  wake_and_call(word);
+  return true;
+}
+
+bool state_base::begin_completion() noexcept {
+  std::uint32_t word = word_.load(std::memory_order_relaxed);
+  std::uint32_t next = 0;
+  do {
+    const std::uint32_t s = word & status_bits;
+    if (s == bits_of(task_status::pending))
+      next = completing_from_pending;
+    else if (s == bits_of(task_status::running))
+      next = completing_from_running;
+    else
+      return false;  // ended, or another thread is completing it
+  } while (!word_.compare_exchange_weak(word, (word & ~status_bits) | next,
+                                        std::memory_order_acquire, std::memory_order_relaxed));
+  return true;
+}
+
+void state_base::abandon_completion() noexcept {
+  if (!transition(completing_from_pending, bits_of(task_status::pending)))
+    (void)transition(completing_from_running, bits_of(task_status::running));
+}
+
+void state_base::end_completion(task_status final_status) noexcept {
+  std::uint32_t word = word_.load(std::memory_order_relaxed);
+  // Release: whoever sees the final status sees the value or exception stored before it.
+  while (!word_.compare_exchange_weak(word, (word & ~status_bits) | bits_of(final_status),
+                                      std::memory_order_acq_rel, std::memory_order_relaxed)) {
+  }
+  wake_and_call(word);
+}
+
+void state_base::wake_and_call(std::uint32_t before) noexcept {
+  if ((before & waiters_flag) != 0) {
+    // Under the lock: a waiter sets its flag and checks the status holding it, so it is either
+    // asleep on cv_ now or will see the final status.
+    std::lock_guard lock(mutex_);
+    cv_.notify_all();
+  }
+  if ((before & callbacks_flag) != 0) run_callbacks();  // last: the state may go with it
+}
+
+void state_base::set_exception(std::exception_ptr e) noexcept {
+  if (!begin_completion()) return;
   exception_ = std::move(e);
-  finish(std::move(lock), task_status::failed);
+  end_completion(task_status::failed);
 }
 
-bool state_base::begin_success(std::unique_lock<std::mutex>& /*lock*/) {
-  return !is_final(status_);
+bool state_base::mark_callbacks() noexcept {
+  std::uint32_t word = word_.load(std::memory_order_acquire);
+  do {
+    if (is_final(word)) return false;
+    if ((word & callbacks_flag) != 0) return true;
+  } while (!word_.compare_exchange_weak(word, word | callbacks_flag, std::memory_order_acq_rel,
+                                        std::memory_order_acquire));
+  return true;
 }
 
-void state_base::finish(std::unique_lock<std::mutex> lock, task_status final_status) {
-  status_ = final_status;
-  auto callbacks = std::move(callbacks_);
-  callbacks_.clear();
-  lock.unlock();
-  cv_.notify_all();
-  for (const auto& cb : callbacks) run_callback(cb);
+bool state_base::take_once() noexcept {
+  return (word_.fetch_or(taken_flag, std::memory_order_acq_rel) & taken_flag) == 0;
 }
 
-task_status state_base::status() const {
-  std::lock_guard lock(mutex_);
-  return status_;
+task_status state_base::status() const noexcept {
+  const std::uint32_t s = load() & status_bits;
+  if (s == completing_from_pending) return task_status::pending;
+  if (s == completing_from_running) return task_status::running;
+  return static_cast<task_status>(s);
 }
 
-bool state_base::done() const {
-  return is_final(status());
+bool state_base::done() const noexcept {
+  return is_final(load());
 }
 
 void state_base::wait() const {
+  if (is_final(load())) return;
   std::unique_lock lock(mutex_);
-  cv_.wait(lock, [this] { return is_final(status_); });
+  std::uint32_t word = load();
+  while (!is_final(word)) {
+    if ((word & waiters_flag) == 0 &&
+        !word_.compare_exchange_weak(word, word | waiters_flag, std::memory_order_acq_rel,
+                                     std::memory_order_acquire))
+      continue;  // the word changed: look again
+    cv_.wait(lock);
+    word = load();
+  }
 }
 
 bool state_base::wait_until(std::chrono::steady_clock::time_point deadline) const {
+  if (is_final(load())) return true;
   std::unique_lock lock(mutex_);
-  return cv_.wait_until(lock, deadline, [this] { return is_final(status_); });
-}
-
-void state_base::add_callback(std::function<void()> cb) {
-  {
-    std::lock_guard lock(mutex_);
-    if (!is_final(status_)) {
-      callbacks_.push_back(std::move(cb));
-      return;
-    }
+  std::uint32_t word = load();
+  while (!is_final(word)) {
+    if ((word & waiters_flag) == 0 &&
+        !word_.compare_exchange_weak(word, word | waiters_flag, std::memory_order_acq_rel,
+                                     std::memory_order_acquire))
+      continue;
+    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) return is_final(load());
+    word = load();
   }
-  run_callback(cb);
+  return true;
 }
 
 void state_base::rethrow_if_unsuccessful() const {
-  std::lock_guard lock(mutex_);
-  if (status_ == task_status::failed) std::rethrow_exception(exception_);
-  if (status_ == task_status::cancelled)
+  const std::uint32_t s = load() & status_bits;
+  if (s == bits_of(task_status::failed)) std::rethrow_exception(exception_);
+  if (s == bits_of(task_status::cancelled))
     throw cancelled_error("gpupool: the task was cancelled before it started");
 }
 

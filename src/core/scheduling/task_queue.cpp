@@ -1,92 +1,383 @@
 #include "core/scheduling/task_queue.hpp"
 
+#include <algorithm>
+#include <functional>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <thread>
 #include <utility>
 
 namespace gpupool::detail {
+namespace {
+
+// Locks the given device queues' mutexes in index order (every path that holds more than one
+// lock takes them so, and no other holds two at once) and unlocks them on scope exit.
+template <class Queue>
+class ordered_locks {
+ public:
+  explicit ordered_locks(std::size_t most) { held_.reserve(most); }  // may throw: before locking
+  ordered_locks(const ordered_locks&) = delete;
+  ordered_locks& operator=(const ordered_locks&) = delete;
+  ~ordered_locks() {
+    for (auto it = held_.rbegin(); it != held_.rend(); ++it) (*it)->mutex.unlock();
+  }
+  void lock(Queue& q) {
+    q.mutex.lock();
+    held_.push_back(&q);  // within the reserved capacity: cannot throw
+  }
+
+ private:
+  std::vector<Queue*> held_;
+};
+
+}  // namespace
+
+task_queue::task_queue(int devices)
+    : count_(devices > 0 ? static_cast<std::size_t>(devices) : 0),
+      queues_(std::make_unique<device_queue[]>(count_)) {
+  if (devices < 1)
+    throw std::invalid_argument("gpupool: a task queue needs at least one device, not " +
+                                std::to_string(devices));
+}
+
+task_queue::~task_queue() = default;
+
+task_queue::device_queue& task_queue::at(int device) const {
+  if (device < 0 || static_cast<std::size_t>(device) >= count_)
+    throw std::out_of_range("gpupool: the task queue has no device " + std::to_string(device));
+  return queues_[static_cast<std::size_t>(device)];
+}
+
+bool task_queue::append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item) {
+  // An item that reports success but keeps `next` would be lost if trusted: what decides is
+  // whether the item was taken over.
+  if (!deque.empty()) static_cast<void>(deque.back()->absorb(item));
+  if (!item) return false;
+  deque.push_back(std::move(item));
+  return true;
+}
+
+work_item_ptr task_queue::take_own_locked(device_queue& q) {
+  if (!q.pinned.empty()) {
+    work_item_ptr item = std::move(q.pinned.front());
+    q.pinned.pop_front();
+    q.pinned_count.fetch_sub(1);
+    return item;
+  }
+  if (!q.shared.empty()) {
+    work_item_ptr item = std::move(q.shared.front());
+    q.shared.pop_front();
+    q.shared_count.fetch_sub(1);
+    return item;
+  }
+  return nullptr;
+}
+
+void task_queue::refresh_idle_locked(device_queue& q) {
+  const int now = q.sleeping - q.signalled;
+  const int before = q.idle.exchange(now);
+  // Sequentially consistent: a lane that goes idle and then looks for shared items, and a
+  // producer that queues one and then looks for idle lanes, cannot both miss the other.
+  if (now != before) idle_total_.fetch_add(now - before);
+}
+
+std::pair<int, bool> task_queue::signal_locked(device_queue& q, std::size_t items, wake_rule rule) {
+  const int free = q.sleeping - q.signalled;
+  int n = 0;
+  if (rule == wake_rule::every_item)
+    n = static_cast<int>(std::min<std::size_t>(items, static_cast<std::size_t>(free)));
+  else if (items > 0 && free > 0 && q.signalled == 0)
+    n = 1;
+  if (n == 0) return {0, false};
+  q.signalled += n;
+  refresh_idle_locked(q);
+  return {n, q.signalled == q.sleeping};
+}
+
+void task_queue::notify(device_queue& q, std::pair<int, bool> woken) {
+  if (woken.first == 0) return;
+  if (woken.second) {
+    q.wake.notify_all();  // every sleeping lane of q was signalled
+    return;
+  }
+  for (int i = 0; i < woken.first; ++i) q.wake.notify_one();
+}
+
+void task_queue::wake_idle(std::size_t items, std::size_t first, wake_rule rule) {
+  for (std::size_t i = 0; i < count_ && items > 0; ++i) {
+    if (idle_total_.load() == 0) return;
+    device_queue& q = queues_[(first + i) % count_];
+    if (q.idle.load() == 0) continue;
+    std::pair<int, bool> woken;
+    {
+      std::lock_guard lock(q.mutex);
+      woken = signal_locked(q, items, rule);
+    }
+    notify(q, woken);
+    // One lane on its way is enough: it takes the item wherever it is and wakes the next.
+    if (rule == wake_rule::one_in_transit) return;
+    items -= static_cast<std::size_t>(woken.first);
+  }
+}
+
+std::size_t task_queue::shared_target() {
+  if (count_ == 1) return 0;
+  // Each producing thread deals its items out in turn, from a start of its own, so that
+  // producers do not all begin at device 0 (and share no counter).
+  thread_local std::size_t turn = std::hash<std::thread::id>{}(std::this_thread::get_id());
+  if (idle_total_.load() > 0) {
+    for (std::size_t i = 0; i < count_; ++i) {
+      const std::size_t d = (turn + i) % count_;
+      if (queues_[d].idle.load() > 0) {
+        turn = d + 1;
+        return d;
+      }
+    }
+  }
+  return turn++ % count_;
+}
 
 bool task_queue::push(work_item_ptr item, std::optional<int> device) {
+  if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
+  return push_one(item, device);
+}
+
+bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
+  const bool pinned = device.has_value();
+  if (pinned) (void)at(*device);  // throws for an unknown device
+  const std::size_t target = pinned ? static_cast<std::size_t>(*device) : shared_target();
+  device_queue& q = queues_[target];
+  std::pair<int, bool> woken;
+  bool every_lane_busy = false;
   {
-    std::lock_guard lock(mutex_);
-    if (closed_) return false;
-    auto& q = device ? per_device_.at(static_cast<std::size_t>(*device)) : shared_;
-    // Coalescing: the last queued item may carry this one along; then nothing new is queued.
-    if (!q.empty() && q.back()->absorb(item)) return true;
-    q.push_back(std::move(item));
-    ++size_;
+    std::lock_guard lock(q.mutex);
+    if (closed_.load()) return false;
+    if (!append_locked(pinned ? q.pinned : q.shared, item)) return true;  // absorbed
+    (pinned ? q.pinned_count : q.shared_count).fetch_add(1);
+    woken = signal_locked(q, 1, wake_rule::one_in_transit);
+    every_lane_busy = q.sleeping == 0;
   }
-  // A device-pinned item must reach a lane of that device, so wake everyone in that case.
-  if (device)
-    available_.notify_all();
-  else
-    available_.notify_one();
+  notify(q, woken);
+  // No lane of that device waits: a waiting lane of another device may steal an unpinned item.
+  if (!pinned && every_lane_busy) wake_idle(1, target + 1, wake_rule::one_in_transit);
   return true;
 }
 
 bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> device) {
+  for (const auto& item : items)
+    if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
+  // One item (map queues each input's pieces on their own) is queued as push does, waking a
+  // lane only if none is on its way.
+  if (items.size() == 1) {
+    if (!push_one(items.front(), device)) return false;
+    items.clear();
+    return true;
+  }
+  if (device) {
+    device_queue& q = at(*device);
+    std::pair<int, bool> woken;
+    {
+      std::lock_guard lock(q.mutex);
+      if (closed_.load()) return false;
+      std::size_t queued = 0;
+      for (auto& item : items) queued += append_locked(q.pinned, item) ? 1 : 0;
+      q.pinned_count.fetch_add(queued);
+      woken = signal_locked(q, queued, wake_rule::every_item);
+    }
+    items.clear();
+    notify(q, woken);
+    return true;
+  }
+
+  // Items for any device: cut into consecutive runs, one per device (fewer if there are fewer
+  // items), so each device works through its run in order and runs stay coalescible. Every
+  // target's lock is held at once so that the batch is queued whole or not at all.
+  const std::size_t n = items.size();
+  const std::size_t runs = std::min(n, count_);
+  if (runs == 0) return !closed_.load();
+  const std::size_t first = shared_target();
+  std::vector<std::pair<int, bool>> woken(runs);
+  std::size_t unserved = 0;  // items queued for which the target device had no idle lane
   {
-    std::lock_guard lock(mutex_);
-    if (closed_) return false;
-    auto& q = device ? per_device_[static_cast<std::size_t>(*device)] : shared_;
-    for (auto& item : items) {
-      if (!q.empty() && q.back()->absorb(item)) continue;
-      q.push_back(std::move(item));
-      ++size_;
+    ordered_locks<device_queue> locks(runs);
+    for (std::size_t d = 0; d < count_; ++d)
+      if ((d + count_ - first) % count_ < runs) locks.lock(queues_[d]);
+    if (closed_.load()) return false;
+    for (std::size_t r = 0; r < runs; ++r) {
+      device_queue& q = queues_[(first + r) % count_];
+      std::size_t queued = 0;
+      for (std::size_t i = n * r / runs; i < n * (r + 1) / runs; ++i)
+        queued += append_locked(q.shared, items[i]) ? 1 : 0;
+      q.shared_count.fetch_add(queued);
+      woken[r] = signal_locked(q, queued, wake_rule::every_item);
+      unserved += queued - static_cast<std::size_t>(woken[r].first);
     }
   }
   items.clear();
-  available_.notify_all();
+  for (std::size_t r = 0; r < runs; ++r) notify(queues_[(first + r) % count_], woken[r]);
+  if (unserved > 0) wake_idle(unserved, first, wake_rule::every_item);
   return true;
 }
 
-work_item_ptr task_queue::take_locked(int device) {
-  auto& own = per_device_[static_cast<std::size_t>(device)];
-  auto& q = !own.empty() ? own : shared_;
-  if (q.empty()) return nullptr;
-  work_item_ptr item = std::move(q.front());
-  q.pop_front();
-  --size_;
-  return item;
+std::pair<int, bool> task_queue::pass_on_locked(device_queue& q) {
+  return signal_locked(q, q.pinned.size() + q.shared.size(), wake_rule::one_in_transit);
+}
+
+bool task_queue::any_shared() const {
+  for (std::size_t d = 0; d < count_; ++d)
+    if (queues_[d].shared_count.load() != 0) return true;
+  return false;
+}
+
+work_item_ptr task_queue::steal(int device) {
+  const auto own = static_cast<std::size_t>(device);
+  for (std::size_t i = 1; i < count_; ++i) {
+    device_queue& q = queues_[(own + i) % count_];
+    if (q.shared_count.load() == 0) continue;
+    work_item_ptr item;
+    bool more = false;
+    {
+      std::lock_guard lock(q.mutex);
+      if (q.shared.empty()) continue;
+      item = std::move(q.shared.front());
+      q.shared.pop_front();
+      more = q.shared_count.fetch_sub(1) > 1;
+    }
+    // More left where this one came from: pass the wake-up on to an idle lane, this device's
+    // first.
+    if (more) wake_idle(1, own, wake_rule::one_in_transit);
+    return item;
+  }
+  return nullptr;
+}
+
+bool task_queue::wait_for_work(int device) {
+  device_queue& q = queues_[static_cast<std::size_t>(device)];
+  std::unique_lock lock(q.mutex);
+  if (!q.pinned.empty() || !q.shared.empty()) return true;
+  // Closed: a lane leaves once nothing it may run is left (other devices' shared items it helps
+  // with; their pinned ones are theirs).
+  if (closed_.load()) return any_shared();
+  ++q.sleeping;
+  refresh_idle_locked(q);
+  // Items for any device queued elsewhere before this lane counted as idle: their producers may
+  // not have seen it, so look again before sleeping.
+  if (any_shared()) {
+    --q.sleeping;
+    refresh_idle_locked(q);
+    return true;
+  }
+  q.wake.wait(lock);
+  wakeups_.fetch_add(1, std::memory_order_relaxed);
+  --q.sleeping;
+  if (q.signalled > 0) --q.signalled;  // woken for an item (or by close; then it is moot)
+  refresh_idle_locked(q);
+  return true;
 }
 
 work_item_ptr task_queue::pop(int device, bool block) {
-  std::unique_lock lock(mutex_);
-  if (!block) return take_locked(device);
+  device_queue& q = at(device);
   for (;;) {
-    if (auto item = take_locked(device)) return item;
-    if (closed_) return nullptr;
-    available_.wait(lock);
+    // Empty by the lock-free counts: skip the lock (a blocking pop looks again under it).
+    if (q.pinned_count.load() + q.shared_count.load() != 0) {
+      work_item_ptr item;
+      std::pair<int, bool> woken;
+      {
+        std::lock_guard lock(q.mutex);
+        item = take_own_locked(q);
+        woken = pass_on_locked(q);
+      }
+      notify(q, woken);
+      if (item) return item;
+    }
+    if (auto item = steal(device)) return item;
+    if (!block || !wait_for_work(device)) return nullptr;
+  }
+}
+
+std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_item_ptr>& out,
+                                 bool block) {
+  if (most == 0) return 0;
+  device_queue& q = at(device);
+  for (;;) {
+    if (q.pinned_count.load() + q.shared_count.load() != 0) {
+      std::size_t take = 0;
+      std::pair<int, bool> woken;
+      {
+        std::lock_guard lock(q.mutex);
+        const std::size_t queued = q.pinned.size() + q.shared.size();
+        const auto reserved = static_cast<std::size_t>(q.signalled);
+        take = std::min(most,
+                        queued > reserved ? queued - reserved : std::min<std::size_t>(queued, 1));
+        out.reserve(out.size() + take);  // may throw: before anything is taken
+        for (std::size_t i = 0; i < take; ++i) out.push_back(take_own_locked(q));
+        woken = pass_on_locked(q);
+      }
+      notify(q, woken);
+      if (take > 0) return take;
+    }
+    if (auto item = steal(device)) {
+      out.push_back(std::move(item));  // cannot throw: steal leaves out as it is on failure
+      return 1;
+    }
+    if (!block || !wait_for_work(device)) return 0;
   }
 }
 
 void task_queue::close() {
-  {
-    std::lock_guard lock(mutex_);
-    closed_ = true;
+  closed_.store(true);
+  for (std::size_t d = 0; d < count_; ++d) {
+    // Taking the lock orders this after any lane's check of `closed_` under it: a lane either
+    // saw the queue closed or is already waiting and gets this wake-up.
+    { std::lock_guard lock(queues_[d].mutex); }
+    queues_[d].wake.notify_all();
   }
-  available_.notify_all();
 }
 
 std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain() {
-  std::lock_guard lock(mutex_);
   std::vector<std::pair<work_item_ptr, std::optional<int>>> items;
-  items.reserve(size_);
-  for (std::size_t d = 0; d < per_device_.size(); ++d)
-    for (auto& item : per_device_[d]) items.emplace_back(std::move(item), static_cast<int>(d));
-  for (auto& item : shared_) items.emplace_back(std::move(item), std::nullopt);
-  for (auto& q : per_device_) q.clear();
-  shared_.clear();
-  size_ = 0;
+  std::vector<std::pair<work_item_ptr, std::optional<int>>> unpinned;
+  ordered_locks<device_queue> locks(count_);
+  for (std::size_t d = 0; d < count_; ++d) locks.lock(queues_[d]);
+  std::size_t pinned = 0, shared = 0;
+  for (std::size_t d = 0; d < count_; ++d) {
+    pinned += queues_[d].pinned.size();
+    shared += queues_[d].shared.size();
+  }
+  // Room first, so that nothing below throws once items leave their deques.
+  items.reserve(pinned + shared);
+  unpinned.reserve(shared);
+  for (std::size_t d = 0; d < count_; ++d) {
+    device_queue& q = queues_[d];
+    for (auto& item : q.pinned) items.emplace_back(std::move(item), static_cast<int>(d));
+    for (auto& item : q.shared) unpinned.emplace_back(std::move(item), std::nullopt);
+    q.pinned.clear();
+    q.shared.clear();
+    q.pinned_count.store(0);
+    q.shared_count.store(0);
+  }
+  // Items for any device were dealt out over the devices: put them back in submission order.
+  std::stable_sort(unpinned.begin(), unpinned.end(), [](const auto& a, const auto& b) {
+    return a.first->trace_id < b.first->trace_id;
+  });
+  std::move(unpinned.begin(), unpinned.end(), std::back_inserter(items));
   return items;
 }
 
 std::size_t task_queue::size() const {
-  std::lock_guard lock(mutex_);
-  return size_;
+  std::size_t n = 0;
+  for (std::size_t d = 0; d < count_; ++d)
+    n += queues_[d].pinned_count.load() + queues_[d].shared_count.load();
+  return n;
 }
 
 bool task_queue::closed() const {
-  std::lock_guard lock(mutex_);
-  return closed_;
+  return closed_.load();
+}
+
+int task_queue::idle_lanes(int device) const {
+  return at(device).idle.load();
 }
 
 }  // namespace gpupool::detail

@@ -1,9 +1,14 @@
-// The executor's queue: one FIFO any lane may take from, and one per device for pinned tasks.
+// The executor's queue: one small queue per device, each behind its own lock. Items for any
+// device are spread over the devices' queues and stolen by lanes of a device that runs dry;
+// items pinned to a device stay in that device's queue. Lanes sleep per device and are woken
+// one per queued item, only where an item can run.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <utility>
@@ -15,35 +20,112 @@ namespace gpupool::detail {
 
 class task_queue {
  public:
-  explicit task_queue(int devices) : per_device_(static_cast<std::size_t>(devices)) {}
+  /// A queue for `devices` devices (at least 1).
+  explicit task_queue(int devices);
+  task_queue(const task_queue&) = delete;
+  task_queue& operator=(const task_queue&) = delete;
+  ~task_queue();
 
-  /// Queues `item` for any device, or for `device` alone. False if the queue is closed.
+  /// Queues `item` for any device, or for `device` alone. False if the queue is closed. An item
+  /// the last queued item of the same device queue absorbs (`work_item::absorb`) is not queued
+  /// on its own and not counted by `size()`.
+  /// @throw std::out_of_range for a device this queue does not have.
   bool push(work_item_ptr item, std::optional<int> device);
-  /// Queues several items at once, for any device or for `device` alone. False (nothing queued)
-  /// if closed.
+  /// Queues several items at once, for any device or for `device` alone, taking each device's
+  /// lock once and waking at most one waiting lane per item (a single item is queued as `push`
+  /// queues it). False (nothing queued, `items`
+  /// left as they were) if closed; otherwise `items` is left empty.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
-  /// Takes the next item for a lane of `device`: that device's own items first. With `block`,
-  /// waits for one; returns null only once the queue is closed and holds nothing for `device`.
-  /// Without `block`, returns null at once when nothing is there.
+  /// Takes the next item for a lane of `device`: that device's pinned items first, then the
+  /// items for any device queued at that device, then such items stolen from other devices
+  /// (never their pinned items). With `block`, waits for one; returns null only once the queue
+  /// is closed and holds nothing `device` may run. Without `block`, returns null at once when
+  /// nothing is there.
   work_item_ptr pop(int device, bool block);
+  /// Like `pop`, but takes up to `most` items (at least 1 when it returns any) in order, appended
+  /// to `out`; returns how many. It leaves queued the items other lanes were woken for, so a
+  /// batch never takes the work of a lane that is waking up for it.
+  std::size_t pop_some(int device, std::size_t most, std::vector<work_item_ptr>& out, bool block);
 
   /// Stops accepting work and wakes every waiting lane.
   void close();
-  /// Removes and returns everything still queued, each with the device it was queued for.
+  /// Removes and returns everything still queued, each with the device it was queued for
+  /// (nullopt: any device). Pinned items come first, by device; the others in submission order
+  /// (`work_item::trace_id`).
   std::vector<std::pair<work_item_ptr, std::optional<int>>> drain();
+  /// Items queued and not taken. Exact when no push or pop runs at the same time.
   [[nodiscard]] std::size_t size() const;
   [[nodiscard]] bool closed() const;
+  [[nodiscard]] int devices() const noexcept { return static_cast<int>(count_); }
+  /// Lanes of `device` blocked in `pop` now with no item on its way to them (for tests).
+  [[nodiscard]] int idle_lanes(int device) const;
+  /// How many times a lane blocked in `pop` was woken so far (for tests and diagnostics).
+  [[nodiscard]] std::size_t wakeups() const noexcept {
+    return wakeups_.load(std::memory_order_relaxed);
+  }
 
  private:
-  work_item_ptr take_locked(int device);
+  // One per device, on its own cache lines so that devices never share one.
+  struct alignas(64) device_queue {
+    std::mutex mutex;
+    std::condition_variable wake;
+    std::deque<work_item_ptr> pinned;  // only this device's lanes take these
+    std::deque<work_item_ptr> shared;  // any lane may take these; this device's first
+    // The deques' sizes, readable without the lock: by thieves looking for work, by size(), and
+    // by a lane checking for work before it sleeps.
+    std::atomic<std::size_t> pinned_count{0};
+    std::atomic<std::size_t> shared_count{0};
+    int sleeping = 0;          // lanes blocked on `wake` (under `mutex`)
+    int signalled = 0;         // of those, lanes an item woke that have not yet run (under `mutex`)
+    std::atomic<int> idle{0};  // sleeping - signalled, readable without the lock
+  };
 
-  mutable std::mutex mutex_;
-  std::condition_variable available_;
-  std::deque<work_item_ptr> shared_;
-  std::vector<std::deque<work_item_ptr>> per_device_;
-  std::size_t size_ = 0;
-  bool closed_ = false;
+  device_queue& at(int device) const;
+  // push, leaving `item` with the caller if the queue is closed.
+  bool push_one(work_item_ptr& item, std::optional<int> device);
+  // Under q's lock: the next pinned item, else the next shared one.
+  static work_item_ptr take_own_locked(device_queue& q);
+  // Under q's lock: appends `item` to `deque`, or lets its last item absorb it. True if queued.
+  static bool append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item);
+  // Takes a shared item from another device than `device`; null if none.
+  work_item_ptr steal(int device);
+  // True if any device holds a shared item.
+  [[nodiscard]] bool any_shared() const;
+  // How many waiting lanes a wake-up pass wakes for `items` new items.
+  enum class wake_rule {
+    // One, and only if no lane of that device is already on its way: that lane, once it takes
+    // an item and sees more, wakes the next (pass_on_locked). Single pushes use it, so that a
+    // producer pays for at most one wake-up while lanes are waking, and lanes that would find
+    // nothing are not woken.
+    one_in_transit,
+    // One per item, as many as wait: a batch known at once (push_all).
+    every_item,
+  };
+  // Under q's lock: marks idle lanes of q as woken for `items` items by `rule`; returns how
+  // many, and whether they are all of q's sleeping lanes (then one notify_all wakes them).
+  std::pair<int, bool> signal_locked(device_queue& q, std::size_t items, wake_rule rule);
+  // Under q's lock, after a lane took from q: items are left, so wake the next lane if none is
+  // on its way.
+  std::pair<int, bool> pass_on_locked(device_queue& q);
+  static void notify(device_queue& q, std::pair<int, bool> woken);
+  // Wakes idle lanes of any device (they steal) for `items` items by `rule`, starting at device
+  // `first`.
+  void wake_idle(std::size_t items, std::size_t first, wake_rule rule);
+  // Under q's lock, after `sleeping` or `signalled` changed: q's idle count and the total.
+  void refresh_idle_locked(device_queue& q);
+  // Where the next items for any device go: a device with idle lanes if there is one, else the
+  // next in turn.
+  std::size_t shared_target();
+  // The blocking part of pop/pop_some: waits until something may be there. False once closed
+  // and nothing is left that `device` may run.
+  bool wait_for_work(int device);
+
+  std::size_t count_;
+  std::unique_ptr<device_queue[]> queues_;
+  alignas(64) std::atomic<int> idle_total_{0};  // the sum of every device's `idle`
+  std::atomic<bool> closed_{false};
+  std::atomic<std::size_t> wakeups_{0};
 };
 
 }  // namespace gpupool::detail

@@ -1,0 +1,240 @@
+// Tiny tasks per second as devices and lanes grow: the per-task cost of the scheduling path.
+// For each device count and lanes-per-device count it measures, in one run:
+//   submit - a loop of executor::submit of a no-op returning its index, then every get()
+//   map    - executor::map(kernel::square, many small float64 arrays) (W4's shape), then get()
+//   queue  - the executor's task queue alone: one producer pushing items that do nothing, a
+//            thread per lane popping them (no executor, no futures)
+// Every result is checked before any rate is reported. Reported: the best round's tasks per
+// second (on a shared machine the best round is the one least disturbed) and the process's CPU
+// time (user + system, every thread) per task, over all rounds. Devices are CPU stand-ins on the
+// CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
+//
+//   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
+//                             [--tasks N] [--size N] [--repeat N] [--modes submit,map,queue]
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <sys/resource.h>
+
+#include "core/scheduling/task_queue.hpp"
+#include "gpupool/gpupool.hpp"
+
+namespace {
+
+struct settings {
+  std::string backend = "cpu";
+  std::vector<int> devices{1, 2};
+  std::vector<int> lanes{4, 8, 16};
+  std::vector<std::string> modes{"submit", "map", "queue"};
+  std::size_t tasks = 20000;
+  std::size_t size = 1024;
+  int repeat = 3;
+};
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> parts;
+  std::size_t begin = 0;
+  while (begin <= text.size()) {
+    const std::size_t end = std::min(text.find(',', begin), text.size());
+    if (end > begin) parts.push_back(text.substr(begin, end - begin));
+    begin = end + 1;
+  }
+  return parts;
+}
+
+std::vector<int> split_ints(const std::string& text) {
+  std::vector<int> values;
+  for (const auto& part : split(text)) {
+    const int v = std::stoi(part);
+    if (v < 1) throw std::invalid_argument("counts must be positive: " + part);
+    values.push_back(v);
+  }
+  return values;
+}
+
+settings parse(int argc, char** argv) {
+  settings s;
+  for (int i = 1; i < argc; ++i) {
+    const std::string flag = argv[i];
+    if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+    const std::string value = argv[++i];
+    if (flag == "--backend")
+      s.backend = value;
+    else if (flag == "--devices")
+      s.devices = split_ints(value);
+    else if (flag == "--lanes")
+      s.lanes = split_ints(value);
+    else if (flag == "--modes")
+      s.modes = split(value);
+    else if (flag == "--tasks")
+      s.tasks = std::stoul(value);
+    else if (flag == "--size")
+      s.size = std::stoul(value);
+    else if (flag == "--repeat")
+      s.repeat = std::stoi(value);
+    else
+      throw std::invalid_argument("unknown option " + flag);
+  }
+  if (s.backend != "cpu" && s.backend != "cuda")
+    throw std::invalid_argument("--backend must be cpu or cuda");
+  if (s.tasks == 0 || s.size == 0 || s.repeat < 1)
+    throw std::invalid_argument("--tasks, --size and --repeat must be positive");
+  for (const auto& m : s.modes)
+    if (m != "submit" && m != "map" && m != "queue")
+      throw std::invalid_argument("unknown mode " + m);
+  return s;
+}
+
+using clock_type = std::chrono::steady_clock;
+
+double seconds_since(clock_type::time_point t0) {
+  return std::chrono::duration<double>(clock_type::now() - t0).count();
+}
+
+gpupool::executor_options options_for(const settings& s, int devices, int lanes) {
+  gpupool::executor_options o;
+  o.lanes_per_device = lanes;
+  o.quiet = true;
+  if (s.backend == "cpu") {
+    o.backend = gpupool::backend_kind::cpu;
+    o.cpu_devices = devices;
+  } else {
+    o.backend = gpupool::backend_kind::cuda;
+    for (int d = 0; d < devices; ++d) o.devices.push_back(d);
+  }
+  return o;
+}
+
+// Seconds for one round of `tasks` submitted no-ops, results checked.
+double submit_round(gpupool::executor& ex, std::size_t tasks) {
+  const auto t0 = clock_type::now();
+  std::vector<gpupool::future<std::size_t>> futures;
+  futures.reserve(tasks);
+  for (std::size_t i = 0; i < tasks; ++i)
+    futures.push_back(ex.submit([i](gpupool::lane&) { return i; }));
+  for (std::size_t i = 0; i < tasks; ++i)
+    if (futures[i].get() != i) throw std::runtime_error("submit: a task returned the wrong value");
+  return seconds_since(t0);
+}
+
+// Seconds for one map of square over `inputs`, results checked.
+double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& inputs) {
+  const auto t0 = clock_type::now();
+  auto results = ex.map(gpupool::kernel::square(), inputs).get();
+  const double took = seconds_since(t0);
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    for (std::size_t j = 0; j < inputs[i].size(); ++j)
+      if (results[i][j] != inputs[i][j] * inputs[i][j])
+        throw std::runtime_error("map: a result differs from the CPU's");
+  return took;
+}
+
+// A queued item that only counts itself.
+class counting_item final : public gpupool::detail::work_item {
+ public:
+  explicit counting_item(std::atomic<std::size_t>& done) : done_(done) {}
+  bool claim() override { return true; }
+  void start(gpupool::lane&, int) override {}
+  void finish(gpupool::lane&, int) override {}
+  void complete() noexcept override { done_.fetch_add(1, std::memory_order_relaxed); }
+  void fail(std::exception_ptr) noexcept override {}
+  bool cancel() noexcept override { return true; }
+
+ private:
+  std::atomic<std::size_t>& done_;
+};
+
+// Seconds for one producer to push `tasks` items one by one and `devices x lanes` consumers to
+// pop them all, as lanes do (blocking pops).
+double queue_round(int devices, int lanes, std::size_t tasks) {
+  gpupool::detail::task_queue queue(devices);
+  std::atomic<std::size_t> done{0};
+  std::vector<std::thread> consumers;
+  for (int d = 0; d < devices; ++d)
+    for (int l = 0; l < lanes; ++l)
+      consumers.emplace_back([&queue, d] {
+        while (auto item = queue.pop(d, /*block=*/true)) item->complete();
+      });
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < tasks; ++i)
+    queue.push(std::make_unique<counting_item>(done), std::nullopt);
+  while (done.load(std::memory_order_relaxed) < tasks) std::this_thread::yield();
+  const double took = seconds_since(t0);
+  queue.close();
+  for (auto& t : consumers) t.join();
+  if (done.load() != tasks) throw std::runtime_error("queue: items were lost or run twice");
+  return took;
+}
+
+// CPU seconds this process spent so far, every thread, user and system.
+double cpu_seconds() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  auto seconds = [](const timeval& t) {
+    return static_cast<double>(t.tv_sec) + 1e-6 * static_cast<double>(t.tv_usec);
+  };
+  return seconds(usage.ru_utime) + seconds(usage.ru_stime);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const settings s = parse(argc, argv);
+    std::vector<std::vector<double>> inputs(s.tasks, std::vector<double>(s.size));
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      for (std::size_t j = 0; j < s.size; ++j) inputs[i][j] = static_cast<double>((i + j) % 97);
+
+    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d\n",
+                s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat);
+    std::printf("%-7s %8s %6s %14s %14s\n", "mode", "devices", "lanes", "tasks/s", "cpu us/task");
+    for (const auto& mode : s.modes) {
+      for (int devices : s.devices) {
+        for (int lanes : s.lanes) {
+          std::vector<double> times;
+          double cpu_before = 0.0;
+          if (mode == "queue") {
+            queue_round(devices, lanes, s.tasks / 10 + 1);  // warm-up
+            cpu_before = cpu_seconds();
+            for (int r = 0; r < s.repeat; ++r)
+              times.push_back(queue_round(devices, lanes, s.tasks));
+          } else {
+            gpupool::executor ex(options_for(s, devices, lanes));
+            const std::vector<std::vector<double>> warm(
+                inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(s.tasks / 10 + 1));
+            if (mode == "submit") {
+              submit_round(ex, s.tasks / 10 + 1);
+              cpu_before = cpu_seconds();
+              for (int r = 0; r < s.repeat; ++r) times.push_back(submit_round(ex, s.tasks));
+            } else {
+              map_round(ex, warm);
+              cpu_before = cpu_seconds();
+              for (int r = 0; r < s.repeat; ++r) times.push_back(map_round(ex, inputs));
+            }
+          }
+          const double cpu_per_task =
+              (cpu_seconds() - cpu_before) /
+              static_cast<double>(s.tasks * static_cast<std::size_t>(s.repeat));
+          std::printf("%-7s %8d %6d %14.0f %14.2f\n", mode.c_str(), devices, lanes,
+                      static_cast<double>(s.tasks) / *std::min_element(times.begin(), times.end()),
+                      1e6 * cpu_per_task);
+          std::fflush(stdout);
+        }
+      }
+    }
+    std::printf("results checked\n");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "gpupool_bench_small_tasks: %s\n", e.what());
+    return 1;
+  }
+}
