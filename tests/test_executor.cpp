@@ -568,6 +568,20 @@ TEST(BackendSelection, CudaRequestedWithoutAGpuIsAClearError) {
   }
 }
 
+TEST(BackendSelection, EveryBackendIsNamedOnceAndFoundByItsName) {
+  std::set<std::string> names;
+  for (const auto& b : gpupool::backend_names) {
+    EXPECT_TRUE(names.insert(b.name).second) << b.name;
+    EXPECT_STREQ(gpupool::to_string(b.kind), b.name);
+    EXPECT_EQ(gpupool::backend_from_name(b.name), b.kind);
+    EXPECT_NE(gpupool::backend_name_list().find(std::string("'") + b.name + "'"),
+              std::string::npos);
+  }
+  EXPECT_EQ(gpupool::backend_from_name("CUDA"), std::nullopt);  // names are exact
+  EXPECT_EQ(gpupool::backend_from_name(""), std::nullopt);
+  EXPECT_EQ(gpupool::backend_name_list(), "'cpu' or 'cuda'");
+}
+
 TEST(BackendSelection, EnvironmentVariableChoosesTheBackend) {
   ::setenv("GPUPOOL_BACKEND", "cpu", 1);
   {

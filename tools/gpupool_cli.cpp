@@ -34,8 +34,11 @@ struct pool_flags {
   std::size_t chunk_bytes = std::size_t{8} << 20;
 
   void add_to(CLI::App& cmd) {
-    cmd.add_option("--backend", backend, "cpu or cuda (default: GPUPOOL_BACKEND, else auto)")
-        ->check(CLI::IsMember({"cpu", "cuda"}));
+    std::vector<std::string> names;
+    for (const auto& b : gpupool::backend_names) names.emplace_back(b.name);
+    cmd.add_option("--backend", backend,
+                   gpupool::backend_name_list() + " (default: GPUPOOL_BACKEND, else auto)")
+        ->check(CLI::IsMember(names));
     cmd.add_option("--devices", devices, "device ordinals to use (default: all visible)");
     cmd.add_option("--lanes", lanes, "lanes (threads) per device (default: backend's choice)")
         ->check(CLI::Range(0, 256));
@@ -49,8 +52,7 @@ struct pool_flags {
 
   gpupool::executor_options options() const {
     gpupool::executor_options o;
-    if (backend == "cpu") o.backend = gpupool::backend_kind::cpu;
-    if (backend == "cuda") o.backend = gpupool::backend_kind::cuda;
+    if (!backend.empty()) o.backend = gpupool::backend_from_name(backend);
     o.devices = devices;
     o.lanes_per_device = lanes;
     o.slots_per_lane = slots;

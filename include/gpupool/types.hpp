@@ -4,8 +4,10 @@
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
+#include <optional>
 #include <span>
 #include <string>
+#include <string_view>
 #include <type_traits>
 
 namespace gpupool {
@@ -107,7 +109,21 @@ namespace detail {
 
 /// Which implementation runs the work: CUDA GPUs, or host threads standing in for them.
 enum class backend_kind { cpu, cuda };
+
+/// Every backend and the name users give it (GPUPOOL_BACKEND, the Python `backend=` option, the
+/// tool's --backend): adding a backend adds its row here.
+struct backend_name {
+  backend_kind kind;
+  const char* name;
+};
+inline constexpr backend_name backend_names[] = {{backend_kind::cpu, "cpu"},
+                                                 {backend_kind::cuda, "cuda"}};
+
 [[nodiscard]] const char* to_string(backend_kind b) noexcept;
+/// The backend called `name` (exactly, as in backend_names), or nothing.
+[[nodiscard]] std::optional<backend_kind> backend_from_name(std::string_view name) noexcept;
+/// "'cpu' or 'cuda'": the names, for messages.
+[[nodiscard]] std::string backend_name_list();
 
 /// What gpupool knows about one device it runs on.
 struct device_info {

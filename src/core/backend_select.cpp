@@ -16,10 +16,9 @@ namespace {
 std::optional<backend_kind> backend_from_environment() {
   const char* value = std::getenv("GPUPOOL_BACKEND");
   if (value == nullptr || *value == '\0') return std::nullopt;
-  const std::string s(value);
-  if (s == "cpu") return backend_kind::cpu;
-  if (s == "cuda") return backend_kind::cuda;
-  throw std::invalid_argument("GPUPOOL_BACKEND must be 'cpu' or 'cuda', not '" + s + "'");
+  if (auto kind = backend_from_name(value)) return kind;
+  throw std::invalid_argument("GPUPOOL_BACKEND must be " + backend_name_list() + ", not '" +
+                              std::string(value) + "'");
 }
 
 int cpu_devices_from_environment() {

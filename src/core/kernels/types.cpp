@@ -36,7 +36,25 @@ const char* to_string(dtype t) noexcept {
 }
 
 const char* to_string(backend_kind b) noexcept {
-  return b == backend_kind::cuda ? "cuda" : "cpu";
+  for (const auto& [kind, name] : backend_names)
+    if (kind == b) return name;
+  return "unknown";
+}
+
+std::optional<backend_kind> backend_from_name(std::string_view name) noexcept {
+  for (const auto& [kind, known] : backend_names)
+    if (name == known) return kind;
+  return std::nullopt;
+}
+
+std::string backend_name_list() {
+  std::string list;
+  const std::size_t n = std::size(backend_names);
+  for (std::size_t i = 0; i < n; ++i) {
+    if (i > 0) list += i + 1 == n ? " or " : ", ";
+    list += std::string("'") + backend_names[i].name + "'";
+  }
+  return list;
 }
 
 namespace {
