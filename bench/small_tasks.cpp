@@ -143,8 +143,8 @@ class counting_item final : public gpupool::detail::work_item {
  public:
   explicit counting_item(std::atomic<std::size_t>& done) : done_(done) {}
   bool claim() override { return true; }
-  void start(gpupool::lane&, int) override {}
-  void finish(gpupool::lane&, int) override {}
+  void start(gpupool::detail::slot_context&) override {}
+  void finish(gpupool::detail::slot_context&) override {}
   void complete() noexcept override { done_.fetch_add(1, std::memory_order_relaxed); }
   void fail(std::exception_ptr) noexcept override {}
   bool cancel() noexcept override { return true; }
