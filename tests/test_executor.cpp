@@ -568,6 +568,42 @@ TEST(BackendSelection, CudaRequestedWithoutAGpuIsAClearError) {
   }
 }
 
+TEST(PieceFailure, AFailedTransformReportsOnlyOnceNoPieceTouchesTheOutputAnyMore) {
+  // Launches fail now and then (GPUPOOL_FAULTS, read while the executor starts): a 64 MiB
+  // transform in 1,024 pieces over four lanes fails part-way while other lanes still run pieces.
+  // Once its future reports the failure, the caller may free or reuse the output: no piece may
+  // write it after that.
+  ::setenv("GPUPOOL_FAULTS", "launch=0.004,seed=5", 1);
+  executor_options o;
+  o.backend = backend_kind::cpu;
+  o.lanes_per_device = 4;
+  o.chunk_bytes = 64 << 10;
+  std::unique_ptr<executor> made;
+  try {
+    made = std::make_unique<executor>(o);
+  } catch (...) {
+    ::unsetenv("GPUPOOL_FAULTS");
+    throw;
+  }
+  ::unsetenv("GPUPOOL_FAULTS");
+  const std::vector<double> x(std::size_t{8} << 20, 1.5);
+  std::vector<double> out(x.size());
+  int failures = 0;
+  for (int round = 0; round < 20 && failures < 3; ++round) {
+    auto f = made->transform(kernel::square(), std::span<const double>(x), std::span<double>(out));
+    try {
+      f.get();
+    } catch (const error&) {
+      ++failures;
+      std::fill(out.begin(), out.end(), 0.0);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const auto touched = std::count_if(out.begin(), out.end(), [](double v) { return v != 0.0; });
+      EXPECT_EQ(touched, 0) << "elements written after the failure was reported";
+    }
+  }
+  EXPECT_GT(failures, 0) << "no injected launch failure in 20 transforms of 1,024 pieces";
+}
+
 TEST(BackendSelection, EveryBackendIsNamedOnceAndFoundByItsName) {
   std::set<std::string> names;
   for (const auto& b : gpupool::backend_names) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <stdexcept>
 #include <thread>
 #include <utility>
@@ -355,6 +356,34 @@ TEST(TaskQueue, EachItemWakesOneLaneAndOnlyOnADeviceThatMayRunIt) {
       EXPECT_EQ(device, 0);
     }
   }
+}
+
+TEST(TaskQueue, ABatchForIdleLanesIsCutIntoOneEntryPerLaneAndASingleItemIsNotAbsorbed) {
+  // With every lane busy (none waits here), coalescible items merge as far as they allow.
+  {
+    task_queue busy(1);
+    std::vector<work_item_ptr> batch = items(0, 256, /*kind=*/1, /*capacity=*/256);
+    ASSERT_TRUE(busy.push_all(batch, std::nullopt));
+    EXPECT_EQ(busy.size(), 1u);
+    busy.close();
+  }
+  task_queue q(1);
+  waiting_lanes lanes(q, 1, 4);
+  ASSERT_TRUE(eventually([&] { return q.idle_lanes(0) == 4; }));
+  // Four waiting lanes: the 256 items become four entries of 64, one for each lane, so that
+  // all four start at once.
+  std::vector<work_item_ptr> batch = items(0, 256, /*kind=*/1, /*capacity=*/256);
+  ASSERT_TRUE(q.push_all(batch, std::nullopt));
+  ASSERT_TRUE(eventually([&] { return lanes.count() == 4; }));
+  ASSERT_TRUE(eventually([&] { return q.idle_lanes(0) == 4; }));
+  // A single item while lanes wait is queued on its own (a lane takes it at once).
+  ASSERT_TRUE(q.push(item(1000, 1, 256), std::nullopt));
+  ASSERT_TRUE(q.push(item(1001, 1, 256), std::nullopt));
+  ASSERT_TRUE(eventually([&] { return lanes.count() == 6; }));
+  lanes.stop();
+  std::set<int> firsts;
+  for (const auto& [device, id] : lanes.taken) firsts.insert(id);
+  EXPECT_EQ(firsts, (std::set<int>{0, 64, 128, 192, 1000, 1001}));
 }
 
 TEST(TaskQueue, ALaneOfAnotherDeviceIsWokenForSharedItemsNoLaneOfTheirOwnTakes) {

@@ -16,8 +16,10 @@
 namespace gpupool::detail {
 
 /// Shared by every piece of one job split into pieces. The first piece to start moves the future
-/// to running; the last piece to finish hands the output over; the first failure fails the
-/// future and makes the remaining pieces skip their work.
+/// to running; the last piece to finish hands the outcome over: the output, or the first failure.
+/// After a failure the pieces not yet started skip their work, but the future fails only once
+/// every piece already running has ended, so that no piece still reads the inputs or writes the
+/// output when the caller learns of the failure (and frees or reuses them).
 class piecewise_job {
  public:
   piecewise_job() = default;
@@ -30,17 +32,23 @@ class piecewise_job {
   void set_piece_count(std::size_t n) noexcept { remaining_.store(n, std::memory_order_relaxed); }
 
   /// True if this piece should run: the job is not cancelled and has not failed.
-  bool claim_piece() { return state().try_start() || state().status() == task_status::running; }
+  bool claim_piece() {
+    if (failed_.load(std::memory_order_acquire)) return false;
+    return state().try_start() || state().status() == task_status::running;
+  }
 
-  /// Called once per piece that ran to the end or was skipped; the last one delivers.
+  /// Called once per piece that ran to the end, failed or was skipped; the last one delivers.
   void piece_done() {
-    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1 &&
-        state().status() == task_status::running)
+    // acq_rel: the last decrement sees every piece's writes, the first failure's included.
+    if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    if (failed_.load(std::memory_order_acquire))
+      state().set_exception(first_failure_);
+    else if (state().status() == task_status::running)
       deliver();
   }
 
   void piece_failed(std::exception_ptr e) {
-    state().set_exception(std::move(e));
+    if (!failed_.exchange(true, std::memory_order_acq_rel)) first_failure_ = std::move(e);
     piece_done();
   }
 
@@ -50,6 +58,8 @@ class piecewise_job {
 
  private:
   std::atomic<std::size_t> remaining_{0};
+  std::atomic<bool> failed_{false};
+  std::exception_ptr first_failure_;  // written once, by the piece that set failed_
 };
 
 /// Refuses (argument_kind_error, argument_range_error) an alpha that element type `t` cannot

@@ -49,10 +49,11 @@ task_queue::device_queue& task_queue::at(int device) const {
   return queues_[static_cast<std::size_t>(device)];
 }
 
-bool task_queue::append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item) {
+bool task_queue::append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item,
+                               bool may_absorb) {
   // An item that reports success but keeps `next` would be lost if trusted: what decides is
   // whether the item was taken over.
-  if (!deque.empty()) static_cast<void>(deque.back()->absorb(item));
+  if (may_absorb && !deque.empty()) static_cast<void>(deque.back()->absorb(item));
   if (!item) return false;
   deque.push_back(std::move(item));
   return true;
@@ -116,7 +117,8 @@ void task_queue::wake_idle(std::size_t items, std::size_t first, wake_rule rule)
     }
     notify(q, woken);
     // One lane on its way is enough: it takes the item wherever it is and wakes the next.
-    if (rule == wake_rule::one_in_transit) return;
+    // (If that device had one on its way already, nobody was woken: look further.)
+    if (rule == wake_rule::one_in_transit && woken.first > 0) return;
     items -= static_cast<std::size_t>(woken.first);
   }
 }
@@ -153,7 +155,9 @@ bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
   {
     std::lock_guard lock(q.mutex);
     if (closed_.load()) return false;
-    if (!append_locked(pinned ? q.pinned : q.shared, item)) return true;  // absorbed
+    // Coalescing only while every lane of the device is busy: an idle one takes the item now.
+    const bool may_absorb = q.sleeping - q.signalled == 0;
+    if (!append_locked(pinned ? q.pinned : q.shared, item, may_absorb)) return true;  // absorbed
     (pinned ? q.pinned_count : q.shared_count).fetch_add(1);
     woken = signal_locked(q, 1, wake_rule::one_in_transit);
     every_lane_busy = q.sleeping == 0;
@@ -180,8 +184,7 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     {
       std::lock_guard lock(q.mutex);
       if (closed_.load()) return false;
-      std::size_t queued = 0;
-      for (auto& item : items) queued += append_locked(q.pinned, item) ? 1 : 0;
+      const std::size_t queued = append_run_locked(q, q.pinned, items, 0, items.size());
       q.pinned_count.fetch_add(queued);
       woken = signal_locked(q, queued, wake_rule::every_item);
     }
@@ -206,9 +209,8 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     if (closed_.load()) return false;
     for (std::size_t r = 0; r < runs; ++r) {
       device_queue& q = queues_[(first + r) % count_];
-      std::size_t queued = 0;
-      for (std::size_t i = n * r / runs; i < n * (r + 1) / runs; ++i)
-        queued += append_locked(q.shared, items[i]) ? 1 : 0;
+      const std::size_t queued =
+          append_run_locked(q, q.shared, items, n * r / runs, n * (r + 1) / runs);
       q.shared_count.fetch_add(queued);
       woken[r] = signal_locked(q, queued, wake_rule::every_item);
       unserved += queued - static_cast<std::size_t>(woken[r].first);
@@ -218,6 +220,28 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
   for (std::size_t r = 0; r < runs; ++r) notify(queues_[(first + r) % count_], woken[r]);
   if (unserved > 0) wake_idle(unserved, first, wake_rule::every_item);
   return true;
+}
+
+std::size_t task_queue::append_run_locked(device_queue& q, std::deque<work_item_ptr>& deque,
+                                          std::vector<work_item_ptr>& items, std::size_t begin,
+                                          std::size_t end) {
+  // While lanes of the device wait, the run is cut into about one entry per waiting lane, so
+  // that they all start at once (each entry may still coalesce the items it carries); with
+  // every lane busy, items coalesce as far as the items themselves allow.
+  const auto idle = static_cast<std::size_t>(std::max(0, q.sleeping - q.signalled));
+  const std::size_t per_entry = idle == 0 ? end - begin : (end - begin + idle - 1) / idle;
+  std::size_t in_back = per_entry;  // items the last entry carries: the run opens a new entry
+  std::size_t queued = 0;
+  for (std::size_t i = begin; i < end; ++i) {
+    const bool may_absorb = idle == 0 || in_back < per_entry;
+    if (append_locked(deque, items[i], may_absorb)) {
+      ++queued;
+      in_back = 1;
+    } else {
+      ++in_back;
+    }
+  }
+  return queued;
 }
 
 std::pair<int, bool> task_queue::pass_on_locked(device_queue& q) {

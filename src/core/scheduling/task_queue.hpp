@@ -87,7 +87,14 @@ class task_queue {
   // Under q's lock: the next pinned item, else the next shared one.
   static work_item_ptr take_own_locked(device_queue& q);
   // Under q's lock: appends `item` to `deque`, or lets its last item absorb it. True if queued.
-  static bool append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item);
+  // `may_absorb` false: queued as an entry of its own.
+  static bool append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item,
+                            bool may_absorb = true);
+  // Under q's lock: appends items[begin, end) to `deque` (coalescing them into about one entry
+  // per idle lane of q, or freely when none is idle). Returns the entries queued.
+  static std::size_t append_run_locked(device_queue& q, std::deque<work_item_ptr>& deque,
+                                       std::vector<work_item_ptr>& items, std::size_t begin,
+                                       std::size_t end);
   // Takes a shared item from another device than `device`; null if none.
   work_item_ptr steal(int device);
   // True if any device holds a shared item.
