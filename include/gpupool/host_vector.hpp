@@ -31,12 +31,20 @@ struct result_allocator {
 
   T* allocate(std::size_t n) {
     const std::size_t bytes = detail::checked_bytes(n, sizeof(T), "host_vector");
-    if (bytes >= pinned_from_bytes) return static_cast<T*>(allocate_pinned(bytes));
+    if (bytes >= pinned_from_bytes) {
+      try {
+        return static_cast<T*>(allocate_pinned(bytes));
+      } catch (...) {
+        // Page-locked memory can run out (or be refused) where the heap still has room: the
+        // result is then downloaded through a staging buffer, as any pageable output is.
+      }
+    }
     return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    // `n` is what was asked of allocate() for `p`, so this picks the same source.
-    if (n * sizeof(T) >= pinned_from_bytes) {
+    // `n` is what was asked of allocate() for `p`; a large block is pinned unless pinning failed
+    // then, which is_pinned tells (gpupool's own blocks are known without asking the driver).
+    if (n * sizeof(T) >= pinned_from_bytes && is_pinned(p)) {
       deallocate_pinned(p, n * sizeof(T));
       return;
     }
