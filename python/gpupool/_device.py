@@ -8,7 +8,9 @@ import numpy as np
 
 from . import _ext
 
-SUPPORTED = ("float32", "float64", "int32", "int64")
+#: The dtypes the C++ library computes with (its one dtype table), by NumPy's names.
+SUPPORTED = tuple(_ext.dtypes())
+_EXPECTED = "expected " + ", ".join(SUPPORTED[:-1]) + " or " + SUPPORTED[-1]
 _DTYPE_NAMES = {np.dtype(name): name for name in SUPPORTED}
 _DLPACK_CUDA = 2  # kDLCUDA
 
@@ -51,7 +53,7 @@ class DeviceArray:
         self.count = math.prod(self.shape)
         if self.dtype.name not in SUPPORTED:
             raise TypeError(f"gpupool: {where} has unsupported dtype {self.dtype}; "
-                            "expected float32, float64, int32 or int64")
+                            + _EXPECTED)
         strides = cai.get("strides")
         if strides is not None and self.count > 1:
             expected = []
@@ -123,7 +125,7 @@ def _describe(obj, where, streams):
         name = _DTYPE_NAMES.get(obj.dtype)
         if name is None:
             raise TypeError(f"gpupool: {where} has unsupported dtype {obj.dtype}; "
-                            "expected float32, float64, int32 or int64")
+                            + _EXPECTED)
         if not obj.flags.c_contiguous:
             raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
         memory = obj.data

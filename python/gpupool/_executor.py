@@ -546,7 +546,7 @@ def _framework_streams(cupy, torch, stream, ordinal):
     return cupy_stream, torch_stream
 
 
-def _as_number(value):
+def _as_number(value: Any) -> Any:
     """`value` as a Python number if it is one (NumPy scalars and 0-d arrays included), else
     None."""
     kind = type(value)
@@ -599,7 +599,8 @@ def _result_or_cancel(future, timeout=None):
         del future
 
 
-def _ordered_results(pending, deadline):
+def _ordered_results(pending: list[_futures.Future[Any]],
+                     deadline: Optional[float]) -> Iterator[Any]:
     """Yields results in order, holding none once handed on; cancels what is left if the
     consumer stops early, a result times out or the wait is interrupted (Ctrl-C)."""
     try:

@@ -48,7 +48,7 @@ except ImportError as _missing:  # pragma: no cover - exercised only without the
         f"({_missing})") from _missing
 
 from . import _executor
-from ._ext import ElementwiseKernel, Kernel, RawKernel
+from ._ext import ElementwiseKernel, Kernel, RawKernel, builtin_kernels
 from ._timeline import write_by_suffix
 
 __all__ = [
@@ -82,6 +82,12 @@ _pools_closed = 0
 
 
 # -- the worker plugin ----------------------------------------------------------------------------
+
+def _untyped(obj: Any) -> Any:
+    """``obj`` for calls into parts of Dask that carry no type annotations (which mypy --strict
+    refuses to call from annotated code)."""
+    return obj
+
 
 class PoolPlugin(distributed.WorkerPlugin):
     """Gives a Dask worker one gpupool.Executor for its whole life.
@@ -153,7 +159,7 @@ def _clock_offset_us(pool: _executor.Executor) -> float:
         pool.submit(int).result()
         after = time.time_ns()
     submitted = min(r["submitted"] for r in recording.records())
-    return (before + after) / 2e3 - submitted
+    return float((before + after) / 2e3 - submitted)
 
 
 def install(client: "distributed.Client", **executor_kwargs: Any) -> Dict[str, Any]:
@@ -181,11 +187,11 @@ def install(client: "distributed.Client", **executor_kwargs: Any) -> Dict[str, A
 
 def _uninstall(client: "distributed.Client") -> None:
     with contextlib.suppress(Exception):
-        client.unregister_worker_plugin(PLUGIN_NAME)
+        _untyped(client).unregister_worker_plugin(PLUGIN_NAME)
 
 
 def _installed(client: "distributed.Client") -> bool:
-    return bool(client.run_on_scheduler(_scheduler_has_plugin))
+    return bool(_untyped(client).run_on_scheduler(_scheduler_has_plugin))
 
 
 def _scheduler_has_plugin(dask_scheduler: Any) -> bool:
@@ -230,7 +236,8 @@ def worker_executor() -> _executor.Executor:
 def pool_info(client: "distributed.Client") -> Dict[str, Dict[str, Any]]:
     """Per worker address: the pool's backend, devices, lanes, ``CUDA_VISIBLE_DEVICES``, and
     how many pools the worker process has created and shut down."""
-    return client.run(_worker_pool_info)
+    info: Dict[str, Dict[str, Any]] = client.run(_worker_pool_info)
+    return info
 
 
 def _worker_pool_info(dask_worker: Any) -> Dict[str, Any]:
@@ -269,7 +276,9 @@ class _KernelSpec:
         if isinstance(kernel, _KernelSpec):
             return kernel
         if isinstance(kernel, Kernel):
-            return cls(("builtin", kernel.name, float(kernel.alpha)))
+            # alpha as the caller gave it (an int stays an int, as int arrays need): the
+            # kernel's own float64 copy would be refused for them at the call.
+            return cls(("builtin", kernel.name, getattr(kernel, "_alpha_value", kernel.alpha)))
         if isinstance(kernel, ElementwiseKernel):
             inputs = ", ".join(f"{t} {n}" for t, n in kernel.inputs)
             out_type, out_name = kernel.output
@@ -307,12 +316,13 @@ class _KernelSpec:
         """Arrays a built-in kernel takes; None for compiled kernels (declared inputs)."""
         if self.description[0] != "builtin":
             return None
-        return 2 if self.description[1] in ("add", "axpy") else 1
+        kernel = self.build()
+        return kernel.arity if isinstance(kernel, Kernel) else None
 
     def output_dtype(self, first: np.dtype) -> np.dtype:
         if self.description[0] == "builtin":
             return first
-        declared = self.description[2].split()[0].rstrip("*")
+        declared = str(self.description[2]).split()[0].rstrip("*")
         return np.dtype(declared)
 
     def build(self) -> AnyKernel:
@@ -320,15 +330,18 @@ class _KernelSpec:
             kind, *rest = self.description
             if kind == "builtin":
                 name, alpha = rest
-                self._kernel = (Kernel.scale(alpha) if name == "scale" else
-                                Kernel.axpy(alpha) if name == "axpy" else
-                                getattr(Kernel, name)())
+                make = getattr(Kernel, name)  # Kernel has a factory per entry of the table
+                takes_alpha = any(k["name"] == name and k["takes_alpha"]
+                                  for k in builtin_kernels())
+                built: Kernel = make(alpha) if takes_alpha else make()
+                self._kernel = built
             elif kind == "elementwise":
                 inputs, output, body, name = rest
                 self._kernel = ElementwiseKernel(inputs, output, body, name)
             else:
                 source, entry, inputs, output, block, grid = rest
                 self._kernel = RawKernel(source, entry, inputs, output, block, grid)
+        assert self._kernel is not None
         return self._kernel
 
 
@@ -449,8 +462,8 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
         raise ValueError(f"gpupool.dask.map_blocks: axis {axis} is out of range for "
                          f"{first.ndim}-d arrays")
     axis %= first.ndim
-    aligned = [a if a.chunks == first.chunks else a.rechunk(first.chunks) for a in args
-               if isinstance(a, da.Array)]
+    aligned: List[Any] = [a if a.chunks == first.chunks else _untyped(a).rechunk(first.chunks)
+                          for a in args if isinstance(a, da.Array)]
     it = iter(aligned)
     inputs = [next(it) if isinstance(a, da.Array) else _executor._as_number(a) for a in args]
 
@@ -476,7 +489,8 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
             layer[(out_name,) + index(g)] = (_run_group, spec, axis, *columns)
     graph = HighLevelGraph.from_collections(out_name, layer, dependencies=aligned)
     meta = np.empty((0,) * first.ndim, spec.output_dtype(first.dtype))
-    return da.Array(graph, out_name, tuple(out_chunks), meta=meta)
+    result: da.Array = _untyped(da).Array(graph, out_name, tuple(out_chunks), meta=meta)
+    return result
 
 
 # -- a concurrent.futures Executor over the cluster -----------------------------------------------
@@ -572,7 +586,7 @@ class Executor(_futures.Executor):
         with self._lock:
             if self._closed:
                 raise RuntimeError("cannot schedule new futures after shutdown")
-            remote = self._client.submit(function, *args, pure=False)
+            remote: Any = self._client.submit(function, *args, pure=False)
             future: _futures.Future[Any] = _futures.Future()
             # The Dask future must stay referenced until the outcome is back: Dask forgets a
             # task whose last future is released.

@@ -21,7 +21,7 @@ OverflowError; nothing is converted out of range.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Union
+from typing import Any, Callable, Dict, List, Union
 
 from ._ext import Kernel, builtin_kernels, dtypes
 
@@ -58,6 +58,5 @@ __doc__ = (__doc__ or "") + "\nThe built-in kernels:\n\n" + "".join(
 
 __all__ = ["BUILTINS", "DTYPES", "Kernel", *(k["name"] for k in BUILTINS)]
 
-if TYPE_CHECKING:
-    # The names above are made from the C++ table at import: type checkers see them as Any.
-    def __getattr__(name: str) -> Any: ...
+# Type checkers read kernels.pyi, which declares the same names statically (a test keeps the two
+# equal), so that a misspelt kernel name is flagged.

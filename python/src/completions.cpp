@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "gpupool/future.hpp"
+
 namespace gpupool_python {
 namespace {
 
@@ -40,14 +42,11 @@ void keep_python_thread_state() {
   thread_local kept_thread_state kept;
 }
 
-void post_handover(handover h) {
-  auto& q = queue();
-  {
-    std::lock_guard lock(q.mutex);
-    q.pending.push_back(std::move(h));
-    if (q.draining) return;  // the thread draining takes it with the rest
-    q.draining = true;
-  }
+namespace {
+
+// Takes the GIL and runs every queued handover until none is left. Called by the thread that
+// set `draining` (under the queue's lock, after queuing its own).
+void drain(handover_queue& q) {
   std::vector<handover> batch;
   if (!interpreter_alive()) {
     std::lock_guard lock(q.mutex);
@@ -68,6 +67,47 @@ void post_handover(handover h) {
   }
   for (auto& run : batch) run();
   batch.clear();  // their Python objects are released here, with the GIL
+}
+
+// The handovers of the completion pass open on this thread (a lane's), queued together when it
+// ends. Queuing each at once would make the pass's first one take the GIL in the middle of the
+// pass, and often each later one take it again: one acquisition per pass instead.
+thread_local std::vector<handover> pass_handovers;
+
+void hand_over_pass(void* /*unused*/) {
+  auto& q = queue();
+  {
+    std::lock_guard lock(q.mutex);
+    if (q.pending.empty()) {
+      q.pending.swap(pass_handovers);
+    } else {
+      for (auto& h : pass_handovers) q.pending.push_back(std::move(h));
+      pass_handovers.clear();
+    }
+    if (q.draining) return;  // the thread draining takes them with the rest
+    q.draining = true;
+  }
+  drain(q);
+}
+
+}  // namespace
+
+void post_handover(handover h) {
+  if (gpupool::detail::completion_batch::open()) {
+    // The first of the pass has the batch hand them all over at its end.
+    if (pass_handovers.empty())
+      static_cast<void>(gpupool::detail::completion_batch::defer(&hand_over_pass, nullptr));
+    pass_handovers.push_back(std::move(h));
+    return;
+  }
+  auto& q = queue();
+  {
+    std::lock_guard lock(q.mutex);
+    q.pending.push_back(std::move(h));
+    if (q.draining) return;  // the thread draining takes it with the rest
+    q.draining = true;
+  }
+  drain(q);
 }
 
 nb::object fetch_raised_exception() {

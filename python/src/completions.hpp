@@ -13,8 +13,11 @@ using handover = std::function<void()>;
 
 // Queues `h` and, unless another thread is already handing outcomes over, takes the GIL and runs
 // every queued handover until none is left. Any thread, without the GIL (a lane, or a thread
-// that cancelled a task). Once the interpreter is finalizing, handovers are dropped unrun and the
-// Python objects they hold are leaked rather than released without a live interpreter.
+// that cancelled a task). Inside a completion pass (a gpupool::detail::completion_batch open on
+// this thread, as on a lane completing its ready tasks) that happens once, when the pass ends,
+// for every handover the pass posted. Once the interpreter is finalizing, handovers are dropped
+// unrun and the Python objects they hold are leaked rather than released without a live
+// interpreter.
 void post_handover(handover h);
 
 // The exception object of the Python error being raised (the error indicator), which it clears;

@@ -66,6 +66,21 @@ def test_grouped_map_blocks_two_arrays_and_other_axis(client):
     np.testing.assert_allclose(zs, 2.0 * xs + ys, rtol=1e-6)
 
 
+def test_built_ins_with_an_int_alpha_over_int_arrays(client):
+    # Each built-in is rebuilt on the workers from the table; an int alpha must stay an int
+    # there (a float alpha is refused for int arrays), and two-array built-ins take two.
+    x = da.arange(1_000, chunks=100, dtype=np.int32)
+    y = da.arange(1_000, chunks=100, dtype=np.int32)
+    z = gd.map_blocks(gpupool.kernels.axpy(3), x, y, blocks_per_task=3)
+    s = x.map_blocks(gd.kernel(gpupool.kernels.scale(-2)))
+    zs, ss = client.compute([z, s], sync=True)
+    assert zs.dtype == np.int32 and ss.dtype == np.int32
+    np.testing.assert_array_equal(zs, 4 * np.arange(1_000, dtype=np.int32))
+    np.testing.assert_array_equal(ss, -2 * np.arange(1_000, dtype=np.int32))
+    assert gd._KernelSpec.of(gpupool.kernels.add).arity == 2
+    assert gd._KernelSpec.of(gpupool.kernels.scale(1)).arity == 1
+
+
 def test_grouped_map_blocks_compiled_kernel_with_number(client):
     k = gpupool.elementwise("int64 x, int64 a", "int64 y", "y = a * x + 1", name="affine")
     x = da.arange(5_000, chunks=64, dtype=np.int64)

@@ -197,3 +197,27 @@ def test_the_docs_list_every_built_in_with_its_formula():
         row = (f"| `{k['name']}` | {k['arity']} | {'yes' if k['takes_alpha'] else 'no'} | "
                f"`{k['formula']}` |")
         assert row in text, f"docs/kernels.md lacks the row {row}"
+
+
+def test_the_static_names_of_gpupool_kernels_equal_the_table():
+    """kernels.pyi gives type checkers gpupool.kernels' names (made at import from the C++ table):
+    a Kernel for each built-in without alpha, a function of alpha for the others, nothing else.
+    A built-in added to (or renamed in) the table fails here until the stub says so too."""
+    import ast
+
+    stub = pathlib.Path(gpupool.kernels.__file__).with_suffix(".pyi")
+    tree = ast.parse(stub.read_text())
+    kernels, factories, exported = set(), set(), None
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) == "Kernel":
+            kernels.add(node.target.id)
+        elif isinstance(node, ast.FunctionDef):
+            assert [a.arg for a in node.args.args] == ["alpha"], ast.unparse(node)
+            assert ast.unparse(node.returns) == "Kernel"
+            factories.add(node.name)
+        elif isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__":
+            exported = ast.literal_eval(node.value)
+    table = gpupool._ext.builtin_kernels()
+    assert kernels == {k["name"] for k in table if not k["takes_alpha"]}
+    assert factories == {k["name"] for k in table if k["takes_alpha"]}
+    assert exported == gpupool.kernels.__all__

@@ -27,6 +27,9 @@ USER_PROGRAM = textwrap.dedent('''
             total: int = first.result() + sum(lengths)
             k = gpupool.elementwise("float64 x", "float64 y", "y = x + 1")
             shifted = list(ex.map(k, chunks))
+            scaled: List[npt.NDArray[Any]] = list(ex.map(gpupool.kernels.scale(2.5), chunks))
+            pair: gpupool.kernels.Kernel = gpupool.kernels.axpy(2)
+            print(len(scaled), pair.arity, gpupool.kernels.add.arity)
             with ex.trace(pathlib.Path("t.json")) as t:
                 out = list(arrays)
             t.write("t.json")
@@ -41,3 +44,23 @@ def test_user_code_passes_mypy_strict(tmp_path):
     done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
                            "user.py"], capture_output=True, text=True, cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_misspelt_kernel_name_is_flagged(tmp_path):
+    """gpupool.kernels' names are made at import; its stub lets a type checker see them, so a
+    typo is an error rather than Any."""
+    pytest.importorskip("mypy")
+    (tmp_path / "typo.py").write_text(textwrap.dedent('''
+        import gpupool
+
+        k: gpupool.kernels.Kernel = gpupool.kernels.sqaure
+        f: gpupool.kernels.Kernel = gpupool.kernels.scale("2")
+    '''))
+    done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
+                           "typo.py"], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    lines = done.stdout.splitlines()
+    assert any(line.startswith("typo.py:4: error:") and '"sqaure"' in line for line in lines), \
+        done.stdout
+    assert any(line.startswith("typo.py:5: error:") and '"scale"' in line for line in lines), \
+        done.stdout

@@ -1,0 +1,23 @@
+# The static view of gpupool.kernels, whose names are made at import from the C++ library's table
+# of built-in kernels (gpupool._ext.builtin_kernels()). Type checkers read this file instead of
+# kernels.py, so a misspelt name (kernels.sqaure) is an error. python/tests/test_kernels.py checks
+# that the names here, and which of them take alpha, equal the table: a built-in added in C++
+# fails that test until it is declared here too.
+from typing import Any, Dict, List
+
+from ._ext import Kernel as Kernel
+
+#: The built-in kernels as the C++ library declares them: name, arity, takes_alpha, formula.
+BUILTINS: List[Dict[str, Any]]
+#: The dtypes (NumPy's names) the built-in kernels compute with.
+DTYPES: List[str]
+
+# Kernels without a parameter.
+square: Kernel
+add: Kernel
+
+# Factories: alpha is a real number (bool, int or float), checked against each array's dtype.
+def scale(alpha: float) -> Kernel: ...
+def axpy(alpha: float) -> Kernel: ...
+
+__all__ = ["BUILTINS", "DTYPES", "Kernel", "square", "scale", "add", "axpy"]
