@@ -236,7 +236,7 @@ struct executor::impl {
     if (cancel_pending) {
       // Tasks not started are cancelled; pieces of a task that has started go back to the queue
       // and run, so that task ends normally, like every running one.
-      for (auto& [item, device] : queue.drain())
+      for (auto& [item, device] : queue.drain(/*spare_woken=*/true))
         if (!item->cancel()) queue.push(std::move(item), device);
     }
     queue.close();

@@ -359,7 +359,7 @@ void task_queue::close() {
   }
 }
 
-std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain() {
+std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain(bool spare_woken) {
   std::vector<std::pair<work_item_ptr, std::optional<int>>> items;
   std::vector<std::pair<work_item_ptr, std::optional<int>>> unpinned;
   ordered_locks<device_queue> locks(count_);
@@ -374,12 +374,18 @@ std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain() {
   unpinned.reserve(shared);
   for (std::size_t d = 0; d < count_; ++d) {
     device_queue& q = queues_[d];
-    for (auto& item : q.pinned) items.emplace_back(std::move(item), static_cast<int>(d));
-    for (auto& item : q.shared) unpinned.emplace_back(std::move(item), std::nullopt);
-    q.pinned.clear();
-    q.shared.clear();
-    q.pinned_count.store(0);
-    q.shared_count.store(0);
+    // A woken lane takes its device's pinned items first, then its shared ones (take_own_locked).
+    std::size_t spared = spare_woken ? static_cast<std::size_t>(std::max(0, q.signalled)) : 0;
+    const std::size_t keep_pinned = std::min(spared, q.pinned.size());
+    const std::size_t keep_shared = std::min(spared - keep_pinned, q.shared.size());
+    for (std::size_t i = keep_pinned; i < q.pinned.size(); ++i)
+      items.emplace_back(std::move(q.pinned[i]), static_cast<int>(d));
+    for (std::size_t i = keep_shared; i < q.shared.size(); ++i)
+      unpinned.emplace_back(std::move(q.shared[i]), std::nullopt);
+    q.pinned.resize(keep_pinned);
+    q.shared.resize(keep_shared);
+    q.pinned_count.store(keep_pinned);
+    q.shared_count.store(keep_shared);
   }
   // Items for any device were dealt out over the devices: put them back in submission order.
   std::stable_sort(unpinned.begin(), unpinned.end(), [](const auto& a, const auto& b) {

@@ -53,7 +53,10 @@ class task_queue {
   /// Removes and returns everything still queued, each with the device it was queued for
   /// (nullopt: any device). Pinned items come first, by device; the others in submission order
   /// (`work_item::trace_id`).
-  std::vector<std::pair<work_item_ptr, std::optional<int>>> drain();
+  /// With `spare_woken`, each device keeps the items that lanes already woken for them will take
+  /// (its first ones, as many as lanes are on their way): those count as taken, so that work a
+  /// lane was dispatched to is not cancelled in the moment before the lane reaches it.
+  std::vector<std::pair<work_item_ptr, std::optional<int>>> drain(bool spare_woken = false);
   /// Items queued and not taken. Exact when no push or pop runs at the same time.
   [[nodiscard]] std::size_t size() const;
   [[nodiscard]] bool closed() const;
