@@ -21,7 +21,7 @@ import numpy.typing as npt
 
 from . import _device, _ext
 from ._ext import ElementwiseKernel, Kernel, RawKernel
-from ._pinned import empty_pinned
+from ._pinned import empty_pinned, is_pinned
 from ._timeline import Trace
 
 _T = TypeVar("_T")
@@ -625,7 +625,11 @@ def _require_cupy(lane):
 
 def _lane_upload(self, array):
     """Copies a host array to a new CuPy array on this lane's device, ordered on its stream
-    (through the lane's pinned staging slot, or directly when ``array`` is pinned)."""
+    (through the lane's pinned staging slot, or directly when ``array`` is pinned).
+
+    Returns once ``array`` may be changed or freed: pageable data is in the staging slot by
+    then; a direct copy from pinned memory is waited for (the caller may free the pinned block
+    at once, and gpupool's cache would hand it out again while the copy still reads it)."""
     import numpy as np
 
     cupy = _require_cupy(self)
@@ -636,6 +640,8 @@ def _lane_upload(self, array):
         with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
             device = cupy.empty(host.shape, host.dtype)
     self._upload(device.data.ptr, host)
+    if host.nbytes and is_pinned(host):
+        self.synchronize()
     return device
 
 

@@ -1,6 +1,9 @@
 // Bulk handover of outcomes to Python futures (see completions.hpp).
 #include "completions.hpp"
 
+#include <pthread.h>
+
+#include <exception>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -16,10 +19,19 @@ struct handover_queue {
   bool draining = false;  // a thread is waiting for the GIL to run `pending`
 };
 
-// Leaked on purpose: lanes may post after static destruction has begun.
+// Leaked on purpose: lanes may post after static destruction has begun. A fork()ed child gets a
+// fresh one: the parent's may have been left mid-drain (`draining` set by a lane waiting for the
+// GIL, its mutex even held) by a thread the child does not have, and then nothing would ever be
+// handed over in the child.
+handover_queue*& queue_slot() {
+  static handover_queue* state = [] {
+    pthread_atfork(nullptr, nullptr, [] { queue_slot() = new handover_queue; });
+    return new handover_queue;
+  }();
+  return state;
+}
 handover_queue& queue() {
-  static auto* const state = new handover_queue;
-  return *state;
+  return *queue_slot();
 }
 
 struct kept_thread_state {
@@ -65,7 +77,17 @@ void drain(handover_queue& q) {
     batch.swap(q.pending);
     q.draining = false;
   }
-  for (auto& run : batch) run();
+  for (auto& run : batch) {
+    // One handover that fails (out of memory making its result, say) must not strand the rest.
+    try {
+      run();
+    } catch (nb::python_error& e) {
+      e.discard_as_unraisable("gpupool: handing a task's outcome over");
+    } catch (const std::exception& e) {
+      PyErr_SetString(PyExc_RuntimeError, e.what());
+      PyErr_WriteUnraisable(nullptr);
+    }
+  }
   batch.clear();  // their Python objects are released here, with the GIL
 }
 

@@ -290,6 +290,44 @@ def test_a_forked_child_gets_a_clear_error():
     ex.shutdown()
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+def test_a_child_forked_while_results_wait_for_the_gil_gets_results_of_its_own():
+    # The parent holds the GIL (a long switch interval: it does not let go) while its lanes wait
+    # for it to hand results over, then forks. The child's own executor must still deliver: the
+    # parent's half-done handover is not the child's.
+    code = textwrap.dedent("""
+        import os, signal, sys, time
+        import numpy as np
+        import gpupool
+        ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
+        sys.setswitchinterval(30)
+        futures = [ex.submit(gpupool.kernels.square, np.full(1000, 2.0)) for _ in range(64)]
+        end = time.monotonic() + 0.3
+        while time.monotonic() < end:
+            pass
+        pid = os.fork()
+        if pid == 0:
+            sys.setswitchinterval(0.005)
+            signal.alarm(30)
+            status = 1
+            try:
+                with gpupool.Executor(threads_per_gpu=1, backend="cpu") as fresh:
+                    got = fresh.submit(gpupool.kernels.square, np.full(10, 3.0)).result(timeout=5)
+                    status = 0 if got[0] == 9.0 else 2
+            finally:
+                os._exit(status)
+        sys.setswitchinterval(0.005)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status), flush=True)
+        assert all(f.result(30)[0] == 4.0 for f in futures)
+        ex.shutdown()
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "child 0", proc.stdout + proc.stderr
+
+
 # -- tracing memory ---------------------------------------------------------------------------
 
 def test_trace_is_a_bounded_ring_released_at_block_end(cpu_executor):
