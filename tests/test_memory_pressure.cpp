@@ -191,7 +191,8 @@ TEST_P(MemoryPressure, APiecewiseTaskLargerThanTheBudgetStillCompletes) {
                std::span<float>(out))
       .get();
   for (float v : out) ASSERT_EQ(v, 5.0f);
-  auto mapped = ex.map(kernel::square(), std::vector<std::vector<float>>{x, y});
+  const std::vector<std::vector<float>> inputs{x, y};  // read in place: alive until done
+  auto mapped = ex.map(kernel::square(), inputs);
   EXPECT_EQ(mapped[0].get()[n - 1], 9.0f);
   EXPECT_EQ(mapped[1].get()[n - 1], 4.0f);
   // It counted as the whole budget, no more.
