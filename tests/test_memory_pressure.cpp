@@ -120,14 +120,27 @@ TEST_P(MemoryPressure, SubmittersWaitAtTheBudgetAndResumeAsTasksComplete) {
 
 TEST_P(MemoryPressure, AMapWaitsBetweenInputsAndQueuesThoseBeforeTheWait) {
   executor ex(options());
-  // Each input counts 2 x 16 KiB: two fit in 64 KiB per device; 12 inputs must take turns.
-  const std::vector<std::vector<float>> xs(12, std::vector<float>(4096, 2.0f));
-  auto all = ex.map(kernel::square(), xs);
-  for (auto& f : all) {
-    const auto v = f.get();
-    ASSERT_EQ(v.size(), 4096u);
-    EXPECT_EQ(v[0], 4.0f);
-  }
+  // Each input counts 2 x 16 KiB. A task holds all of the budget but room for one input, so the
+  // map must wait before its second input for the first to finish: had it kept the first in its
+  // batch, unqueued, while waiting, neither would ever finish.
+  constexpr std::size_t input_cost = 2 * 4096 * sizeof(float);
+  std::promise<void> open;
+  auto holder = ex.submit_sized(total_budget() - input_cost,
+                                [gate = open.get_future().share()](lane&) { gate.wait(); });
+  const std::vector<std::vector<float>> xs(3, std::vector<float>(4096, 2.0f));
+  auto mapping = std::async(std::launch::async, [&] {
+    auto all = ex.map(kernel::square(), xs);
+    for (auto& f : all) {
+      const auto v = f.get();
+      EXPECT_EQ(v.size(), 4096u);
+      EXPECT_EQ(v[0], 4.0f);
+    }
+  });
+  const bool finished = mapping.wait_for(20s) == std::future_status::ready;
+  open.set_value();
+  ASSERT_TRUE(finished) << "the map waited for room its own unqueued inputs held";
+  mapping.get();
+  holder.get();
   EXPECT_LE(ex.in_flight().peak, total_budget());
 }
 
