@@ -252,6 +252,34 @@ TEST_P(MemoryPressure, ShutdownWakesAWaitingSubmitter) {
   holder.get();
 }
 
+TEST_P(MemoryPressure, SubmitsRacingShutdownGiveEveryByteBack) {
+  executor ex(options());
+  const std::vector<float> x(2048, 3.0f);
+  constexpr int submitters = 4;
+  std::vector<std::vector<float>> out(submitters, std::vector<float>(x.size()));
+  std::atomic<int> refused{0};
+  std::vector<std::thread> threads;
+  for (int i = 0; i < submitters; ++i)
+    threads.emplace_back([&, i] {
+      const std::vector<std::vector<float>> xs(8, x);
+      try {
+        for (;;) {
+          (void)ex.transform(kernel::square(), std::span<const float>(x),
+                             std::span<float>(out[static_cast<std::size_t>(i)]));
+          (void)ex.map(kernel::square(), xs);
+        }
+      } catch (const std::runtime_error&) {
+        refused.fetch_add(1);  // shut down, while submitting or waiting for room
+      }
+    });
+  ASSERT_TRUE(eventually([&] { return ex.in_flight().waits > 0; }));
+  ex.shutdown();
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(refused.load(), submitters);
+  // Every task ended (ran, or was cancelled as it could not be queued): nothing is left counted.
+  EXPECT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; })) << ex.in_flight().bytes;
+}
+
 TEST_P(MemoryPressure, AllocationFailuresFailOnlyTheirTasksAndGiveMemoryBack) {
   scoped_env env("GPUPOOL_FAULTS", "alloc=0.2,seed=14");
   executor ex(options());

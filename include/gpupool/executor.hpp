@@ -116,12 +116,7 @@ class executor {
   auto submit_sized(std::size_t device_bytes, F&& f) {
     const std::size_t cost = in_flight_cost(device_bytes, /*piecewise=*/false);
     admit(cost);
-    try {
-      return submit_impl(std::forward<F>(f), std::nullopt, cost);
-    } catch (...) {
-      release_in_flight(cost);
-      throw;
-    }
+    return submit_impl(std::forward<F>(f), std::nullopt, cost);
   }
 
   /// Runs `f(lane&)` on a lane of device `device` (0..devices()-1).
@@ -270,18 +265,35 @@ class executor {
     return std::span<const T>(std::ranges::data(r), std::ranges::size(r));
   }
 
+  // Queues `f`; the `admitted` bytes (taken by admit()) are given back when it ends, or at once
+  // if it cannot be queued.
   template <class F>
   auto submit_impl(F&& f, std::optional<int> device, std::size_t admitted = 0) {
     using R = std::invoke_result_t<std::decay_t<F>&, lane&>;
-    auto state = std::make_shared<detail::shared_state<R>>();
-    hold_until_done(state, admitted);
-    enqueue(std::make_unique<detail::callable_item<std::decay_t<F>, R>>(std::forward<F>(f), state),
-            device);
+    std::shared_ptr<detail::shared_state<R>> state;
+    try {
+      state = std::make_shared<detail::shared_state<R>>();
+      hold_until_done(state, admitted);
+    } catch (...) {
+      release_in_flight(admitted);
+      throw;
+    }
+    try {
+      enqueue(
+          std::make_unique<detail::callable_item<std::decay_t<F>, R>>(std::forward<F>(f), state),
+          device);
+    } catch (...) {
+      // Never queued: ending it gives the bytes back and frees the callback that holds it.
+      state->try_cancel();
+      throw;
+    }
     return future<R>(std::move(state));
   }
 
   // Counts `admitted` bytes (taken by admit()) in flight until `state` ends, however it ends.
   // The callback runs before the executor is gone: its destructor resolves every future first.
+  // Until `state` ends the callback keeps it alive, so work that cannot be queued must be ended
+  // (cancelled), not dropped.
   template <class T>
   void hold_until_done(const std::shared_ptr<detail::shared_state<T>>& state,
                        std::size_t admitted) {
@@ -303,7 +315,7 @@ class executor {
       try {
         enqueue_elementwise(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
       } catch (...) {
-        release_in_flight(admitted);  // never queued: its state never ends
+        state->try_cancel();  // never queued: ending it gives the bytes back
         throw;
       }
     }

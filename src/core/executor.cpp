@@ -433,7 +433,11 @@ struct executor::impl {
           std::make_unique<Piece>(job, offset, std::min(per_piece, count - offset), extra...));
       stamp(*items.back());
     }
-    if (!queue.push_all(items)) throw std::runtime_error(shut_down_message);
+    if (!queue.push_all(items)) {
+      // Shut down meanwhile: ended, so that the future's callbacks give back its bytes.
+      for (auto& item : items) (void)item->cancel();
+      throw std::runtime_error(shut_down_message);
+    }
   }
 };
 
@@ -601,7 +605,6 @@ void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
 void executor::enqueue_elementwise_all(
     std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
   if (jobs.empty()) return;
-  require_open();
   std::vector<detail::work_item_ptr> items;
   items.reserve(jobs.size());
   for (auto& job : jobs) {
@@ -617,7 +620,12 @@ void executor::enqueue_elementwise_all(
     }
   }
   jobs.clear();
-  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
+  if (impl_->forked() || !impl_->accepting.load() || !impl_->queue.push_all(items)) {
+    // Ended, so that their futures' callbacks give back the bytes they were admitted with.
+    for (auto& item : items) (void)item->cancel();
+    require_open();  // throws the reason: a fork()ed child, or shut down
+    throw std::runtime_error(shut_down_message);
+  }
 }
 
 void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job) {
@@ -641,7 +649,7 @@ future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, c
   try {
     enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
   } catch (...) {
-    release_in_flight(cost);  // never queued: its state never ends
+    state->try_cancel();  // never queued: ending it gives the bytes back
     throw;
   }
   return future<void>(std::move(state));
@@ -672,7 +680,7 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
         k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state);
     enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
   } catch (...) {
-    gate->release(cost);  // never queued: its state never ends
+    state->try_cancel();  // never queued: ending it gives the bytes back
     throw;
   }
   return future<void>(std::move(state));
