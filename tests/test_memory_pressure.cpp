@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <future>
 #include <span>
@@ -273,6 +274,19 @@ TEST_P(MemoryPressure, SubmitsRacingShutdownGiveEveryByteBack) {
   EXPECT_EQ(refused.load(), submitters);
   // Every task ended (ran, or was cancelled as it could not be queued): nothing is left counted.
   EXPECT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; })) << ex.in_flight().bytes;
+}
+
+TEST_P(MemoryPressure, WorkRefusedAtSubmitGivesItsBytesBack) {
+  executor ex(options());
+  const std::vector<std::vector<std::int32_t>> xs(3, std::vector<std::int32_t>(1024, 1));
+  // The alpha does not fit int32: refused as the map builds its first input.
+  EXPECT_THROW((void)ex.map(kernel::scale(2147483648.0), xs), argument_range_error);
+  std::vector<std::int32_t> out(1024);
+  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(0.5), xs[0], out),
+               argument_kind_error);
+  EXPECT_EQ(ex.in_flight().bytes, 0u);
+  auto fs = ex.map(kernel::scale(2.0), xs);
+  EXPECT_EQ(fs[2].get()[0], 2);
 }
 
 TEST_P(MemoryPressure, AllocationFailuresFailOnlyTheirTasksAndGiveMemoryBack) {

@@ -142,19 +142,25 @@ class executor {
     futures.reserve(std::ranges::size(xs));
     std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
     jobs.reserve(std::min<std::size_t>(std::ranges::size(xs), map_batch));
-    for (const auto& x : xs) {
-      auto sx = as_span<T>(x);
-      const std::size_t cost = in_flight_cost(2 * sx.size_bytes(), /*piecewise=*/true);
-      if (!try_admit(cost)) {
-        // Inputs gathered but not queued hold budget: queue them before waiting for room that
-        // only their completion may free.
-        enqueue_elementwise_all(jobs);
-        admit(cost);
+    try {
+      for (const auto& x : xs) {
+        auto sx = as_span<T>(x);
+        const std::size_t cost = in_flight_cost(2 * sx.size_bytes(), /*piecewise=*/true);
+        if (!try_admit(cost)) {
+          // Inputs gathered but not queued hold budget: queue them before waiting for room that
+          // only their completion may free.
+          enqueue_elementwise_all(jobs);
+          admit(cost);
+        }
+        futures.push_back(map_into<T>(k, sx.data(), nullptr, sx.size(), jobs, cost));
+        if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
       }
-      futures.push_back(map_into<T>(k, sx.data(), nullptr, sx.size(), jobs, cost));
-      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+      enqueue_elementwise_all(jobs);
+    } catch (...) {
+      // Inputs gathered but never queued: ended, so their bytes come back.
+      for (auto& job : jobs) (void)job->state().try_cancel();
+      throw;
     }
-    enqueue_elementwise_all(jobs);
     return futures;
   }
 
@@ -337,8 +343,15 @@ class executor {
       state->try_start();
       state->set_value({});
     } else {
+      std::shared_ptr<detail::elementwise_job> job;
+      try {
+        job = std::make_shared<detail::map_job<T>>(k, x, y, n, state);  // checks the arguments
+      } catch (...) {
+        release_in_flight(admitted);  // no callback holds the state yet
+        throw;
+      }
       hold_until_done(state, admitted);
-      jobs.push_back(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
+      jobs.push_back(std::move(job));  // within the reserved batch: does not throw
     }
     return future<host_vector<T>>(std::move(state));
   }
