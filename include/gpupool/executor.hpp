@@ -34,6 +34,16 @@ struct device_memory_stats {
   std::size_t budget = 0;  ///< The configured budget; 0 for none.
 };
 
+/// Work admitted against the in-flight budget (see executor_options::in_flight_budget), all
+/// devices together.
+struct in_flight_stats {
+  std::size_t bytes = 0;    ///< Bytes of work queued or running now.
+  std::size_t peak = 0;     ///< Most bytes in flight at once since the executor started.
+  std::size_t budget = 0;   ///< The budget of all devices together (SIZE_MAX: none).
+  std::size_t waiting = 0;  ///< Submitters waiting for room now.
+  std::uint64_t waits = 0;  ///< Submits that had to wait for room since the executor started.
+};
+
 /// Small tasks that ran together: consecutive queued `map` inputs and `transform`s of one
 /// built-in kernel (alpha included) and element type, each within one piece, are gathered into
 /// one staging copy, one launch and one download (each keeps its own future).
@@ -66,6 +76,8 @@ class executor {
   /// Work queued and not yet taken by a lane: a batch of coalesced tasks counts once.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
+  /// The work in flight against the in-flight budget. Thread-safe, cheap.
+  [[nodiscard]] in_flight_stats in_flight() const noexcept;
   /// Counts of coalesced tasks since the executor started. Thread-safe, cheap.
   [[nodiscard]] coalescing_stats coalescing() const noexcept;
   /// True when called from one of this executor's lane threads (e.g. inside a task).
@@ -95,6 +107,18 @@ class executor {
     return submit_impl(std::forward<F>(f), std::nullopt);
   }
 
+  /// Runs `f(lane&)` on any lane, counting `device_bytes` (what the task will hold in device
+  /// memory and pinned staging) against the in-flight budget until it ends: past the budget the
+  /// submit waits for room (or throws out_of_memory with `when_full::raise`).
+  /// @throw out_of_memory, naming the sizes, if `device_bytes` alone passes the budget (such a
+  ///        task could never be admitted); std::runtime_error after shutdown.
+  template <class F>
+  auto submit_sized(std::size_t device_bytes, F&& f) {
+    const std::size_t cost = in_flight_cost(device_bytes, /*piecewise=*/false);
+    admit(cost);
+    return submit_impl(std::forward<F>(f), std::nullopt, cost);
+  }
+
   /// Runs `f(lane&)` on a lane of device `device` (0..devices()-1).
   /// @throw std::out_of_range for an unknown device; std::runtime_error after shutdown.
   template <class F>
@@ -106,7 +130,9 @@ class executor {
   /// Applies a one-input kernel to each input array; results come back in input order, one
   /// future per input, each holding a host_vector<T> (a std::vector that skips zeroing). Inputs are
   /// read in place and must stay alive until their futures are ready. Large inputs are split into
-  /// pieces of `chunk_bytes()`.
+  /// pieces of `chunk_bytes()`. Each input counts its input and output bytes against the
+  /// in-flight budget (at most the whole budget: it runs in pieces); past it, `map` waits for
+  /// room after queueing the inputs before.
   /// @throw std::invalid_argument if the kernel takes two inputs.
   template <class Inputs>
   auto map(const kernel& k, const Inputs& xs) {
@@ -116,12 +142,25 @@ class executor {
     futures.reserve(std::ranges::size(xs));
     std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
     jobs.reserve(std::min<std::size_t>(std::ranges::size(xs), map_batch));
-    for (const auto& x : xs) {
-      auto sx = as_span<T>(x);
-      futures.push_back(map_into<T>(k, sx.data(), nullptr, sx.size(), jobs));
-      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+    try {
+      for (const auto& x : xs) {
+        auto sx = as_span<T>(x);
+        const std::size_t cost = in_flight_cost(2 * sx.size_bytes(), /*piecewise=*/true);
+        if (!try_admit(cost)) {
+          // Inputs gathered but not queued hold budget: queue them before waiting for room that
+          // only their completion may free.
+          enqueue_elementwise_all(jobs);
+          admit(cost);
+        }
+        futures.push_back(map_into<T>(k, sx.data(), nullptr, sx.size(), jobs, cost));
+        if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+      }
+      enqueue_elementwise_all(jobs);
+    } catch (...) {
+      // Inputs gathered but never queued: ended, so their bytes come back.
+      for (auto& job : jobs) (void)job->state().try_cancel();
+      throw;
     }
-    enqueue_elementwise_all(jobs);
     return futures;
   }
 
@@ -144,8 +183,11 @@ class executor {
                                     std::to_string(sy[i].size()) + ")");
     multi_future<host_vector<T>> futures;
     futures.reserve(sx.size());
-    for (std::size_t i = 0; i < sx.size(); ++i)
-      futures.push_back(map_one<T>(k, sx[i].data(), sy[i].data(), sx[i].size()));
+    for (std::size_t i = 0; i < sx.size(); ++i) {
+      const std::size_t cost = in_flight_cost(3 * sx[i].size_bytes(), /*piecewise=*/true);
+      admit(cost);
+      futures.push_back(map_one<T>(k, sx[i].data(), sy[i].data(), sx[i].size(), cost));
+    }
     return futures;
   }
 
@@ -229,24 +271,59 @@ class executor {
     return std::span<const T>(std::ranges::data(r), std::ranges::size(r));
   }
 
+  // Queues `f`; the `admitted` bytes (taken by admit()) are given back when it ends, or at once
+  // if it cannot be queued.
   template <class F>
-  auto submit_impl(F&& f, std::optional<int> device) {
+  auto submit_impl(F&& f, std::optional<int> device, std::size_t admitted = 0) {
     using R = std::invoke_result_t<std::decay_t<F>&, lane&>;
-    auto state = std::make_shared<detail::shared_state<R>>();
-    enqueue(std::make_unique<detail::callable_item<std::decay_t<F>, R>>(std::forward<F>(f), state),
-            device);
+    std::shared_ptr<detail::shared_state<R>> state;
+    try {
+      state = std::make_shared<detail::shared_state<R>>();
+      hold_until_done(state, admitted);
+    } catch (...) {
+      release_in_flight(admitted);
+      throw;
+    }
+    try {
+      enqueue(
+          std::make_unique<detail::callable_item<std::decay_t<F>, R>>(std::forward<F>(f), state),
+          device);
+    } catch (...) {
+      // Never queued: ending it gives the bytes back and frees the callback that holds it.
+      state->try_cancel();
+      throw;
+    }
     return future<R>(std::move(state));
   }
 
+  // Counts `admitted` bytes (taken by admit()) in flight until `state` ends, however it ends.
+  // The callback runs before the executor is gone: its destructor resolves every future first.
+  // Until `state` ends the callback keeps it alive, so work that cannot be queued must be ended
+  // (cancelled), not dropped.
   template <class T>
-  future<host_vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n) {
+  void hold_until_done(const std::shared_ptr<detail::shared_state<T>>& state,
+                       std::size_t admitted) {
+    if (admitted == 0) return;
+    future<T>(state).on_complete([this, admitted](future<T>&) { release_in_flight(admitted); });
+  }
+
+  template <class T>
+  future<host_vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n,
+                                 std::size_t admitted) {
     auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
     if (n == 0) {
+      release_in_flight(admitted);
       require_open();
       state->try_start();
       state->set_value({});
     } else {
-      enqueue_elementwise(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
+      hold_until_done(state, admitted);
+      try {
+        enqueue_elementwise(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
+      } catch (...) {
+        state->try_cancel();  // never queued: ending it gives the bytes back
+        throw;
+      }
     }
     return future<host_vector<T>>(std::move(state));
   }
@@ -257,14 +334,24 @@ class executor {
 
   template <class T>
   future<host_vector<T>> map_into(const kernel& k, const T* x, const T* y, std::size_t n,
-                                  std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+                                  std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
+                                  std::size_t admitted) {
     auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
     if (n == 0) {
+      release_in_flight(admitted);
       require_open();
       state->try_start();
       state->set_value({});
     } else {
-      jobs.push_back(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
+      std::shared_ptr<detail::elementwise_job> job;
+      try {
+        job = std::make_shared<detail::map_job<T>>(k, x, y, n, state);  // checks the arguments
+      } catch (...) {
+        release_in_flight(admitted);  // no callback holds the state yet
+        throw;
+      }
+      hold_until_done(state, admitted);
+      jobs.push_back(std::move(job));  // within the reserved batch: does not throw
     }
     return future<host_vector<T>>(std::move(state));
   }
@@ -275,6 +362,15 @@ class executor {
   void enqueue(detail::work_item_ptr item, std::optional<int> device);
   void enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job);
   void require_open() const;
+  // The in-flight budget (see executor_options::in_flight_budget). in_flight_cost() is what a
+  // task of `bytes` counts: a piecewise task at most the whole budget; a task that cannot be
+  // split and passes the budget is refused (out_of_memory naming the sizes). admit() takes the
+  // cost, waiting for room or throwing as when_full says (never waiting on a lane thread);
+  // try_admit() takes it only if it fits now.
+  [[nodiscard]] std::size_t in_flight_cost(std::size_t bytes, bool piecewise) const;
+  void admit(std::size_t cost);
+  [[nodiscard]] bool try_admit(std::size_t cost) noexcept;
+  void release_in_flight(std::size_t cost) noexcept;
   void check_device(int device) const;
   static void require_arity(const kernel& k, int arity, const char* what);
   static void require_same_size(std::size_t a, std::size_t b);

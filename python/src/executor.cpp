@@ -457,6 +457,21 @@ void bind_executor(nb::module_& m) {
       .def_rw("slots_per_lane", &gpupool::executor_options::slots_per_lane)
       .def_rw("chunk_bytes", &gpupool::executor_options::chunk_bytes)
       .def_rw("device_memory_budget", &gpupool::executor_options::device_memory_budget)
+      .def_rw("in_flight_budget", &gpupool::executor_options::in_flight_budget)
+      .def_prop_rw(
+          "when_full",
+          [](const gpupool::executor_options& o) -> std::string {
+            return o.when_full == gpupool::when_full::raise ? "raise" : "block";
+          },
+          [](gpupool::executor_options& o, const std::string& mode) {
+            if (mode == "block")
+              o.when_full = gpupool::when_full::block;
+            else if (mode == "raise")
+              o.when_full = gpupool::when_full::raise;
+            else
+              throw nb::value_error(
+                  ("gpupool: when_full must be 'block' or 'raise', not '" + mode + "'").c_str());
+          })
       .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
       .def_rw("quiet", &gpupool::executor_options::quiet);
 

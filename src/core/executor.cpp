@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -10,6 +11,7 @@
 #include <exception>
 #include <future>
 #include <iterator>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <stdexcept>
@@ -45,6 +47,112 @@ constexpr int cuda_default_lanes = 8;
 constexpr int cpu_most_default_lanes = 8;
 // Two device buffers per slot: two-input kernels stage both inputs.
 constexpr std::size_t device_buffers_per_slot = 2;
+
+// The in-flight budget's default per device: half of a CUDA device's memory (the rest is left to
+// the staging slots, the tasks' own allocations and other processes); a fixed 1 GiB per CPU
+// stand-in device, whose "device memory" is the host's, shared by every stand-in.
+constexpr std::size_t cpu_default_in_flight_budget = std::size_t{1} << 30;
+constexpr std::size_t no_limit = std::numeric_limits<std::size_t>::max();
+
+// Bytes of work admitted and not yet done, against a budget for all devices together. Submitters
+// take bytes before queueing a task, its future's completion gives them back. Taking and giving
+// back are lock-free; only a submitter that must wait takes the mutex.
+class in_flight_gate {
+ public:
+  in_flight_gate(std::size_t budget, when_full mode) : budget_(budget), mode_(mode) {}
+
+  [[nodiscard]] std::size_t budget() const noexcept { return budget_; }
+
+  // Takes `bytes` if they fit now.
+  bool try_take(std::size_t bytes) noexcept {
+    if (bytes == 0) return true;
+    std::size_t now = in_flight_.load();
+    do {
+      if (now > budget_ || bytes > budget_ - now) return false;
+    } while (!in_flight_.compare_exchange_weak(now, now + bytes));
+    note_peak(now + bytes);
+    return true;
+  }
+
+  // Takes `bytes`, waiting for room (or throwing, in raise mode). A lane thread is admitted over
+  // the budget: it may be the very lane whose completions would make room.
+  void take(std::size_t bytes, bool on_lane) {
+    if (try_take(bytes)) return;
+    if (on_lane) {
+      note_peak(in_flight_.fetch_add(bytes) + bytes);
+      return;
+    }
+    if (mode_ == when_full::raise)
+      throw out_of_memory("gpupool: submitting " + std::to_string(bytes) +
+                          " bytes would pass the in-flight budget of " + std::to_string(budget_) +
+                          " bytes (" + std::to_string(in_flight_.load()) +
+                          " in flight; when_full is raise)");
+    std::unique_lock lock(mutex_);
+    // Counted before the check under the lock: a release that does not see the count has
+    // already given its bytes back, so the check sees them (both are sequentially consistent).
+    waiting_.fetch_add(1);
+    waits_.fetch_add(1, std::memory_order_relaxed);
+    bool taken = false;
+    cv_.wait(lock, [&] { return closed_.load() || (taken = try_take(bytes)); });
+    waiting_.fetch_sub(1);
+    if (!taken) throw std::runtime_error(shut_down_message);
+  }
+
+  void release(std::size_t bytes) noexcept {
+    if (bytes == 0) return;
+    in_flight_.fetch_sub(bytes);
+    if (waiting_.load() > 0) {
+      std::lock_guard lock(mutex_);
+      cv_.notify_all();
+    }
+  }
+
+  // Wakes every waiting submitter to find the executor shut down.
+  void close() noexcept {
+    std::lock_guard lock(mutex_);
+    closed_.store(true);
+    cv_.notify_all();
+  }
+
+  [[nodiscard]] in_flight_stats stats() const noexcept {
+    return {in_flight_.load(), peak_.load(std::memory_order_relaxed), budget_, waiting_.load(),
+            waits_.load(std::memory_order_relaxed)};
+  }
+
+ private:
+  void note_peak(std::size_t now) noexcept {
+    std::size_t peak = peak_.load(std::memory_order_relaxed);
+    while (now > peak && !peak_.compare_exchange_weak(peak, now, std::memory_order_relaxed)) {
+    }
+  }
+
+  const std::size_t budget_;
+  const when_full mode_;
+  std::atomic<std::size_t> in_flight_{0};
+  std::atomic<std::size_t> peak_{0};
+  std::atomic<std::size_t> waiting_{0};
+  std::atomic<std::uint64_t> waits_{0};
+  std::atomic<bool> closed_{false};
+  std::mutex mutex_;
+  std::condition_variable cv_;
+};
+
+// The in-flight budget of all `devices` together: the option per device, or its default.
+std::size_t choose_in_flight_budget(const executor_options& options,
+                                    const std::vector<device_info>& devices) {
+  if (options.when_full != when_full::block && options.when_full != when_full::raise)
+    throw std::invalid_argument("gpupool: when_full must be block or raise");
+  std::size_t total = 0;
+  for (const auto& d : devices) {
+    std::size_t per_device = options.in_flight_budget;
+    if (per_device == 0)
+      per_device = d.backend == backend_kind::cuda ? std::max<std::size_t>(d.total_memory / 2, 1)
+                                                   : cpu_default_in_flight_budget;
+    if (per_device == no_limit || total > no_limit - per_device) return no_limit;
+    total += per_device;
+  }
+  return total;
+}
 
 // Counts fork()s this process came out of (as the child). An executor remembers the count it was
 // made under: a different one means its lanes belong to another process.
@@ -159,6 +267,8 @@ struct executor::impl {
       devices.push_back(std::move(info));
       memory.push_back(std::make_unique<detail::device_memory>(options.device_memory_budget));
     }
+    gate = std::make_unique<in_flight_gate>(choose_in_flight_budget(options, devices),
+                                            options.when_full);
     start_lanes();
   }
 
@@ -232,6 +342,7 @@ struct executor::impl {
           "gpupool: an executor cannot be shut down or destroyed by its own tasks");
     std::lock_guard lock(shutdown_mutex);
     accepting.store(false);
+    gate->close();         // submitters waiting for room find the executor shut down
     if (forked()) return;  // nothing of the parent's lanes to stop here
     if (cancel_pending) {
       // Tasks not started are cancelled; pieces of a task that has started go back to the queue
@@ -252,6 +363,7 @@ struct executor::impl {
   detail::task_queue queue;
   std::vector<device_info> devices;
   std::vector<std::unique_ptr<detail::device_memory>> memory;
+  std::unique_ptr<in_flight_gate> gate;
   std::vector<std::unique_ptr<detail::lane_worker>> lanes;
   std::atomic<bool> accepting{true};
   std::mutex shutdown_mutex;
@@ -286,6 +398,19 @@ struct executor::impl {
   template <class K>
   future<void> map_user_on_device(int device, const K& k, const std::vector<device_call>& calls);
 
+  // See executor::in_flight_cost and executor::admit.
+  [[nodiscard]] std::size_t in_flight_cost(std::size_t bytes, bool piecewise) const;
+  void admit(std::size_t cost) {
+    require_accepting();
+    gate->take(cost, detail::is_lane_thread_of(queue));
+  }
+  // Gives `cost` back once `state` ends, however it ends (as executor::hold_until_done).
+  void hold_until_done(const std::shared_ptr<detail::shared_state<void>>& state, std::size_t cost) {
+    if (cost == 0) return;
+    future<void>(state).on_complete(
+        [gate = gate.get(), cost](future<void>&) { gate->release(cost); });
+  }
+
   // Stamps an item as it is queued: its place in submission order, and when.
   void stamp(detail::work_item& item) {
     item.trace_id = next_id.fetch_add(1, std::memory_order_relaxed);
@@ -308,7 +433,11 @@ struct executor::impl {
           std::make_unique<Piece>(job, offset, std::min(per_piece, count - offset), extra...));
       stamp(*items.back());
     }
-    if (!queue.push_all(items)) throw std::runtime_error(shut_down_message);
+    if (!queue.push_all(items)) {
+      // Shut down meanwhile: ended, so that the future's callbacks give back its bytes.
+      for (auto& item : items) (void)item->cancel();
+      throw std::runtime_error(shut_down_message);
+    }
   }
 };
 
@@ -363,6 +492,41 @@ std::vector<device_memory_stats> executor::memory_stats() const {
   std::vector<device_memory_stats> stats;
   for (const auto& m : impl_->memory) stats.push_back({m->in_use(), m->peak(), m->budget()});
   return stats;
+}
+
+in_flight_stats executor::in_flight() const noexcept {
+  return impl_->gate->stats();
+}
+
+std::size_t executor::in_flight_cost(std::size_t bytes, bool piecewise) const {
+  return impl_->in_flight_cost(bytes, piecewise);
+}
+
+std::size_t executor::impl::in_flight_cost(std::size_t bytes, bool piecewise) const {
+  const std::size_t budget = gate->budget();
+  if (budget == no_limit) return 0;  // nothing to wait for: no accounting on the submit path
+  if (bytes <= budget) return bytes;
+  // Its pieces stream through the staging slots, so it never holds more than they do at once:
+  // it counts as the whole budget and runs once everything before it has made room.
+  if (piecewise) return budget;
+  const std::size_t count = devices.size();
+  throw out_of_memory("gpupool: a task of " + std::to_string(bytes) +
+                      " bytes cannot run in pieces and is larger than the in-flight budget of " +
+                      std::to_string(budget) + " bytes (" + std::to_string(budget / count) +
+                      " per device x " + std::to_string(count) +
+                      " devices); raise in_flight_budget or split the task");
+}
+
+void executor::admit(std::size_t cost) {
+  impl_->admit(cost);
+}
+
+bool executor::try_admit(std::size_t cost) noexcept {
+  return impl_->gate->try_take(cost);
+}
+
+void executor::release_in_flight(std::size_t cost) noexcept {
+  impl_->gate->release(cost);
 }
 
 void executor::shutdown(bool cancel_pending) {
@@ -441,7 +605,6 @@ void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
 void executor::enqueue_elementwise_all(
     std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
   if (jobs.empty()) return;
-  require_open();
   std::vector<detail::work_item_ptr> items;
   items.reserve(jobs.size());
   for (auto& job : jobs) {
@@ -457,7 +620,12 @@ void executor::enqueue_elementwise_all(
     }
   }
   jobs.clear();
-  if (!impl_->queue.push_all(items)) throw std::runtime_error(shut_down_message);
+  if (impl_->forked() || !impl_->accepting.load() || !impl_->queue.push_all(items)) {
+    // Ended, so that their futures' callbacks give back the bytes they were admitted with.
+    for (auto& item : items) (void)item->cancel();
+    require_open();  // throws the reason: a fork()ed child, or shut down
+    throw std::runtime_error(shut_down_message);
+  }
 }
 
 void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job) {
@@ -473,8 +641,17 @@ future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, c
     require_open();
     return impl::nothing_to_do();
   }
+  const std::size_t cost =
+      in_flight_cost(n * size_of(t) * (y == nullptr ? 2 : 3), /*piecewise=*/true);
+  admit(cost);
   auto state = std::make_shared<detail::shared_state<void>>();
-  enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
+  hold_until_done(state, cost);
+  try {
+    enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
+  } catch (...) {
+    state->try_cancel();  // never queued: ending it gives the bytes back
+    throw;
+  }
   return future<void>(std::move(state));
 }
 
@@ -488,11 +665,24 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
   std::vector<std::shared_ptr<const detail::compiled_kernel>> compiled;
   for (int ordinal : ordinals) compiled.push_back(detail::compile_for(*owner, k, call, ordinal));
   if (count == 0) return nothing_to_do();
+  std::size_t bytes_per_element = size_of(out_type);
+  for (const auto& op : call.operands)
+    if (op.is_array) bytes_per_element += op.element_size;
+  const std::size_t cost =
+      in_flight_cost(count > no_limit / bytes_per_element ? no_limit : count * bytes_per_element,
+                     /*piecewise=*/true);
+  admit(cost);
   auto state = std::make_shared<detail::shared_state<void>>();
+  hold_until_done(state, cost);
   const std::size_t widest = call.widest;
-  auto job = std::make_shared<detail::user_kernel_job>(
-      k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state);
-  enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
+  try {
+    auto job = std::make_shared<detail::user_kernel_job>(
+        k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state);
+    enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
+  } catch (...) {
+    state->try_cancel();  // never queued: ending it gives the bytes back
+    throw;
+  }
   return future<void>(std::move(state));
 }
 
