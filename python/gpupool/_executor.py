@@ -84,6 +84,8 @@ class _Defaults:
         self.chunk_bytes = options.chunk_bytes
         self.device_memory_budget = options.device_memory_budget
         self.cpu_devices = options.cpu_devices
+        self.in_flight_budget = options.in_flight_budget
+        self.when_full = options.when_full
 
 
 _DEFAULTS = _Defaults(_ext.ExecutorOptions())
@@ -229,7 +231,9 @@ class Executor(_futures.Executor):
                  slots_per_lane: int = _DEFAULTS.slots_per_lane,
                  chunk_bytes: int = _DEFAULTS.chunk_bytes,
                  device_memory_budget: int = _DEFAULTS.device_memory_budget,
-                 cpu_devices: int = _DEFAULTS.cpu_devices) -> None:
+                 cpu_devices: int = _DEFAULTS.cpu_devices,
+                 in_flight_budget: int = _DEFAULTS.in_flight_budget,
+                 when_full: str = _DEFAULTS.when_full) -> None:
         lanes = 0 if threads_per_gpu is None else _count(
             "threads_per_gpu", threads_per_gpu, 1, 256,
             "a whole number from 1 to 256, or None for the backend's choice")
@@ -248,6 +252,10 @@ class Executor(_futures.Executor):
                                               None, "a byte count, or 0 for no limit")
         options.cpu_devices = _count("cpu_devices", cpu_devices, 0, 1024,
                                      "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024")
+        options.in_flight_budget = _count(
+            "in_flight_budget", in_flight_budget, 0, 2**64 - 1,
+            "a byte count per device: 0 for the default, 2**64 - 1 for no budget")
+        options.when_full = when_full  # 'block' or 'raise', checked by the extension
         self._core = _ext.Executor(options)
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()

@@ -128,7 +128,12 @@ class py_executor {
     nb::list out;
     for (std::size_t i = 0; i < n; ++i) {
       auto result = std::make_unique<pinned_block>(x[i].nbytes());
-      auto f = launch(k, x[i], ys ? &y[i] : nullptr, result->data());
+      // Queueing may wait for room in the in-flight budget, which only completions free, and
+      // handing those over takes the GIL: it is let go meanwhile.
+      auto f = [&] {
+        nb::gil_scoped_release nogil;
+        return launch(k, x[i], ys ? &y[i] : nullptr, result->data());
+      }();
       std::vector<input_array> views{x[i]};
       if (ys) views.push_back(y[i]);
       out.append(adopt_kernel_task(std::move(f), future_type, std::move(views),

@@ -305,3 +305,48 @@ def test_executor_defaults_are_the_cpp_options_defaults():
         assert parameters[name].default == getattr(defaults, name)
     with gpupool.Executor(backend="cpu") as ex:
         assert ex.chunk_bytes == defaults.chunk_bytes
+
+
+def test_the_in_flight_budget_refuses_work_past_it_in_raise_mode():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu", in_flight_budget=1 << 20,
+                          when_full="raise") as ex:
+        gate = threading.Event()
+        blocker = ex.submit(gate.wait, 30)
+        x = np.ones(40_000)  # 320 KB in and 320 KB out: 640 KB of the 1 MiB budget
+        first = ex.submit(gpupool.kernels.square, x)
+        with pytest.raises(gpupool.OutOfMemoryError, match="in-flight budget"):
+            ex.submit(gpupool.kernels.square, x)
+        gate.set()
+        assert blocker.result(30)
+        assert first.result(30)[0] == 1.0
+        # Its bytes came back: the same work fits again.
+        assert ex.submit(gpupool.kernels.square, x).result(30)[0] == 1.0
+
+
+def test_the_in_flight_budget_makes_a_submitter_wait_for_room():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu", in_flight_budget=1 << 20) as ex:
+        gate = threading.Event()
+        ex.submit(gate.wait, 30)
+        x = np.ones(40_000)
+        first = ex.submit(gpupool.kernels.square, x)
+        admitted = threading.Event()
+
+        def second():
+            future = ex.submit(gpupool.kernels.square, x)  # waits: no room until `first` ends
+            admitted.set()
+            return future.result(30)
+
+        waiter = threading.Thread(target=lambda: second())
+        waiter.start()
+        assert not admitted.wait(0.3)
+        gate.set()
+        assert admitted.wait(30)
+        waiter.join(30)
+        assert first.result(30)[0] == 1.0
+
+
+def test_in_flight_options_are_checked():
+    with pytest.raises(ValueError, match="when_full"):
+        gpupool.Executor(backend="cpu", when_full="sometimes")
+    with pytest.raises(ValueError, match="in_flight_budget"):
+        gpupool.Executor(backend="cpu", in_flight_budget=-1)
