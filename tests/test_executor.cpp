@@ -613,6 +613,9 @@ TEST(ShutdownCancelling, WorkALaneWasWokenForRunsAndTheRestIsCancelled) {
     o.backend = backend_kind::cpu;
     o.lanes_per_device = 2;
     executor ex(o);
+    // Lanes that have started and wait for work (a lane still starting is not yet dispatched).
+    ex.submit([](lane&) {}).get();
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
     std::vector<future<void>> futures;
     for (int i = 0; i < 50; ++i)
       futures.push_back(

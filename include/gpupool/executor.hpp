@@ -307,25 +307,25 @@ class executor {
     future<T>(state).on_complete([this, admitted](future<T>&) { release_in_flight(admitted); });
   }
 
+  // One input (or pair) queued on its own, as map_into and enqueue_elementwise_all do for many.
   template <class T>
   future<host_vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n,
                                  std::size_t admitted) {
-    auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
-    if (n == 0) {
+    std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
+    try {
+      jobs.reserve(1);
+    } catch (...) {
       release_in_flight(admitted);
-      require_open();
-      state->try_start();
-      state->set_value({});
-    } else {
-      hold_until_done(state, admitted);
-      try {
-        enqueue_elementwise(std::make_shared<detail::map_job<T>>(k, x, y, n, state));
-      } catch (...) {
-        state->try_cancel();  // never queued: ending it gives the bytes back
-        throw;
-      }
+      throw;
     }
-    return future<host_vector<T>>(std::move(state));
+    auto result = map_into<T>(k, x, y, n, jobs, admitted);
+    try {
+      enqueue_elementwise_all(jobs);
+    } catch (...) {
+      for (auto& job : jobs) (void)job->state().try_cancel();  // never queued: its bytes come back
+      throw;
+    }
+    return result;
   }
 
   // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,

@@ -276,7 +276,7 @@ work_item_ptr task_queue::steal(int device) {
   return nullptr;
 }
 
-bool task_queue::wait_for_work(int device) {
+bool task_queue::wait_for_work(int device, bool& woken_for_item) {
   device_queue& q = queues_[static_cast<std::size_t>(device)];
   std::unique_lock lock(q.mutex);
   if (!q.pinned.empty() || !q.shared.empty()) return true;
@@ -295,28 +295,35 @@ bool task_queue::wait_for_work(int device) {
   q.wake.wait(lock);
   wakeups_.fetch_add(1, std::memory_order_relaxed);
   --q.sleeping;
-  if (q.signalled > 0) --q.signalled;  // woken for an item (or by close; then it is moot)
+  if (q.signalled > 0) {  // woken for an item (or by close; then it is moot)
+    --q.signalled;
+    ++q.dispatched;
+    woken_for_item = true;
+  }
   refresh_idle_locked(q);
   return true;
 }
 
 work_item_ptr task_queue::pop(int device, bool block) {
   device_queue& q = at(device);
+  bool woken_for_item = false;
   for (;;) {
-    // Empty by the lock-free counts: skip the lock (a blocking pop looks again under it).
-    if (q.pinned_count.load() + q.shared_count.load() != 0) {
+    // Empty by the lock-free counts: skip the lock (a blocking pop looks again under it), unless
+    // this lane was dispatched to an item and must say that it has looked.
+    if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       work_item_ptr item;
       std::pair<int, bool> woken;
       {
         std::lock_guard lock(q.mutex);
         item = take_own_locked(q);
+        if (std::exchange(woken_for_item, false)) --q.dispatched;
         woken = pass_on_locked(q);
       }
       notify(q, woken);
       if (item) return item;
     }
     if (auto item = steal(device)) return item;
-    if (!block || !wait_for_work(device)) return nullptr;
+    if (!block || !wait_for_work(device, woken_for_item)) return nullptr;
   }
 }
 
@@ -324,8 +331,9 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
                                  bool block) {
   if (most == 0) return 0;
   device_queue& q = at(device);
+  bool woken_for_item = false;
   for (;;) {
-    if (q.pinned_count.load() + q.shared_count.load() != 0) {
+    if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       std::size_t take = 0;
       std::pair<int, bool> woken;
       {
@@ -336,6 +344,7 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
                         queued > reserved ? queued - reserved : std::min<std::size_t>(queued, 1));
         out.reserve(out.size() + take);  // may throw: before anything is taken
         for (std::size_t i = 0; i < take; ++i) out.push_back(take_own_locked(q));
+        if (std::exchange(woken_for_item, false)) --q.dispatched;
         woken = pass_on_locked(q);
       }
       notify(q, woken);
@@ -345,7 +354,7 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
       out.push_back(std::move(item));  // cannot throw: steal leaves out as it is on failure
       return 1;
     }
-    if (!block || !wait_for_work(device)) return 0;
+    if (!block || !wait_for_work(device, woken_for_item)) return 0;
   }
 }
 
@@ -375,7 +384,8 @@ std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain(bool
   for (std::size_t d = 0; d < count_; ++d) {
     device_queue& q = queues_[d];
     // A woken lane takes its device's pinned items first, then its shared ones (take_own_locked).
-    std::size_t spared = spare_woken ? static_cast<std::size_t>(std::max(0, q.signalled)) : 0;
+    std::size_t spared =
+        spare_woken ? static_cast<std::size_t>(std::max(0, q.signalled + q.dispatched)) : 0;
     const std::size_t keep_pinned = std::min(spared, q.pinned.size());
     const std::size_t keep_shared = std::min(spared - keep_pinned, q.shared.size());
     for (std::size_t i = keep_pinned; i < q.pinned.size(); ++i)

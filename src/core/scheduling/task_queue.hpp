@@ -79,8 +79,11 @@ class task_queue {
     // by a lane checking for work before it sleeps.
     std::atomic<std::size_t> pinned_count{0};
     std::atomic<std::size_t> shared_count{0};
-    int sleeping = 0;          // lanes blocked on `wake` (under `mutex`)
-    int signalled = 0;         // of those, lanes an item woke that have not yet run (under `mutex`)
+    int sleeping = 0;   // lanes blocked on `wake` (under `mutex`)
+    int signalled = 0;  // of those, lanes an item woke that have not yet run (under `mutex`)
+    // Lanes an item woke that are up and have not yet looked for it under the lock (under
+    // `mutex`): with `signalled`, the work a cancelling shutdown leaves to them.
+    int dispatched = 0;
     std::atomic<int> idle{0};  // sleeping - signalled, readable without the lock
   };
 
@@ -129,7 +132,9 @@ class task_queue {
   std::size_t shared_target();
   // The blocking part of pop/pop_some: waits until something may be there. False once closed
   // and nothing is left that `device` may run.
-  bool wait_for_work(int device);
+  // `woken_for_item` is set when an item's signal woke the lane (it then counts as dispatched
+  // until its next look under the lock: see device_queue::dispatched).
+  bool wait_for_work(int device, bool& woken_for_item);
 
   std::size_t count_;
   std::unique_ptr<device_queue[]> queues_;
