@@ -20,12 +20,12 @@ namespace gpupool::detail {
 /// After a failure the pieces not yet started skip their work, but the future fails only once
 /// every piece already running has ended, so that no piece still reads the inputs or writes the
 /// output when the caller learns of the failure (and frees or reuses them).
-class piecewise_job {
+class split_job {
  public:
-  piecewise_job() = default;
-  piecewise_job(const piecewise_job&) = delete;
-  piecewise_job& operator=(const piecewise_job&) = delete;
-  virtual ~piecewise_job() = default;
+  split_job() = default;
+  split_job(const split_job&) = delete;
+  split_job& operator=(const split_job&) = delete;
+  virtual ~split_job() = default;
 
   virtual state_base& state() noexcept = 0;
 
@@ -67,7 +67,7 @@ class piecewise_job {
 void require_alpha_fits(const kernel& k, dtype t);
 
 /// A built-in kernel over one or two arrays.
-class elementwise_job : public piecewise_job {
+class elementwise_job : public split_job {
  public:
   elementwise_job(kernel k, dtype t, const void* x, const void* y, std::size_t count)
       : kernel_(k), type_(t), x_(x), y_(y), count_(count) {

@@ -47,12 +47,12 @@ std::span<elementwise_piece* const> elementwise_piece::members() const noexcept 
 }
 
 bool elementwise_piece::claim() {
-  if (riders_.empty()) return job_piece::claim();
+  if (riders_.empty()) return piece_item::claim();
   // Each task claims for itself: a cancelled one is counted out and left out of the batch.
   running_.clear();
-  if (job_piece::claim()) running_.push_back(this);
+  if (piece_item::claim()) running_.push_back(this);
   for (auto& r : riders_)
-    if (r->job_piece::claim()) running_.push_back(r.get());
+    if (r->piece_item::claim()) running_.push_back(r.get());
   return !running_.empty();
 }
 
@@ -102,18 +102,18 @@ void elementwise_piece::finish(slot_context& slot) {
 }
 
 void elementwise_piece::complete() noexcept {
-  for (elementwise_piece* t : members()) t->job_piece::complete();
+  for (elementwise_piece* t : members()) t->piece_item::complete();
 }
 
 void elementwise_piece::fail(std::exception_ptr e) noexcept {
-  for (elementwise_piece* t : members()) t->job_piece::fail(e);
+  for (elementwise_piece* t : members()) t->piece_item::fail(e);
 }
 
 bool elementwise_piece::cancel() noexcept {
   // Every task of a batch is a whole job that no lane has touched, so each cancels (and counts
   // itself out) for sure.
-  bool all = job_piece::cancel();
-  for (auto& r : riders_) all = r->job_piece::cancel() && all;
+  bool all = piece_item::cancel();
+  for (auto& r : riders_) all = r->piece_item::cancel() && all;
   return all;
 }
 

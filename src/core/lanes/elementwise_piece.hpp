@@ -17,14 +17,14 @@
 #include <span>
 #include <vector>
 
-#include "core/lanes/job_piece.hpp"
+#include "core/lanes/piece_item.hpp"
 #include "core/lanes/staged_pipeline.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
 namespace gpupool::detail {
 
-class elementwise_piece final : public job_piece<elementwise_job> {
+class elementwise_piece final : public piece_item<elementwise_job> {
  public:
   /// The most tasks one batch carries: bounds the time the first task of a batch waits for the
   /// last one's staging copy, and leaves other lanes work when many tiny tasks arrive at once.
@@ -34,7 +34,7 @@ class elementwise_piece final : public job_piece<elementwise_job> {
   /// `device`: the device the piece is queued for, -1 for any.
   elementwise_piece(std::shared_ptr<elementwise_job> job, std::size_t offset, std::size_t count,
                     std::size_t slot_bytes, int device = -1)
-      : job_piece(std::move(job), offset, count),
+      : piece_item(std::move(job), offset, count),
         slot_bytes_(slot_bytes),
         device_(device),
         batch_elements_(count) {}

@@ -10,14 +10,14 @@
 
 #include "core/backend.hpp"
 #include "core/kernels/user_call.hpp"
-#include "core/lanes/job_piece.hpp"
+#include "core/lanes/piece_item.hpp"
 #include "core/lanes/staged_pipeline.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
 namespace gpupool::detail {
 
-class user_kernel_job final : public piecewise_job {
+class user_kernel_job final : public split_job {
  public:
   /// `kernels[d]` is the kernel compiled for executor device `d`.
   user_kernel_job(std::string name, std::vector<std::shared_ptr<const compiled_kernel>> kernels,
@@ -55,9 +55,9 @@ class user_kernel_job final : public piecewise_job {
   std::shared_ptr<shared_state<void>> state_;
 };
 
-class user_kernel_piece final : public job_piece<user_kernel_job> {
+class user_kernel_piece final : public piece_item<user_kernel_job> {
  public:
-  using job_piece::job_piece;
+  using piece_item::piece_item;
 
   void start(slot_context& slot) override;
   void finish(slot_context& slot) override;
@@ -71,7 +71,7 @@ class user_kernel_piece final : public job_piece<user_kernel_job> {
 };
 
 /// Many calls on device arrays (executor::map_on_device): one future for all of them.
-class device_calls_job final : public piecewise_job {
+class device_calls_job final : public split_job {
  public:
   device_calls_job(std::string name, std::shared_ptr<const compiled_kernel> kernel,
                    std::shared_ptr<shared_state<void>> state)
@@ -91,11 +91,11 @@ class device_calls_job final : public piecewise_job {
 
 /// A batch of those calls, run by one lane with one launch (a table of calls) where the backend
 /// can. `offset`/`count` of the base count calls, not elements.
-class device_batch_piece final : public job_piece<device_calls_job> {
+class device_batch_piece final : public piece_item<device_calls_job> {
  public:
   device_batch_piece(std::shared_ptr<device_calls_job> job, std::vector<std::uint64_t> table,
                      std::size_t rows, std::size_t bytes_in, std::size_t bytes_out)
-      : job_piece(std::move(job), 0, rows),
+      : piece_item(std::move(job), 0, rows),
         table_(std::move(table)),
         bytes_in_(bytes_in),
         bytes_out_(bytes_out) {}

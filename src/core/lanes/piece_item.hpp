@@ -1,4 +1,4 @@
-// What every piece of a piecewise job does the same way: skip when the job is over, count
+// What every piece of a split job does the same way: skip when the job is over, count
 // itself out, fail or cancel the whole job.
 #pragma once
 
@@ -14,9 +14,9 @@
 namespace gpupool::detail {
 
 template <class Job>
-class job_piece : public work_item {
+class piece_item : public work_item {
  public:
-  job_piece(std::shared_ptr<Job> job, std::size_t offset, std::size_t count)
+  piece_item(std::shared_ptr<Job> job, std::size_t offset, std::size_t count)
       : job_(std::move(job)), offset_(offset), count_(count) {}
 
   bool claim() override {
