@@ -56,6 +56,9 @@ void keep_python_thread_state() {
 
 namespace {
 
+// Handovers running on this thread now (drain nests when one posts another).
+thread_local int handing_over = 0;
+
 // Takes the GIL and runs every queued handover until none is left. Called by the thread that
 // set `draining` (under the queue's lock, after queuing its own).
 void drain(handover_queue& q) {
@@ -77,6 +80,15 @@ void drain(handover_queue& q) {
     batch.swap(q.pending);
     q.draining = false;
   }
+  // While handovers run here, what they post (a done callback submitting and waiting for more
+  // work, whose outcome may arrive on this very thread) is handed over at once, never deferred
+  // to the end of a completion pass this thread is still inside: that would wait for itself.
+  struct running_handovers {
+    running_handovers() { ++handing_over; }
+    ~running_handovers() { --handing_over; }
+    running_handovers(const running_handovers&) = delete;
+    running_handovers& operator=(const running_handovers&) = delete;
+  } running;
   for (auto& run : batch) {
     // One handover that fails (out of memory making its result, say) must not strand the rest.
     try {
@@ -115,7 +127,7 @@ void hand_over_pass(void* /*unused*/) {
 }  // namespace
 
 void post_handover(handover h) {
-  if (gpupool::detail::completion_batch::open()) {
+  if (handing_over == 0 && gpupool::detail::completion_batch::open()) {
     // The first of the pass has the batch hand them all over at its end.
     if (pass_handovers.empty())
       static_cast<void>(gpupool::detail::completion_batch::defer(&hand_over_pass, nullptr));
