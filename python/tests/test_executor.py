@@ -308,8 +308,9 @@ def test_executor_defaults_are_the_cpp_options_defaults():
 
 
 def test_the_in_flight_budget_refuses_work_past_it_in_raise_mode():
-    with gpupool.Executor(threads_per_gpu=1, backend="cpu", in_flight_budget=1 << 20,
-                          when_full="raise") as ex:
+    # One stand-in device (the budget is per device), whatever GPUPOOL_CPU_DEVICES says.
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1,
+                          in_flight_budget=1 << 20, when_full="raise") as ex:
         gate = threading.Event()
         blocker = ex.submit(gate.wait, 30)
         x = np.ones(40_000)  # 320 KB in and 320 KB out: 640 KB of the 1 MiB budget
@@ -324,7 +325,8 @@ def test_the_in_flight_budget_refuses_work_past_it_in_raise_mode():
 
 
 def test_the_in_flight_budget_makes_a_submitter_wait_for_room():
-    with gpupool.Executor(threads_per_gpu=1, backend="cpu", in_flight_budget=1 << 20) as ex:
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1,
+                          in_flight_budget=1 << 20) as ex:
         gate = threading.Event()
         ex.submit(gate.wait, 30)
         x = np.ones(40_000)
