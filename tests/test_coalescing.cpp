@@ -272,16 +272,8 @@ TEST(Coalescing, ShutdownCancellingPendingWorkCancelsEveryTaskOfAQueuedBatch) {
 // An executor as one_lane() makes, with the faults `plan` injects (GPUPOOL_FAULTS is read only
 // while an executor starts, so it is set for that moment alone).
 std::unique_ptr<executor> one_lane_with_faults(const char* plan) {
-  ::setenv("GPUPOOL_FAULTS", plan, 1);
-  std::unique_ptr<executor> ex;
-  try {
-    ex = std::make_unique<executor>(one_lane());
-  } catch (...) {
-    ::unsetenv("GPUPOOL_FAULTS");
-    throw;
-  }
-  ::unsetenv("GPUPOOL_FAULTS");
-  return ex;
+  const testing::scoped_env faults("GPUPOOL_FAULTS", plan);
+  return std::make_unique<executor>(one_lane());
 }
 
 TEST(Coalescing, AFailedLaunchFailsEveryTaskOfItsBatchAndNoOther) {

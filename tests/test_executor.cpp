@@ -573,19 +573,14 @@ TEST(PieceFailure, AFailedTransformReportsOnlyOnceNoPieceTouchesTheOutputAnyMore
   // transform in 1,024 pieces over four lanes fails part-way while other lanes still run pieces.
   // Once its future reports the failure, the caller may free or reuse the output: no piece may
   // write it after that.
-  ::setenv("GPUPOOL_FAULTS", "launch=0.004,seed=5", 1);
   executor_options o;
   o.backend = backend_kind::cpu;
   o.lanes_per_device = 4;
   o.chunk_bytes = 64 << 10;
-  std::unique_ptr<executor> made;
-  try {
-    made = std::make_unique<executor>(o);
-  } catch (...) {
-    ::unsetenv("GPUPOOL_FAULTS");
-    throw;
-  }
-  ::unsetenv("GPUPOOL_FAULTS");
+  const auto made = [&] {
+    const testing::scoped_env faults("GPUPOOL_FAULTS", "launch=0.004,seed=5");
+    return std::make_unique<executor>(o);
+  }();
   const std::vector<double> x(std::size_t{8} << 20, 1.5);
   std::vector<double> out(x.size());
   int failures = 0;

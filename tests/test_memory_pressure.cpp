@@ -24,18 +24,6 @@ using namespace std::chrono_literals;
 
 constexpr std::size_t per_device_budget = std::size_t{64} << 10;
 
-// Sets an environment variable for one scope.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-  ~scoped_env() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 // True once `condition` holds, false if it does not within `limit` (never a hang).
 template <class F>
 bool eventually(F condition, std::chrono::seconds limit = 20s) {
@@ -291,7 +279,7 @@ TEST_P(MemoryPressure, WorkRefusedAtSubmitGivesItsBytesBack) {
 }
 
 TEST_P(MemoryPressure, AllocationFailuresFailOnlyTheirTasksAndGiveMemoryBack) {
-  scoped_env env("GPUPOOL_FAULTS", "alloc=0.2,seed=14");
+  testing::scoped_env env("GPUPOOL_FAULTS", "alloc=0.2,seed=14");
   executor ex(options());
   std::vector<std::size_t> baseline;
   for (const auto& m : ex.memory_stats()) baseline.push_back(m.in_use);

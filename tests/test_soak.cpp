@@ -16,21 +16,9 @@
 namespace gpupool {
 namespace {
 
-// Sets an environment variable for one scope.
-class scoped_env {
- public:
-  scoped_env(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
-  scoped_env(const scoped_env&) = delete;
-  scoped_env& operator=(const scoped_env&) = delete;
-  ~scoped_env() { ::unsetenv(name_); }
-
- private:
-  const char* name_;
-};
-
 TEST(FaultInjection, BadSettingsAreRefused) {
   for (const char* bad : {"all", "all=2", "all=-0.1", "launch=x", "disk=0.1", "seed=-"}) {
-    scoped_env env("GPUPOOL_FAULTS", bad);
+    testing::scoped_env env("GPUPOOL_FAULTS", bad);
     executor_options o;
     o.backend = backend_kind::cpu;
     o.quiet = true;
@@ -47,7 +35,7 @@ TEST(FaultInjection, EachKindFailsItsOperationOnly) {
   };
   for (const auto& e : {expectation{"alloc", false, true}, expectation{"copy", true, false},
                         expectation{"launch", true, false}, expectation{"call", true, true}}) {
-    scoped_env env("GPUPOOL_FAULTS", (std::string(e.kind) + "=1").c_str());
+    testing::scoped_env env("GPUPOOL_FAULTS", (std::string(e.kind) + "=1").c_str());
     executor_options o;
     o.backend = backend_kind::cpu;
     o.lanes_per_device = 1;
@@ -76,7 +64,7 @@ TEST(FaultInjection, EachKindFailsItsOperationOnly) {
 }
 
 TEST(Soak, TwentyThousandMixedTasksWithFaultsAndCancellations) {
-  scoped_env env("GPUPOOL_FAULTS", "all=0.01,seed=20260");
+  testing::scoped_env env("GPUPOOL_FAULTS", "all=0.01,seed=20260");
   const std::size_t pinned_before = pinned_bytes_in_use();
   constexpr int threads = 4;
   constexpr int per_thread = 5000;

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <limits>
 #include <random>
 #include <string>
@@ -22,6 +23,18 @@ inline void PrintTo(backend_kind kind, std::ostream* os) {
 }  // namespace gpupool
 
 namespace gpupool::testing {
+
+// Sets an environment variable for one scope.
+class scoped_env {
+ public:
+  scoped_env(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  scoped_env(const scoped_env&) = delete;
+  scoped_env& operator=(const scoped_env&) = delete;
+  ~scoped_env() { ::unsetenv(name_); }
+
+ private:
+  const char* name_;
+};
 
 inline std::string backend_name(const ::testing::TestParamInfo<backend_kind>& info) {
   return to_string(info.param);
