@@ -88,8 +88,8 @@ std::pair<int, bool> task_queue::signal_locked(device_queue& q, std::size_t item
   int n = 0;
   if (rule == wake_rule::every_item)
     n = static_cast<int>(std::min<std::size_t>(items, static_cast<std::size_t>(free)));
-  else if (items > 0 && free > 0 && q.signalled == 0)
-    n = 1;
+  else if (items > 0 && free > 0 && q.signalled + q.dispatched == 0)
+    n = 1;  // a lane woken earlier that has not yet looked will take it and pass the rest on
   if (n == 0) return {0, false};
   q.signalled += n;
   refresh_idle_locked(q);
@@ -339,7 +339,10 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
       {
         std::lock_guard lock(q.mutex);
         const std::size_t queued = q.pinned.size() + q.shared.size();
-        const auto reserved = static_cast<std::size_t>(q.signalled);
+        // Left for the lanes on their way here (signalled, or up and not yet looked), this one
+        // excepted.
+        const auto reserved =
+            static_cast<std::size_t>(q.signalled + q.dispatched - (woken_for_item ? 1 : 0));
         take = std::min(most,
                         queued > reserved ? queued - reserved : std::min<std::size_t>(queued, 1));
         out.reserve(out.size() + take);  // may throw: before anything is taken

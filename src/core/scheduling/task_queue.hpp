@@ -107,9 +107,10 @@ class task_queue {
   [[nodiscard]] bool any_shared() const;
   // How many waiting lanes a wake-up pass wakes for `items` new items.
   enum class wake_rule {
-    // One, and only if no lane of that device is already on its way: that lane, once it takes
-    // an item and sees more, wakes the next (pass_on_locked). Single pushes use it, so that a
-    // producer pays for at most one wake-up while lanes are waking, and lanes that would find
+    // One, and only if no lane of that device is already on its way (signalled, or up and not yet
+    // looked under the lock): that lane, once it takes an item and sees more, wakes the next
+    // (pass_on_locked). Single pushes use it, so that a producer pays for at most one wake-up while
+    // lanes are waking, and lanes that would find
     // nothing are not woken.
     one_in_transit,
     // One per item, as many as wait: a batch known at once (push_all).
