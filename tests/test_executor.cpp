@@ -465,7 +465,7 @@ TEST_P(ExecutorTest, BadOptionsAreClearErrors) {
 // where the feature that reads it (GPUPOOL_EVENT_WAIT: CUDA events) is not used.
 TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
   for (const char* name : {"GPUPOOL_EVENT_WAIT", "GPUPOOL_PINNED_CACHE_BYTES", "GPUPOOL_QUIET",
-                           "GPUPOOL_CPU_DEVICES"}) {
+                           "GPUPOOL_CPU_DEVICES", "GPUPOOL_TUNING"}) {
     ::setenv(name, "bogus", 1);
     try {
       executor ex(options());

@@ -27,6 +27,8 @@ namespace gpupool {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::scoped_cache_dir;
+using testing::temporary_folder;
 
 // ---- names and types -------------------------------------------------------------------------
 
@@ -105,32 +107,6 @@ TEST(KernelNames, RawKernelEntriesAreCppNames) {
 }
 
 // ---- the kernel cache and the compiler's process ---------------------------------------------
-
-// Points GPUPOOL_CACHE_DIR at `dir` for the scope, then restores what was there.
-class scoped_cache_dir {
- public:
-  explicit scoped_cache_dir(const std::string& dir) {
-    if (const char* v = std::getenv("GPUPOOL_CACHE_DIR")) previous_ = v;
-    ::setenv("GPUPOOL_CACHE_DIR", dir.c_str(), 1);
-  }
-  ~scoped_cache_dir() {
-    if (previous_.empty())
-      ::unsetenv("GPUPOOL_CACHE_DIR");
-    else
-      ::setenv("GPUPOOL_CACHE_DIR", previous_.c_str(), 1);
-  }
-  scoped_cache_dir(const scoped_cache_dir&) = delete;
-  scoped_cache_dir& operator=(const scoped_cache_dir&) = delete;
-
- private:
-  std::string previous_;
-};
-
-std::string temporary_folder(const std::string& tag) {
-  std::string pattern = "/tmp/gpupool-security-" + tag + "-XXXXXX";
-  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
-  return pattern;
-}
 
 // Runs y = x + `c` (a kernel of its own per `c`) over 1,000 doubles with the cache in `dir`.
 std::vector<double> run_plus(const std::string& dir, int c) {

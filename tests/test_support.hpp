@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <limits>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
@@ -35,6 +36,33 @@ class scoped_env {
  private:
   const char* name_;
 };
+
+// Points GPUPOOL_CACHE_DIR at `dir` for the scope, then restores what was there.
+class scoped_cache_dir {
+ public:
+  explicit scoped_cache_dir(const std::string& dir) {
+    if (const char* v = std::getenv("GPUPOOL_CACHE_DIR")) previous_ = v;
+    ::setenv("GPUPOOL_CACHE_DIR", dir.c_str(), 1);
+  }
+  ~scoped_cache_dir() {
+    if (previous_.empty())
+      ::unsetenv("GPUPOOL_CACHE_DIR");
+    else
+      ::setenv("GPUPOOL_CACHE_DIR", previous_.c_str(), 1);
+  }
+  scoped_cache_dir(const scoped_cache_dir&) = delete;
+  scoped_cache_dir& operator=(const scoped_cache_dir&) = delete;
+
+ private:
+  std::string previous_;
+};
+
+// A new private folder under /tmp, named after `tag`.
+inline std::string temporary_folder(const std::string& tag) {
+  std::string pattern = "/tmp/gpupool-test-" + tag + "-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  return pattern;
+}
 
 inline std::string backend_name(const ::testing::TestParamInfo<backend_kind>& info) {
   return to_string(info.param);

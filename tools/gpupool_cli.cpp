@@ -31,7 +31,8 @@ struct pool_flags {
   int lanes = 0;
   int slots = 2;
   int cpu_devices = 0;
-  std::size_t chunk_bytes = std::size_t{8} << 20;
+  std::size_t chunk_bytes = 0;
+  std::string tuning;
 
   void add_to(CLI::App& cmd) {
     std::vector<std::string> names;
@@ -40,14 +41,20 @@ struct pool_flags {
                    gpupool::backend_name_list() + " (default: GPUPOOL_BACKEND, else auto)")
         ->check(CLI::IsMember(names));
     cmd.add_option("--devices", devices, "device ordinals to use (default: all visible)");
-    cmd.add_option("--lanes", lanes, "lanes (threads) per device (default: backend's choice)")
+    cmd.add_option("--lanes", lanes, "lanes (threads) per device (default 0: as --tuning says)")
         ->check(CLI::Range(0, 256));
     cmd.add_option("--slots", slots, "tasks in flight per lane")->check(CLI::Range(1, 64));
     cmd.add_option("--cpu-devices", cpu_devices, "devices the CPU backend stands in for")
         ->check(CLI::Range(0, 1024));
     cmd.add_option("--chunk-bytes", chunk_bytes,
-                   "largest piece moved through a staging slot (e.g. 65536, 64K, 8M)")
+                   "largest piece moved through a staging slot (e.g. 65536, 64K, 8M; default 0: "
+                   "as --tuning says)")
         ->transform(CLI::AsSizeValue(false));
+    cmd.add_option("--tuning", tuning,
+                   "how lanes and chunk size left at 0 are chosen: auto (measured on CUDA, "
+                   "fixed on the CPU backend), measured, remeasure or fixed (default: "
+                   "GPUPOOL_TUNING, else auto)")
+        ->check(CLI::IsMember({"auto", "measured", "remeasure", "fixed"}));
   }
 
   gpupool::executor_options options() const {
@@ -58,6 +65,11 @@ struct pool_flags {
     o.slots_per_lane = slots;
     o.cpu_devices = cpu_devices;
     o.chunk_bytes = chunk_bytes;
+    if (tuning == "measured") o.tuning = gpupool::tuning::measured;
+    if (tuning == "remeasure") o.tuning = gpupool::tuning::remeasure;
+    if (tuning == "fixed") o.tuning = gpupool::tuning::fixed;
+    // An explicit --tuning wins over GPUPOOL_TUNING, as the other flags win over theirs.
+    if (!tuning.empty()) ::unsetenv("GPUPOOL_TUNING");
     return o;
   }
 };
@@ -96,15 +108,30 @@ int run_info(const pool_flags& flags) {
       std::printf(", compute %d.%d, %d SMs", d.compute_major, d.compute_minor, d.multiprocessors);
     std::printf(", %d lanes\n", ex.lanes_per_device());
   }
-  std::printf("lanes per device: %d (%d in all)\n", ex.lanes_per_device(), ex.lane_count());
+  const gpupool::executor_settings& settings = ex.settings();
+  std::printf("lanes per device: %d (%d in all; %s)\n", ex.lanes_per_device(), ex.lane_count(),
+              gpupool::name_of(settings.lanes_from));
   std::printf("slots per lane:   %d\n", ex.slots_per_lane());
-  std::printf("chunk bytes:      %zu\n", ex.chunk_bytes());
+  std::printf("chunk bytes:      %zu (%s)\n", ex.chunk_bytes(),
+              gpupool::name_of(settings.chunk_from));
+  if (!settings.samples.empty()) {
+    std::printf(
+        "tuning sweep:     lanes  chunk bytes  input GB/s (squares of float64, pageable)\n");
+    for (const auto& s : settings.samples)
+      std::printf("                  %5d  %11zu  %10.2f\n", s.lanes_per_device, s.chunk_bytes,
+                  s.bytes_per_second / 1e9);
+  }
+  if (!settings.cache_file.empty())
+    std::printf("tuning cache:     %s\n", settings.cache_file.c_str());
+  if (!settings.note.empty()) std::printf("tuning note:      %s\n", settings.note.c_str());
   const auto pinned = gpupool::pinned_memory_stats();
   std::printf("pinned cache:     up to %.1f GiB\n", gib(pinned.cache_limit));
   std::printf("kernel cache:     %s\n", gpupool::kernel_cache_directory().c_str());
-  std::printf("GPUPOOL_BACKEND=%s CUDA_VISIBLE_DEVICES=%s CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
-              env_or("GPUPOOL_BACKEND", "(unset)"), env_or("CUDA_VISIBLE_DEVICES", "(unset)"),
-              env_or("CUDA_DEVICE_MAX_CONNECTIONS", "(unset)"));
+  std::printf(
+      "GPUPOOL_BACKEND=%s GPUPOOL_TUNING=%s CUDA_VISIBLE_DEVICES=%s "
+      "CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
+      env_or("GPUPOOL_BACKEND", "(unset)"), env_or("GPUPOOL_TUNING", "(unset)"),
+      env_or("CUDA_VISIBLE_DEVICES", "(unset)"), env_or("CUDA_DEVICE_MAX_CONNECTIONS", "(unset)"));
   return 0;
 }
 

@@ -73,6 +73,9 @@ class executor {
   [[nodiscard]] int slots_per_lane() const noexcept;
   /// The piece size actually used (`chunk_bytes`, reduced to fit the memory budget if set).
   [[nodiscard]] std::size_t chunk_bytes() const noexcept;
+  /// Lanes per device and chunk size, where each came from (given, fixed default, measured or
+  /// read from the cache) and the measurements behind them: see executor_options::tuning.
+  [[nodiscard]] const executor_settings& settings() const noexcept;
   /// Work queued and not yet taken by a lane: a batch of coalesced tasks counts once.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;

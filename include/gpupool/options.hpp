@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "gpupool/types.hpp"
@@ -15,6 +16,23 @@ enum class when_full {
   raise,  ///< Throw gpupool::out_of_memory naming the sizes; nothing is queued.
 };
 
+/// How `lanes_per_device` and `chunk_bytes` left at 0 (auto) are chosen. The `GPUPOOL_TUNING`
+/// environment variable (`auto`, `measured`, `remeasure`, `fixed`) overrides the option.
+enum class tuning {
+  /// `measured` on CUDA; `fixed` on the CPU backend, whose stand-in devices have no copy engines
+  /// to measure.
+  automatic,
+  /// The best of a short sweep (under a second) of lanes and chunk sizes run on the devices
+  /// themselves: measured the first time a machine with these devices asks, then read back
+  /// from the cache directory (and kept for the rest of the process).
+  measured,
+  /// Measured now, and the cached result replaced.
+  remeasure,
+  /// The fixed defaults: 8 lanes on CUDA (host cores divided among the devices on the CPU
+  /// backend, at most 8) and 8 MiB chunks.
+  fixed,
+};
+
 /// How an executor is set up. Every field has a sensible default; see docs/configuration.md.
 struct executor_options {
   /// Which backend to use. Unset: the `GPUPOOL_BACKEND` environment variable (`cpu` or `cuda`),
@@ -25,16 +43,18 @@ struct executor_options {
   /// Empty: every visible device.
   std::vector<int> devices;
 
-  /// Lanes ("threads per GPU") per device. 0: the backend's default (8 on CUDA; on the CPU
-  /// backend, host cores divided among the devices, at least 1).
+  /// Lanes ("threads per GPU") per device, 1 to 256. 0: chosen as `tuning` says.
   int lanes_per_device = 0;
 
   /// Tasks one lane keeps in flight at once (its pipeline depth); each has its own staging slot.
   int slots_per_lane = 2;
 
   /// Largest piece of an array moved through a staging slot at once. `map` and `transform` split
-  /// larger arrays into pieces of this size.
-  std::size_t chunk_bytes = std::size_t{8} << 20;
+  /// larger arrays into pieces of this size. 0: chosen as `tuning` says.
+  std::size_t chunk_bytes = 0;
+
+  /// How `lanes_per_device` and `chunk_bytes` left at 0 are chosen; values given always win.
+  gpupool::tuning tuning = gpupool::tuning::automatic;
 
   /// Device memory gpupool may hold per device, in bytes; 0 means no limit beyond the device's
   /// own. Staging slots are sized to fit it; larger requests throw out_of_memory.
@@ -58,6 +78,39 @@ struct executor_options {
 
   /// Suppresses the one-line notice printed when gpupool falls back to the CPU backend.
   bool quiet = false;
+};
+
+/// Where a setting of a running executor came from.
+enum class setting_source {
+  given,     ///< Set in the options.
+  fixed,     ///< The fixed default (tuning::fixed, or the CPU backend's automatic choice).
+  measured,  ///< Measured by this executor's constructor (and cached).
+  cached,    ///< Read back from an earlier measurement on this machine with these devices.
+};
+
+/// The name of `s`: "given", "fixed", "measured" or "cached".
+[[nodiscard]] const char* name_of(setting_source s) noexcept;
+
+/// One configuration a tuning sweep ran, and the input bandwidth it reached (bytes of input per
+/// second, the squares of 8-byte floats from pageable host memory, results checked).
+struct tuning_sample {
+  int lanes_per_device = 0;
+  std::size_t chunk_bytes = 0;
+  double bytes_per_second = 0;
+};
+
+/// What an executor runs with, and why.
+struct executor_settings {
+  int lanes_per_device = 0;
+  std::size_t chunk_bytes = 0;
+  setting_source lanes_from = setting_source::fixed;
+  setting_source chunk_from = setting_source::fixed;
+  /// The sweep the measured or cached values came from, in the order it ran; empty otherwise.
+  std::vector<tuning_sample> samples;
+  /// The cache entry read or written ("" if none).
+  std::string cache_file;
+  /// Why a measurement was not used or not cached, if something went wrong ("" otherwise).
+  std::string note;
 };
 
 }  // namespace gpupool

@@ -15,7 +15,8 @@ from concurrent.futures._base import (CANCELLED as _CANCELLED,
                                       CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED,
                                       FINISHED as _FINISHED, PENDING as _PENDING,
                                       RUNNING as _RUNNING)
-from typing import Any, Callable, Iterable, Iterator, Optional, TypeVar, Union, overload
+from typing import (Any, Callable, Iterable, Iterator, Literal, Optional, TypeVar, Union,
+                    overload)
 
 import numpy.typing as npt
 
@@ -44,6 +45,11 @@ def _count(name: str, value: object, low: int, high: Optional[int], allowed: str
     if number < low or (high is not None and number > high):
         raise ValueError(f"gpupool.Executor: {name} must be {allowed}, not {number}")
     return number
+
+
+def _is_auto(value: object) -> bool:
+    """True for ``"auto"`` and ``None``: the setting is chosen as ``tuning`` says."""
+    return value is None or (isinstance(value, str) and value == "auto")
 
 
 def _device_list(devices: object) -> Optional[list[int]]:
@@ -81,7 +87,6 @@ class _Defaults:
 
     def __init__(self, options):
         self.slots_per_lane = options.slots_per_lane
-        self.chunk_bytes = options.chunk_bytes
         self.device_memory_budget = options.device_memory_budget
         self.cpu_devices = options.cpu_devices
         self.in_flight_budget = options.in_flight_budget
@@ -213,30 +218,40 @@ class Executor(_futures.Executor):
     with the GIL released.
 
     Args:
-        threads_per_gpu: lanes per device (default: 8 on CUDA; host cores on the CPU backend).
+        threads_per_gpu: lanes per device, 1 to 256, or ``"auto"`` (the default; ``None`` means
+            the same): chosen as ``tuning`` says.
         devices: device ordinals to use (default: every visible device).
         backend: ``"cuda"`` or ``"cpu"`` (default: ``GPUPOOL_BACKEND``, else CUDA if usable).
         slots_per_lane: tasks one lane keeps in flight.
-        chunk_bytes: largest piece of an array moved through a staging slot at once.
+        chunk_bytes: largest piece of an array moved through a staging slot at once, or
+            ``"auto"`` (the default; ``None`` means the same): chosen as ``tuning`` says.
         device_memory_budget: bytes gpupool may hold per device (0: no limit).
         cpu_devices: devices the CPU backend stands in for.
+        in_flight_budget: bytes of work in flight per device (0: the default).
+        when_full: ``"block"`` or ``"raise"`` when the in-flight budget is full.
+        tuning: how ``"auto"`` values are chosen: ``"auto"`` (measured on CUDA, once per
+            machine and device model and then read from the cache; the fixed defaults on the CPU
+            backend), ``"measured"`` (on any backend), ``"remeasure"`` (measure now and replace
+            the cached result) or ``"fixed"`` (8 lanes on CUDA, host cores on the CPU backend,
+            8 MiB chunks). ``GPUPOOL_TUNING`` overrides it. ``settings`` says what was chosen.
 
     Raises:
         BackendUnavailableError: ``backend="cuda"`` without a usable GPU.
         ValueError: bad options.
     """
 
-    def __init__(self, threads_per_gpu: Optional[int] = None,
+    def __init__(self, threads_per_gpu: Union[int, Literal["auto"], None] = "auto",
                  devices: Optional[Iterable[int]] = None, *, backend: Optional[str] = None,
                  slots_per_lane: int = _DEFAULTS.slots_per_lane,
-                 chunk_bytes: int = _DEFAULTS.chunk_bytes,
+                 chunk_bytes: Union[int, Literal["auto"], None] = "auto",
                  device_memory_budget: int = _DEFAULTS.device_memory_budget,
                  cpu_devices: int = _DEFAULTS.cpu_devices,
                  in_flight_budget: int = _DEFAULTS.in_flight_budget,
-                 when_full: str = _DEFAULTS.when_full) -> None:
-        lanes = 0 if threads_per_gpu is None else _count(
+                 when_full: str = _DEFAULTS.when_full,
+                 tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto") -> None:
+        lanes = 0 if _is_auto(threads_per_gpu) else _count(
             "threads_per_gpu", threads_per_gpu, 1, 256,
-            "a whole number from 1 to 256, or None for the backend's choice")
+            "a whole number from 1 to 256, or 'auto'")
         if backend is not None and backend not in ("cpu", "cuda"):
             raise ValueError(f"gpupool.Executor: backend must be 'cpu', 'cuda' or None (the "
                              f"GPUPOOL_BACKEND variable, else CUDA when usable), not {backend!r}")
@@ -246,8 +261,8 @@ class Executor(_futures.Executor):
         options.lanes_per_device = lanes
         options.slots_per_lane = _count("slots_per_lane", slots_per_lane, 1, 64,
                                         "a whole number from 1 to 64")
-        options.chunk_bytes = _count("chunk_bytes", chunk_bytes, 1, None,
-                                     "a byte count of at least 1")
+        options.chunk_bytes = 0 if _is_auto(chunk_bytes) else _count(
+            "chunk_bytes", chunk_bytes, 1, None, "a byte count of at least 1, or 'auto'")
         options.device_memory_budget = _count("device_memory_budget", device_memory_budget, 0,
                                               None, "a byte count, or 0 for no limit")
         options.cpu_devices = _count("cpu_devices", cpu_devices, 0, 1024,
@@ -256,6 +271,10 @@ class Executor(_futures.Executor):
             "in_flight_budget", in_flight_budget, 0, 2**64 - 1,
             "a byte count per device: 0 for the default, 2**64 - 1 for no budget")
         options.when_full = when_full  # 'block' or 'raise', checked by the extension
+        if tuning not in ("auto", "measured", "remeasure", "fixed"):
+            raise ValueError(f"gpupool.Executor: tuning must be 'auto', 'measured', 'remeasure' "
+                             f"or 'fixed', not {tuning!r}")
+        options.tuning = tuning
         self._core = _ext.Executor(options)
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()
@@ -291,6 +310,14 @@ class Executor(_futures.Executor):
     @property
     def chunk_bytes(self) -> int:
         return self._core.chunk_bytes
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        """``threads_per_gpu`` and ``chunk_bytes`` this executor runs with, where each came from
+        (``*_from``: ``"given"``, ``"fixed"``, ``"measured"`` or ``"cached"``), the sweep behind
+        measured values (``samples``: threads_per_gpu, chunk_bytes, bytes_per_second of input),
+        the ``cache_file`` read or written, and a ``note`` if measuring or caching failed."""
+        return self._core.settings
 
     def memory_stats(self) -> list[dict[str, Any]]:
         """Per device: bytes gpupool holds now (``in_use``), its ``peak`` and the ``budget``."""

@@ -429,6 +429,40 @@ nb::dict device_dict(const gpupool::device_info& d, int lanes) {
   return out;
 }
 
+const char* tuning_name(gpupool::tuning t) {
+  switch (t) {
+    case gpupool::tuning::automatic:
+      return "auto";
+    case gpupool::tuning::measured:
+      return "measured";
+    case gpupool::tuning::remeasure:
+      return "remeasure";
+    case gpupool::tuning::fixed:
+      return "fixed";
+  }
+  return "auto";
+}
+
+nb::dict settings_dict(const gpupool::executor_settings& s) {
+  nb::dict out;
+  out["threads_per_gpu"] = s.lanes_per_device;
+  out["chunk_bytes"] = s.chunk_bytes;
+  out["threads_per_gpu_from"] = gpupool::name_of(s.lanes_from);
+  out["chunk_bytes_from"] = gpupool::name_of(s.chunk_from);
+  nb::list samples;
+  for (const auto& sample : s.samples) {
+    nb::dict d;
+    d["threads_per_gpu"] = sample.lanes_per_device;
+    d["chunk_bytes"] = sample.chunk_bytes;
+    d["bytes_per_second"] = sample.bytes_per_second;
+    samples.append(d);
+  }
+  out["samples"] = samples;
+  out["cache_file"] = s.cache_file.empty() ? nb::none() : nb::cast(s.cache_file);
+  out["note"] = s.note;
+  return out;
+}
+
 }  // namespace
 
 void bind_executor(nb::module_& m) {
@@ -476,6 +510,21 @@ void bind_executor(nb::module_& m) {
             else
               throw nb::value_error(
                   ("gpupool: when_full must be 'block' or 'raise', not '" + mode + "'").c_str());
+          })
+      .def_prop_rw(
+          "tuning",
+          [](const gpupool::executor_options& o) -> std::string { return tuning_name(o.tuning); },
+          [](gpupool::executor_options& o, const std::string& mode) {
+            for (auto t : {gpupool::tuning::automatic, gpupool::tuning::measured,
+                           gpupool::tuning::remeasure, gpupool::tuning::fixed})
+              if (mode == tuning_name(t)) {
+                o.tuning = t;
+                return;
+              }
+            throw nb::value_error(("gpupool: tuning must be 'auto', 'measured', 'remeasure' or "
+                                   "'fixed', not '" +
+                                   mode.substr(0, 64) + "'")
+                                      .c_str());
           })
       .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
       .def_rw("quiet", &gpupool::executor_options::quiet);
@@ -528,6 +577,8 @@ void bind_executor(nb::module_& m) {
       .def_prop_ro("lane_count", [](const py_executor& e) { return e.get().lane_count(); })
       .def_prop_ro("slots_per_lane", [](const py_executor& e) { return e.get().slots_per_lane(); })
       .def_prop_ro("chunk_bytes", [](const py_executor& e) { return e.get().chunk_bytes(); })
+      .def_prop_ro("settings",
+                   [](const py_executor& e) { return settings_dict(e.get().settings()); })
       .def_prop_ro("queued", [](const py_executor& e) { return e.get().queued(); })
       .def_prop_ro("is_lane_thread", [](const py_executor& e) { return e.get().is_lane_thread(); })
       .def_prop_ro("devices",

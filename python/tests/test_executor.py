@@ -162,7 +162,8 @@ def test_submit_to_pins_a_device():
     (dict(threads_per_gpu=2.5), TypeError, r"threads_per_gpu must be .*not 2\.5 \(float\)"),
     (dict(threads_per_gpu="4"), TypeError, r"threads_per_gpu must be .*not '4' \(str\)"),
     (dict(threads_per_gpu=True), TypeError, r"threads_per_gpu .*not True \(bool\)"),
-    (dict(chunk_bytes=-1), ValueError, r"chunk_bytes must be a byte count of at least 1, not -1"),
+    (dict(chunk_bytes=-1), ValueError,
+     r"chunk_bytes must be a byte count of at least 1, or 'auto', not -1"),
     (dict(slots_per_lane=0), ValueError, r"slots_per_lane must be a whole number from 1 to 64"),
     (dict(devices=0), TypeError, r"devices must be a list of device ordinals.*not 0 \(int\)"),
     (dict(devices=[]), ValueError, r"devices=\[\] names no device"),
@@ -301,10 +302,12 @@ def test_executor_defaults_are_the_cpp_options_defaults():
 
     defaults = _ext.ExecutorOptions()
     parameters = inspect.signature(gpupool.Executor).parameters
-    for name in ("slots_per_lane", "chunk_bytes", "device_memory_budget", "cpu_devices"):
+    for name in ("slots_per_lane", "device_memory_budget", "cpu_devices", "in_flight_budget",
+                 "when_full", "tuning"):
         assert parameters[name].default == getattr(defaults, name)
-    with gpupool.Executor(backend="cpu") as ex:
-        assert ex.chunk_bytes == defaults.chunk_bytes
+    # Lanes and chunk size default to "auto", which the C++ options spell 0.
+    assert parameters["threads_per_gpu"].default == "auto" and defaults.lanes_per_device == 0
+    assert parameters["chunk_bytes"].default == "auto" and defaults.chunk_bytes == 0
 
 
 def test_the_in_flight_budget_refuses_work_past_it_in_raise_mode():

@@ -28,6 +28,7 @@
 #include "core/lanes/lane_worker.hpp"
 #include "core/lanes/user_kernel_piece.hpp"
 #include "core/scheduling/task_queue.hpp"
+#include "core/tuning/tuning.hpp"
 
 namespace gpupool {
 namespace {
@@ -41,10 +42,6 @@ constexpr int most_lanes_per_device = 256;
 // enough that a mistaken option fails at once instead of exhausting the process's threads.
 constexpr int most_lanes = 4096;
 constexpr int most_slots_per_lane = 64;
-// W1 on an H200 (5 x 8 MB): 8 lanes beat 4 (4.4 vs 5.3 ms) and 16 (9.6 ms); see
-// docs/performance.md.
-constexpr int cuda_default_lanes = 8;
-constexpr int cpu_most_default_lanes = 8;
 // Two device buffers per slot: two-input kernels stage both inputs.
 constexpr std::size_t device_buffers_per_slot = 2;
 
@@ -203,16 +200,8 @@ std::vector<int> choose_ordinals(const executor_options& options, int available)
   return ordinals;
 }
 
-int choose_lanes(const executor_options& options, backend_kind kind, std::size_t devices) {
-  int lanes = options.lanes_per_device;
-  if (lanes == 0) {
-    if (kind == backend_kind::cuda) {
-      lanes = cuda_default_lanes;
-    } else {
-      const auto cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-      lanes = std::clamp(cores / static_cast<int>(devices), 1, cpu_most_default_lanes);
-    }
-  }
+// Checks the lanes per device chosen (given, measured or fixed) against the limits.
+int check_lanes(int lanes, std::size_t devices) {
   if (lanes < 1 || lanes > most_lanes_per_device)
     throw std::invalid_argument("gpupool: lanes_per_device must be from 1 to " +
                                 std::to_string(most_lanes_per_device) + ", not " +
@@ -224,11 +213,8 @@ int choose_lanes(const executor_options& options, backend_kind kind, std::size_t
   return lanes;
 }
 
-std::size_t choose_chunk_bytes(const executor_options& options, int lanes) {
-  if (options.slots_per_lane < 1 || options.slots_per_lane > most_slots_per_lane)
-    throw std::invalid_argument("gpupool: slots_per_lane must be from 1 to " +
-                                std::to_string(most_slots_per_lane));
-  std::size_t chunk = options.chunk_bytes;
+// The chunk size chosen (given, measured or fixed), fitted to the device memory budget.
+std::size_t fit_chunk_bytes(const executor_options& options, std::size_t chunk, int lanes) {
   if (options.device_memory_budget != 0) {
     const std::size_t buffers = static_cast<std::size_t>(lanes) *
                                 static_cast<std::size_t>(options.slots_per_lane) *
@@ -256,9 +242,10 @@ struct executor::impl {
       : generation(current_fork_generation()),
         owner(detail::select_backend(options.backend, options.cpu_devices, options.quiet)),
         ordinals(choose_ordinals(options, owner->device_count())),
-        lanes_per_device(choose_lanes(options, owner->kind(), ordinals.size())),
+        settings(checked_settings(options, *owner, ordinals)),
+        lanes_per_device(settings.lanes_per_device),
         slots(options.slots_per_lane),
-        chunk_bytes(choose_chunk_bytes(options, lanes_per_device)),
+        chunk_bytes(settings.chunk_bytes),
         queue(static_cast<int>(ordinals.size())) {
     for (std::size_t d = 0; d < ordinals.size(); ++d) {
       owner->prepare_device(ordinals[d]);
@@ -354,9 +341,26 @@ struct executor::impl {
     for (auto& l : lanes) l->join();
   }
 
+  // The settings for `options`, every value checked against the limits (given ones before
+  // anything is measured).
+  static executor_settings checked_settings(const executor_options& options, detail::backend& b,
+                                            const std::vector<int>& ordinals) {
+    if (options.slots_per_lane < 1 || options.slots_per_lane > most_slots_per_lane)
+      throw std::invalid_argument("gpupool: slots_per_lane must be from 1 to " +
+                                  std::to_string(most_slots_per_lane));
+    if (options.lanes_per_device != 0) (void)check_lanes(options.lanes_per_device, ordinals.size());
+    if (options.chunk_bytes != 0)
+      (void)fit_chunk_bytes(options, options.chunk_bytes, std::max(options.lanes_per_device, 1));
+    executor_settings s = detail::choose_settings(options, b, ordinals);
+    s.lanes_per_device = check_lanes(s.lanes_per_device, ordinals.size());
+    s.chunk_bytes = fit_chunk_bytes(options, s.chunk_bytes, s.lanes_per_device);
+    return s;
+  }
+
   const unsigned generation;
   std::shared_ptr<detail::backend> owner;
   std::vector<int> ordinals;
+  executor_settings settings;
   int lanes_per_device;
   int slots;
   std::size_t chunk_bytes;
@@ -480,6 +484,10 @@ int executor::slots_per_lane() const noexcept {
 }
 std::size_t executor::chunk_bytes() const noexcept {
   return impl_->chunk_bytes;
+}
+
+const executor_settings& executor::settings() const noexcept {
+  return impl_->settings;
 }
 std::size_t executor::queued() const {
   return impl_->queue.size();

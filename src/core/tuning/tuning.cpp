@@ -1,0 +1,337 @@
+#include "core/tuning/tuning.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <stdexcept>
+#include <string_view>
+#include <thread>
+
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include "core/backend.hpp"
+#include "core/kernels/kernel_cache.hpp"
+#include "gpupool/error.hpp"
+#include "gpupool/executor.hpp"
+#include "gpupool/version.hpp"
+
+namespace gpupool {
+
+const char* name_of(setting_source s) noexcept {
+  switch (s) {
+    case setting_source::given:
+      return "given";
+    case setting_source::fixed:
+      return "fixed";
+    case setting_source::measured:
+      return "measured";
+    case setting_source::cached:
+      return "cached";
+  }
+  return "unknown";
+}
+
+namespace detail {
+namespace {
+
+// The format of a cache entry's JSON; a different one is a miss.
+constexpr const char* entry_format = "gpupool-tuning 1";
+// W1 on an H200 (5 x 8 MB): 8 lanes beat 4 (4.4 vs 5.3 ms) and 16 (9.6 ms); see
+// docs/performance.md.
+constexpr int cuda_default_lanes = 8;
+constexpr int cpu_most_default_lanes = 8;
+constexpr std::size_t mib = std::size_t{1} << 20;
+// A sweep squares this much per device, and no more than `most_sweep_bytes` in all: enough for
+// the copies to reach their steady rate (128 MiB is ~3.5 ms at 38 GB/s), little enough that the
+// whole sweep stays under its second.
+constexpr std::size_t cuda_sweep_bytes_per_device = 128 * mib;
+constexpr std::size_t cpu_sweep_bytes_per_device = 32 * mib;
+constexpr std::size_t most_sweep_bytes = 512 * mib;
+// Limits a cache entry's values must respect (the executor's own limits, and a sane size).
+constexpr int most_lanes_per_device = 256;
+constexpr std::size_t smallest_chunk = 4096;
+constexpr std::size_t largest_chunk = std::size_t{1} << 34;
+constexpr std::size_t most_samples = 64;
+
+std::string host_identity() {
+  std::string id;
+  char name[256] = {};
+  if (gethostname(name, sizeof name - 1) == 0) id += name;
+  id += "|cores=" + std::to_string(std::thread::hardware_concurrency());
+  // The CPU model: the host memcpy rate depends on it. Read a bounded prefix of the file.
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line;
+  for (int i = 0; i < 64 && std::getline(cpuinfo, line); ++i) {
+    if (line.rfind("model name", 0) == 0) {
+      id.append("|").append(line, 0, 200);
+      break;
+    }
+  }
+  return id;
+}
+
+// Everything the choice depends on: the machine, the devices (model and number, not which
+// ones), gpupool's version, and the settings that constrain the sweep.
+std::string tuning_key(const executor_options& o, backend& b, const std::vector<int>& ordinals) {
+  std::string key = std::string(entry_format) + "|gpupool " GPUPOOL_VERSION_STRING "|" +
+                    to_string(b.kind()) + "|" + host_identity() +
+                    "|devices=" + std::to_string(ordinals.size());
+  for (int ordinal : ordinals) {
+    const device_info d = b.describe(ordinal);
+    key += "|" + d.name + " sm" + std::to_string(d.compute_major) +
+           std::to_string(d.compute_minor) + " mem" + std::to_string(d.total_memory) + " mp" +
+           std::to_string(d.multiprocessors);
+  }
+  key += "|lanes=" + std::to_string(o.lanes_per_device) +
+         "|chunk=" + std::to_string(o.chunk_bytes) + "|slots=" + std::to_string(o.slots_per_lane) +
+         "|device_budget=" + std::to_string(o.device_memory_budget);
+  return key;
+}
+
+// One measurement at a time in this process (two at once would each measure half the machine),
+// and each key measured once per process.
+struct memo {
+  std::mutex mutex;
+  std::map<std::string, std::pair<std::vector<tuning_sample>, std::string>> by_key;
+};
+memo& the_memo() {
+  static memo* m = new memo();  // never destroyed: executors may be made during exit
+  return *m;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+tuning_sample measure_one(const executor_options& base, int lanes, std::size_t chunk,
+                          const std::vector<double>& in, std::vector<double>& out, int repeats) {
+  executor_options o = base;
+  o.lanes_per_device = lanes;
+  o.chunk_bytes = chunk;
+  o.tuning = tuning::fixed;
+  o.quiet = true;
+  executor ex(o);
+  const std::span<const double> input(in);
+  const std::span<double> output(out);
+  ex.transform(kernel::square(), input, output).get();  // warm-up: streams, pools, pages
+  // Every timed pass writes every element: a wrong value left after them is a wrong result.
+  std::fill(out.begin(), out.end(), -1.0);
+  std::vector<double> seconds;
+  for (int r = 0; r < std::max(1, repeats); ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    ex.transform(kernel::square(), input, output).get();
+    seconds.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (out[i] != in[i] * in[i])
+      throw error("gpupool: tuning with " + std::to_string(lanes) + " lanes and " +
+                  std::to_string(chunk) + "-byte chunks computed " + std::to_string(out[i]) +
+                  " for element " + std::to_string(i) + " (expected " +
+                  std::to_string(in[i] * in[i]) + "); nothing measured is used");
+  const double t = median(std::move(seconds));
+  return {ex.lanes_per_device(), ex.chunk_bytes(),
+          static_cast<double>(in.size() * sizeof(double)) / std::max(t, 1e-9)};
+}
+
+}  // namespace
+
+int default_lanes(backend_kind kind, std::size_t devices) {
+  if (kind == backend_kind::cuda) return cuda_default_lanes;
+  const auto cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::clamp(cores / static_cast<int>(std::max<std::size_t>(devices, 1)), 1,
+                    cpu_most_default_lanes);
+}
+
+tuning tuning_mode(tuning requested) {
+  const char* value = std::getenv("GPUPOOL_TUNING");
+  if (value == nullptr || *value == '\0') return requested;
+  const std::string_view v(value);
+  if (v == "auto") return tuning::automatic;
+  if (v == "measured") return tuning::measured;
+  if (v == "remeasure") return tuning::remeasure;
+  if (v == "fixed") return tuning::fixed;
+  throw std::invalid_argument(
+      "gpupool: GPUPOOL_TUNING must be auto, measured, remeasure or fixed, not '" +
+      std::string(v.substr(0, 64)) + "'");
+}
+
+sweep_plan plan_for(const executor_options& options, backend_kind kind, std::size_t devices) {
+  sweep_plan plan;
+  devices = std::max<std::size_t>(devices, 1);
+  if (options.lanes_per_device != 0) {
+    plan.lanes = {options.lanes_per_device};
+  } else {
+    const int most =
+        kind == backend_kind::cuda
+            ? 16
+            : std::max(1, static_cast<int>(std::thread::hardware_concurrency() / devices));
+    for (int lanes : {1, 2, 4, 8, 16})
+      if (lanes <= most && (kind != backend_kind::cuda || lanes >= 4)) plan.lanes.push_back(lanes);
+  }
+  if (options.chunk_bytes != 0)
+    plan.chunks = {options.chunk_bytes};
+  else
+    plan.chunks = {1 * mib, 2 * mib, 4 * mib, 8 * mib};
+  const std::size_t per_device =
+      kind == backend_kind::cuda ? cuda_sweep_bytes_per_device : cpu_sweep_bytes_per_device;
+  plan.bytes_per_device = std::min(per_device, most_sweep_bytes / devices);
+  return plan;
+}
+
+std::vector<tuning_sample> run_sweep(const executor_options& options, const sweep_plan& plan) {
+  if (plan.lanes.empty() || plan.chunks.empty())
+    throw std::invalid_argument("gpupool: a tuning sweep needs lanes and chunk sizes to try");
+  const std::size_t devices = std::max<std::size_t>(options.devices.size(), 1);
+  const std::size_t count =
+      std::max<std::size_t>(plan.bytes_per_device * devices / sizeof(double), 1);
+  std::vector<double> in(count);
+  std::vector<double> out(count);
+  // Squares exact in doubles, so the check compares exactly.
+  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<double>(i % 4096) * 0.25;
+
+  const auto deadline = std::chrono::steady_clock::now() +
+                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                            std::chrono::duration<double>(plan.seconds));
+  std::vector<tuning_sample> samples;
+  auto run = [&](int lanes, std::size_t chunk) {
+    if (!samples.empty() && std::chrono::steady_clock::now() >= deadline) return false;
+    samples.push_back(measure_one(options, lanes, chunk, in, out, plan.repeats));
+    return true;
+  };
+  // Lanes first, at the middle chunk size; then the chunk sizes at the best lane count.
+  const std::size_t middle = plan.chunks[plan.chunks.size() / 2];
+  for (int lanes : plan.lanes)
+    if (!run(lanes, middle)) return samples;
+  const int best_lanes = best_of(samples).lanes_per_device;
+  for (std::size_t chunk : plan.chunks)
+    if (chunk != middle && !run(best_lanes, chunk)) return samples;
+  return samples;
+}
+
+const tuning_sample& best_of(const std::vector<tuning_sample>& samples) {
+  if (samples.empty()) throw std::invalid_argument("gpupool: no tuning samples");
+  const tuning_sample* best = &samples.front();
+  for (const auto& s : samples)
+    if (s.bytes_per_second > best->bytes_per_second) best = &s;
+  return *best;
+}
+
+std::string tuning_entry_json(const std::vector<tuning_sample>& samples) {
+  nlohmann::json entry = {{"format", entry_format}, {"samples", nlohmann::json::array()}};
+  for (const auto& s : samples)
+    entry["samples"].push_back({{"lanes_per_device", s.lanes_per_device},
+                                {"chunk_bytes", s.chunk_bytes},
+                                {"bytes_per_second", s.bytes_per_second}});
+  return entry.dump();
+}
+
+std::vector<tuning_sample> parse_tuning_entry(const std::string& text) {
+  const nlohmann::json entry = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (!entry.is_object() || entry.value("format", nlohmann::json()) != entry_format) return {};
+  const auto found = entry.find("samples");
+  if (found == entry.end() || !found->is_array() || found->empty() || found->size() > most_samples)
+    return {};
+  std::vector<tuning_sample> samples;
+  for (const auto& s : *found) {
+    if (!s.is_object()) return {};
+    const auto lanes = s.find("lanes_per_device");
+    const auto chunk = s.find("chunk_bytes");
+    const auto rate = s.find("bytes_per_second");
+    if (lanes == s.end() || chunk == s.end() || rate == s.end() || !lanes->is_number_unsigned() ||
+        !chunk->is_number_unsigned() || !rate->is_number())
+      return {};
+    const auto l = lanes->get<std::uint64_t>();
+    const auto c = chunk->get<std::uint64_t>();
+    const auto r = rate->get<double>();
+    if (l < 1 || l > most_lanes_per_device || c < smallest_chunk || c > largest_chunk ||
+        !std::isfinite(r) || r <= 0)
+      return {};
+    samples.push_back({static_cast<int>(l), static_cast<std::size_t>(c), r});
+  }
+  return samples;
+}
+
+executor_settings choose_settings(const executor_options& o, backend& b,
+                                  const std::vector<int>& ordinals) {
+  executor_settings s;
+  s.lanes_per_device =
+      o.lanes_per_device != 0 ? o.lanes_per_device : default_lanes(b.kind(), ordinals.size());
+  s.lanes_from = o.lanes_per_device != 0 ? setting_source::given : setting_source::fixed;
+  s.chunk_bytes = o.chunk_bytes != 0 ? o.chunk_bytes : default_chunk_bytes;
+  s.chunk_from = o.chunk_bytes != 0 ? setting_source::given : setting_source::fixed;
+  tuning mode = tuning_mode(o.tuning);  // read (and a bad value refused) on every path
+  if (o.lanes_per_device != 0 && o.chunk_bytes != 0) return s;
+  if (mode == tuning::automatic)
+    mode = b.kind() == backend_kind::cuda ? tuning::measured : tuning::fixed;
+  // Values the executor will refuse are refused before anything is measured.
+  if (mode == tuning::fixed || o.lanes_per_device < 0 ||
+      o.lanes_per_device > most_lanes_per_device ||
+      (o.chunk_bytes != 0 && o.chunk_bytes < smallest_chunk))
+    return s;
+
+  const std::string key = tuning_key(o, b, ordinals);
+  std::string folder;
+  try {
+    folder = cache_folder("tuning");
+    s.cache_file = folder + "/" + entry_file_name(key, ".json");
+  } catch (const std::exception& e) {
+    s.note = std::string("not cached: ") + e.what();
+  }
+  memo& m = the_memo();
+  const std::string memo_key = key + "|" + folder;  // another cache folder, another entry
+  std::lock_guard lock(m.mutex);
+  std::vector<tuning_sample> samples;
+  setting_source source = setting_source::cached;
+  if (mode == tuning::measured) {
+    if (auto hit = m.by_key.find(memo_key); hit != m.by_key.end()) {
+      samples = hit->second.first;
+      s.cache_file = hit->second.second;
+    } else if (!folder.empty()) {
+      if (auto image = load_entry(s.cache_file, key)) samples = parse_tuning_entry(*image);
+    }
+  }
+  if (samples.empty()) {
+    source = setting_source::measured;
+    executor_options sweep = o;
+    sweep.backend = b.kind();
+    sweep.devices = ordinals;
+    try {
+      samples = run_sweep(sweep, plan_for(o, b.kind(), ordinals.size()));
+    } catch (const std::exception& e) {
+      s.note = std::string("measuring failed, fixed defaults used: ") + e.what();
+      s.cache_file.clear();
+      return s;
+    }
+    if (!folder.empty()) {
+      try {
+        store_entry(s.cache_file, key, tuning_entry_json(samples));
+      } catch (const std::exception& e) {
+        s.note = std::string("not cached: ") + e.what();
+        s.cache_file.clear();
+      }
+    }
+  }
+  m.by_key[memo_key] = {samples, s.cache_file};
+  const tuning_sample& best = best_of(samples);
+  if (o.lanes_per_device == 0) {
+    s.lanes_per_device = best.lanes_per_device;
+    s.lanes_from = source;
+  }
+  if (o.chunk_bytes == 0) {
+    s.chunk_bytes = best.chunk_bytes;
+    s.chunk_from = source;
+  }
+  s.samples = std::move(samples);
+  return s;
+}
+
+}  // namespace detail
+}  // namespace gpupool

@@ -1,0 +1,63 @@
+// Choosing lanes per device and the chunk size an executor runs with: the values given, the
+// fixed defaults, or a short measurement on the devices themselves, cached per machine and
+// device model in the cache directory.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "gpupool/options.hpp"
+
+namespace gpupool::detail {
+
+class backend;
+
+/// The fixed default chunk size (8 MiB: W2's 8 MB arrays in one piece each).
+inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
+
+/// The fixed default lanes per device for `kind` with `devices` devices.
+[[nodiscard]] int default_lanes(backend_kind kind, std::size_t devices);
+
+/// The effective tuning mode: `GPUPOOL_TUNING` (auto, measure, fixed) when set, else
+/// `requested`. @throw std::invalid_argument for any other value of the variable.
+[[nodiscard]] tuning tuning_mode(tuning requested);
+
+/// The settings an executor over `ordinals` of `b` runs with: the options' values where given,
+/// else measured (or read back from an earlier measurement) where the mode calls for it, else the
+/// fixed defaults. A measurement that fails leaves the fixed defaults and says why in `note`;
+/// it never fails the executor. Values are not yet checked against the limits (the executor does
+/// that, for given and chosen values alike).
+[[nodiscard]] executor_settings choose_settings(const executor_options& options, backend& b,
+                                                const std::vector<int>& ordinals);
+
+/// What a sweep measures and how long it may take (tests shrink it).
+struct sweep_plan {
+  std::vector<int> lanes;           // candidates, in order
+  std::vector<std::size_t> chunks;  // candidates, in order
+  std::size_t bytes_per_device = 0;
+  double seconds = 1.0;  // no new configuration starts after this
+  int repeats = 3;       // timed passes per configuration (the median counts), after one warm-up
+};
+
+/// The plan for `kind` with `devices` devices (lanes and chunks the options give are the only
+/// candidates for that setting).
+[[nodiscard]] sweep_plan plan_for(const executor_options& options, backend_kind kind,
+                                  std::size_t devices);
+
+/// Runs `plan` on executors made from `options` (backend and devices as given): lanes first, at
+/// the middle chunk size, then chunk sizes at the best lane count. Each configuration squares
+/// the same pageable array of doubles and is checked before its time counts.
+/// @throw gpupool::error when a result is wrong, or whatever making an executor throws.
+[[nodiscard]] std::vector<tuning_sample> run_sweep(const executor_options& options,
+                                                   const sweep_plan& plan);
+
+/// The best sample (highest bandwidth; the first of equals). `samples` must not be empty.
+[[nodiscard]] const tuning_sample& best_of(const std::vector<tuning_sample>& samples);
+
+/// A sweep's result as the cache stores it, and back. `parse_tuning_entry` returns nothing for
+/// anything but a well-formed entry with values inside the limits.
+[[nodiscard]] std::string tuning_entry_json(const std::vector<tuning_sample>& samples);
+[[nodiscard]] std::vector<tuning_sample> parse_tuning_entry(const std::string& text);
+
+}  // namespace gpupool::detail

@@ -1,0 +1,255 @@
+// Lanes per device and chunk size: given values win, the CPU backend's automatic choice is the
+// fixed default, a measured choice is the best of a checked sweep, cached per machine and
+// devices, and a damaged or foreign cache entry is measured again.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/tuning/tuning.hpp"
+#include "test_support.hpp"
+
+namespace gpupool {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::scoped_cache_dir;
+using testing::scoped_env;
+using testing::temporary_folder;
+
+executor_options cpu_options(tuning mode) {
+  executor_options o;
+  o.backend = backend_kind::cpu;
+  o.cpu_devices = 1;
+  o.quiet = true;
+  o.tuning = mode;
+  return o;
+}
+
+std::vector<fs::path> entries_in(const std::string& folder) {
+  std::vector<fs::path> found;
+  if (!fs::exists(folder)) return found;
+  for (const auto& e : fs::directory_iterator(folder)) found.push_back(e.path());
+  return found;
+}
+
+TEST(Tuning, TheCpuBackendsAutomaticChoiceIsTheFixedDefaultAndMeasuresNothing) {
+  const std::string dir = temporary_folder("tuning-auto");
+  scoped_cache_dir cache(dir);
+  executor ex(cpu_options(tuning::automatic));
+  const executor_settings& s = ex.settings();
+  EXPECT_EQ(s.lanes_from, setting_source::fixed);
+  EXPECT_EQ(s.chunk_from, setting_source::fixed);
+  EXPECT_EQ(s.lanes_per_device, detail::default_lanes(backend_kind::cpu, 1));
+  EXPECT_EQ(s.chunk_bytes, detail::default_chunk_bytes);
+  EXPECT_EQ(ex.chunk_bytes(), detail::default_chunk_bytes);
+  EXPECT_TRUE(s.samples.empty());
+  EXPECT_FALSE(fs::exists(dir + "/tuning"));
+}
+
+TEST(Tuning, GivenValuesWinAndAreNeverMeasured) {
+  const std::string dir = temporary_folder("tuning-given");
+  scoped_cache_dir cache(dir);
+  executor_options o = cpu_options(tuning::remeasure);
+  o.lanes_per_device = 3;
+  o.chunk_bytes = std::size_t{1} << 20;
+  executor ex(o);
+  EXPECT_EQ(ex.lanes_per_device(), 3);
+  EXPECT_EQ(ex.chunk_bytes(), o.chunk_bytes);
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::given);
+  EXPECT_EQ(ex.settings().chunk_from, setting_source::given);
+  EXPECT_TRUE(ex.settings().samples.empty());
+  EXPECT_FALSE(fs::exists(dir + "/tuning"));
+}
+
+TEST(Tuning, AMeasuredChoiceIsTheBestSampleAndIsCachedThenReadBack) {
+  const std::string dir = temporary_folder("tuning-measured");
+  scoped_cache_dir cache(dir);
+  std::vector<tuning_sample> first;
+  {
+    executor ex(cpu_options(tuning::measured));
+    const executor_settings& s = ex.settings();
+    ASSERT_EQ(s.lanes_from, setting_source::measured) << s.note;
+    EXPECT_EQ(s.chunk_from, setting_source::measured);
+    ASSERT_FALSE(s.samples.empty());
+    const tuning_sample& best = detail::best_of(s.samples);
+    EXPECT_EQ(ex.lanes_per_device(), best.lanes_per_device);
+    EXPECT_EQ(ex.chunk_bytes(), best.chunk_bytes);
+    for (const auto& sample : s.samples) EXPECT_GT(sample.bytes_per_second, 0.0);
+    EXPECT_TRUE(s.note.empty()) << s.note;
+    ASSERT_FALSE(s.cache_file.empty());
+    EXPECT_TRUE(fs::is_regular_file(s.cache_file));
+    EXPECT_EQ(fs::status(s.cache_file).permissions() & fs::perms::all,
+              fs::perms::owner_read | fs::perms::owner_write);
+    first = s.samples;
+  }
+  // The next executor, in this process or another, uses the same measurement.
+  executor again(cpu_options(tuning::measured));
+  EXPECT_EQ(again.settings().lanes_from, setting_source::cached);
+  ASSERT_EQ(again.settings().samples.size(), first.size());
+  for (std::size_t i = 0; i < first.size(); ++i)
+    EXPECT_EQ(again.settings().samples[i].bytes_per_second, first[i].bytes_per_second);
+  EXPECT_EQ(entries_in(dir + "/tuning").size(), 1u);
+}
+
+TEST(Tuning, RemeasuringReplacesTheCachedEntry) {
+  const std::string dir = temporary_folder("tuning-remeasure");
+  scoped_cache_dir cache(dir);
+  std::string file;
+  {
+    executor ex(cpu_options(tuning::measured));
+    file = ex.settings().cache_file;
+  }
+  ASSERT_FALSE(file.empty());
+  std::ofstream(file, std::ios::app) << " ";  // marks the old entry (it no longer checks)
+  executor ex(cpu_options(tuning::remeasure));
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::measured);
+  EXPECT_EQ(ex.settings().cache_file, file);
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_NE(bytes.back(), ' ');
+}
+
+TEST(Tuning, ADamagedCacheEntryIsMeasuredAgainNotTrusted) {
+  const std::string dir = temporary_folder("tuning-damaged");
+  std::string file;
+  {
+    scoped_cache_dir cache(dir);
+    executor ex(cpu_options(tuning::measured));
+    file = ex.settings().cache_file;
+  }
+  ASSERT_FALSE(file.empty());
+  // Another folder, then this one again: the memo of this process is per folder, so the entry
+  // on disk is what the next executor reads.
+  const std::string copy = temporary_folder("tuning-damaged-copy");
+  fs::create_directories(copy + "/tuning");
+  fs::permissions(copy + "/tuning", fs::perms::owner_all);
+  const std::string moved = copy + "/tuning/" + fs::path(file).filename().string();
+  fs::copy_file(file, moved);
+  {
+    std::ofstream out(moved, std::ios::binary | std::ios::trunc);
+    out << "gpupool cache entry, but not one";
+  }
+  scoped_cache_dir cache(copy);
+  executor ex(cpu_options(tuning::measured));
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::measured);
+  EXPECT_EQ(ex.settings().cache_file, moved);
+  EXPECT_FALSE(ex.settings().samples.empty());
+}
+
+TEST(Tuning, AnUnusableCacheFolderStillMeasuresAndSaysWhy) {
+  const std::string dir = temporary_folder("tuning-open");
+  fs::permissions(dir, fs::perms::owner_all | fs::perms::group_all | fs::perms::others_all);
+  scoped_cache_dir cache(dir);
+  executor ex(cpu_options(tuning::measured));
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::measured);
+  EXPECT_TRUE(ex.settings().cache_file.empty());
+  EXPECT_NE(ex.settings().note.find("not cached"), std::string::npos) << ex.settings().note;
+}
+
+TEST(Tuning, AGivenLaneCountIsKeptAndOnlyTheChunkSizeIsMeasured) {
+  const std::string dir = temporary_folder("tuning-lanes");
+  scoped_cache_dir cache(dir);
+  executor_options o = cpu_options(tuning::measured);
+  o.lanes_per_device = 2;
+  executor ex(o);
+  EXPECT_EQ(ex.lanes_per_device(), 2);
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::given);
+  EXPECT_EQ(ex.settings().chunk_from, setting_source::measured);
+  ASSERT_GE(ex.settings().samples.size(), 2u);
+  for (const auto& s : ex.settings().samples) EXPECT_EQ(s.lanes_per_device, 2);
+}
+
+TEST(Tuning, TheEnvironmentOverridesTheOptionAndABadValueIsRefused) {
+  const std::string dir = temporary_folder("tuning-env");
+  scoped_cache_dir cache(dir);
+  {
+    scoped_env fixed("GPUPOOL_TUNING", "fixed");
+    executor ex(cpu_options(tuning::remeasure));
+    EXPECT_EQ(ex.settings().lanes_from, setting_source::fixed);
+  }
+  {
+    scoped_env bogus("GPUPOOL_TUNING", "fastest");
+    try {
+      executor ex(cpu_options(tuning::automatic));
+      FAIL() << "GPUPOOL_TUNING=fastest was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find("fastest"), std::string::npos) << e.what();
+    }
+  }
+  {
+    // A lane count out of range is refused before anything is measured.
+    scoped_env measure("GPUPOOL_TUNING", "remeasure");
+    executor_options o = cpu_options(tuning::automatic);
+    o.lanes_per_device = 300;
+    EXPECT_THROW(executor{o}, std::invalid_argument);
+    EXPECT_FALSE(fs::exists(dir + "/tuning"));
+  }
+}
+
+TEST(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
+  executor_options o = cpu_options(tuning::fixed);
+  detail::sweep_plan plan;
+  plan.lanes = {1, 2};
+  plan.chunks = {64 * 1024, 128 * 1024, 256 * 1024};
+  plan.bytes_per_device = 1 << 20;
+  plan.repeats = 1;
+  const auto samples = detail::run_sweep(o, plan);
+  ASSERT_EQ(samples.size(), 4u);  // 2 lane counts at the middle chunk, then 2 more chunks
+  EXPECT_EQ(samples[0].lanes_per_device, 1);
+  EXPECT_EQ(samples[1].lanes_per_device, 2);
+  EXPECT_EQ(samples[0].chunk_bytes, plan.chunks[1]);
+  EXPECT_EQ(samples[1].chunk_bytes, plan.chunks[1]);
+  const int best = samples[0].bytes_per_second >= samples[1].bytes_per_second ? 1 : 2;
+  EXPECT_EQ(samples[2].lanes_per_device, best);
+  EXPECT_EQ(samples[2].chunk_bytes, plan.chunks[0]);
+  EXPECT_EQ(samples[3].chunk_bytes, plan.chunks[2]);
+
+  plan.seconds = 0;  // past its deadline at once: the first configuration still runs
+  EXPECT_EQ(detail::run_sweep(o, plan).size(), 1u);
+  plan.lanes.clear();
+  EXPECT_THROW((void)detail::run_sweep(o, plan), std::invalid_argument);
+}
+
+TEST(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
+  const std::vector<tuning_sample> good = {{4, 1 << 20, 1e9}, {8, 1 << 21, 2e9}};
+  const auto back = detail::parse_tuning_entry(detail::tuning_entry_json(good));
+  ASSERT_EQ(back.size(), 2u);
+  EXPECT_EQ(back[1].lanes_per_device, 8);
+  EXPECT_EQ(back[1].chunk_bytes, std::size_t{1} << 21);
+  EXPECT_EQ(back[1].bytes_per_second, 2e9);
+  EXPECT_EQ(detail::best_of(back).lanes_per_device, 8);
+
+  const std::string sample_of = R"({"format":"gpupool-tuning 1","samples":[%]})";
+  auto with = [&](const std::string& sample) {
+    std::string text = sample_of;
+    text.replace(text.find('%'), 1, sample);
+    return detail::parse_tuning_entry(text);
+  };
+  EXPECT_EQ(with(R"({"lanes_per_device":4,"chunk_bytes":1048576,"bytes_per_second":1})").size(),
+            1u);
+  for (const std::string bad : {
+           R"({"lanes_per_device":0,"chunk_bytes":1048576,"bytes_per_second":1})",
+           R"({"lanes_per_device":257,"chunk_bytes":1048576,"bytes_per_second":1})",
+           R"({"lanes_per_device":-4,"chunk_bytes":1048576,"bytes_per_second":1})",
+           R"({"lanes_per_device":4.5,"chunk_bytes":1048576,"bytes_per_second":1})",
+           R"({"lanes_per_device":4,"chunk_bytes":100,"bytes_per_second":1})",
+           R"({"lanes_per_device":4,"chunk_bytes":1048576,"bytes_per_second":0})",
+           R"({"lanes_per_device":4,"chunk_bytes":1048576,"bytes_per_second":"fast"})",
+           R"({"lanes_per_device":4,"chunk_bytes":1048576})",
+           R"([4, 1048576, 1])",
+       })
+    EXPECT_TRUE(with(bad).empty()) << bad;
+  for (const std::string& bad : {std::string(""), std::string("{"), std::string("null"),
+                                std::string(R"({"format":"gpupool-tuning 2","samples":[]})"),
+                                std::string(R"({"format":"gpupool-tuning 1","samples":[]})"),
+                                std::string(R"({"format":"gpupool-tuning 1"})")})
+    EXPECT_TRUE(detail::parse_tuning_entry(bad).empty()) << bad;
+}
+
+}  // namespace
+}  // namespace gpupool
