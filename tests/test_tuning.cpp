@@ -5,6 +5,8 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -215,6 +217,38 @@ TEST(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   EXPECT_THROW((void)detail::run_sweep(o, plan), std::invalid_argument);
 }
 
+// On a GPU the default is measured: once (within its second, plus making the executors), then
+// read back; the chosen settings compute right.
+TEST(TuningCuda, TheDefaultIsMeasuredOnceOnTheGpuThenReadBack) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  const std::string dir = temporary_folder("tuning-cuda");
+  scoped_cache_dir cache(dir);
+  executor_options o;
+  o.backend = backend_kind::cuda;
+  const auto start = std::chrono::steady_clock::now();
+  executor ex(o);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const executor_settings& s = ex.settings();
+  ASSERT_EQ(s.lanes_from, setting_source::measured) << s.note;
+  EXPECT_EQ(s.chunk_from, setting_source::measured);
+  EXPECT_GE(s.samples.size(), 3u);
+  EXPECT_LT(seconds, 10.0) << "the sweep and its executors took " << seconds << " s";
+  std::printf("tuning on %s: %d lanes x %zu-byte chunks after %.2f s; sweep:",
+              ex.devices()[0].name.c_str(), ex.lanes_per_device(), ex.chunk_bytes(), seconds);
+  for (const auto& sample : s.samples)
+    std::printf(" %dx%zu=%.1fGB/s", sample.lanes_per_device, sample.chunk_bytes,
+                sample.bytes_per_second / 1e9);
+  std::printf("\n");
+  std::vector<std::vector<double>> chunks(8, std::vector<double>(1 << 20, 1.5));
+  for (const auto& squares : ex.map(kernel::square(), chunks).get())
+    for (double v : squares) ASSERT_EQ(v, 2.25);
+  executor again(o);
+  EXPECT_EQ(again.settings().lanes_from, setting_source::cached);
+  EXPECT_EQ(again.lanes_per_device(), ex.lanes_per_device());
+  EXPECT_EQ(again.chunk_bytes(), ex.chunk_bytes());
+}
+
 TEST(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
   const std::vector<tuning_sample> good = {{4, 1 << 20, 1e9}, {8, 1 << 21, 2e9}};
   const auto back = detail::parse_tuning_entry(detail::tuning_entry_json(good));
@@ -245,9 +279,9 @@ TEST(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
        })
     EXPECT_TRUE(with(bad).empty()) << bad;
   for (const std::string& bad : {std::string(""), std::string("{"), std::string("null"),
-                                std::string(R"({"format":"gpupool-tuning 2","samples":[]})"),
-                                std::string(R"({"format":"gpupool-tuning 1","samples":[]})"),
-                                std::string(R"({"format":"gpupool-tuning 1"})")})
+                                 std::string(R"({"format":"gpupool-tuning 2","samples":[]})"),
+                                 std::string(R"({"format":"gpupool-tuning 1","samples":[]})"),
+                                 std::string(R"({"format":"gpupool-tuning 1"})")})
     EXPECT_TRUE(detail::parse_tuning_entry(bad).empty()) << bad;
 }
 
