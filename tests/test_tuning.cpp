@@ -211,6 +211,20 @@ TEST(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   EXPECT_EQ(samples[2].chunk_bytes, plan.chunks[0]);
   EXPECT_EQ(samples[3].chunk_bytes, plan.chunks[2]);
 
+  // A configuration that cannot be made is left out; the others run.
+  plan.lanes = {300, 1};
+  const auto without = detail::run_sweep(o, plan);
+  ASSERT_EQ(without.size(), 3u);
+  for (const auto& s : without) EXPECT_EQ(s.lanes_per_device, 1);
+  plan.lanes = {300};
+  try {
+    (void)detail::run_sweep(o, plan);
+    ADD_FAILURE() << "a sweep where nothing could run returned";
+  } catch (const gpupool::error& e) {
+    EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();
+  }
+
+  plan.lanes = {1, 2};
   plan.seconds = 0;  // past its deadline at once: the first configuration still runs
   EXPECT_EQ(detail::run_sweep(o, plan).size(), 1u);
   plan.lanes.clear();

@@ -120,6 +120,8 @@ class Comparison:
             self.backend = probe.backend
             self.gpus = len(probe.devices) if probe.backend == "cuda" else 0
             self.default_lanes, self.default_chunk = probe.threads_per_gpu, probe.chunk_bytes
+            # "measured" or "cached" on CUDA (docs/configuration.md, "Tuning"), else "fixed".
+            self.default_source = probe.settings["threads_per_gpu_from"]
         self.lanes_list = _ints(args.lanes_list) or ([1, 2, 4] if args.tiny else [4, 8, 16])
         self.chunk_list = _sizes(args.chunk_list) or (
             [64 << 10, 1 << 20] if args.tiny else [1 << 20, 2 << 20, 8 << 20])
@@ -164,7 +166,8 @@ class Comparison:
 
     def settings_label(self, lanes, chunk):
         if not lanes and not chunk:
-            return f"defaults ({self.default_lanes} lanes x {_bytes(self.default_chunk)})"
+            return (f"defaults ({self.default_source}: {self.default_lanes} lanes x "
+                    f"{_bytes(self.default_chunk)})")
         return f"{lanes or self.default_lanes} lanes x {_bytes(chunk or self.default_chunk)}"
 
     # -- data -------------------------------------------------------------------------------

@@ -105,6 +105,12 @@ memo& the_memo() {
   return *m;
 }
 
+// A configuration that computed a wrong result: the whole sweep is void.
+class wrong_result : public error {
+ public:
+  using error::error;
+};
+
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v[v.size() / 2];
@@ -132,10 +138,10 @@ tuning_sample measure_one(const executor_options& base, int lanes, std::size_t c
   }
   for (std::size_t i = 0; i < in.size(); ++i)
     if (out[i] != in[i] * in[i])
-      throw error("gpupool: tuning with " + std::to_string(lanes) + " lanes and " +
-                  std::to_string(chunk) + "-byte chunks computed " + std::to_string(out[i]) +
-                  " for element " + std::to_string(i) + " (expected " +
-                  std::to_string(in[i] * in[i]) + "); nothing measured is used");
+      throw wrong_result("gpupool: tuning with " + std::to_string(lanes) + " lanes and " +
+                         std::to_string(chunk) + "-byte chunks computed " + std::to_string(out[i]) +
+                         " for element " + std::to_string(i) + " (expected " +
+                         std::to_string(in[i] * in[i]) + "); nothing measured is used");
   const double t = median(std::move(seconds));
   return {ex.lanes_per_device(), ex.chunk_bytes(),
           static_cast<double>(in.size() * sizeof(double)) / std::max(t, 1e-9)};
@@ -201,18 +207,31 @@ std::vector<tuning_sample> run_sweep(const executor_options& options, const swee
                         std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                             std::chrono::duration<double>(plan.seconds));
   std::vector<tuning_sample> samples;
+  std::string first_failure;  // of a configuration that could not run (no memory, no thread)
   auto run = [&](int lanes, std::size_t chunk) {
     if (!samples.empty() && std::chrono::steady_clock::now() >= deadline) return false;
-    samples.push_back(measure_one(options, lanes, chunk, in, out, plan.repeats));
+    try {
+      samples.push_back(measure_one(options, lanes, chunk, in, out, plan.repeats));
+    } catch (const wrong_result&) {
+      throw;
+    } catch (const std::exception& e) {
+      if (first_failure.empty()) first_failure = e.what();  // the other candidates may run
+    }
     return true;
+  };
+  auto best_lanes_so_far = [&] {
+    if (samples.empty())
+      throw error("gpupool: no tuning configuration could run: " + first_failure);
+    return best_of(samples).lanes_per_device;
   };
   // Lanes first, at the middle chunk size; then the chunk sizes at the best lane count.
   const std::size_t middle = plan.chunks[plan.chunks.size() / 2];
   for (int lanes : plan.lanes)
     if (!run(lanes, middle)) return samples;
-  const int best_lanes = best_of(samples).lanes_per_device;
+  const int best_lanes = best_lanes_so_far();
   for (std::size_t chunk : plan.chunks)
     if (chunk != middle && !run(best_lanes, chunk)) return samples;
+  (void)best_lanes_so_far();
   return samples;
 }
 

@@ -48,7 +48,8 @@ struct sweep_plan {
 /// Runs `plan` on executors made from `options` (backend and devices as given): lanes first, at
 /// the middle chunk size, then chunk sizes at the best lane count. Each configuration squares
 /// the same pageable array of doubles and is checked before its time counts.
-/// @throw gpupool::error when a result is wrong, or whatever making an executor throws.
+/// A configuration whose executor cannot be made (no memory, no thread, a value out of range) is
+/// left out. @throw gpupool::error when a result is wrong, or when no configuration could run.
 [[nodiscard]] std::vector<tuning_sample> run_sweep(const executor_options& options,
                                                    const sweep_plan& plan);
 
