@@ -37,14 +37,14 @@ nb::object alpha_kernel(gpupool::op operation, const char* op_name, nb::handle a
   } else {
     value = PyFloat_AsDouble(n->value.ptr());
   }
-  nb::object kernel = nb::cast(gpupool::kernel::of(operation, value));
+  nb::object kernel = nb::cast(gpupool::builtin_kernel::of(operation, value));
   kernel.attr(alpha_attribute) = n->value;
   return kernel;
 }
 
 }  // namespace
 
-void check_alpha(nb::handle kernel_object, const gpupool::kernel& k, gpupool::dtype type,
+void check_alpha(nb::handle kernel_object, const gpupool::builtin_kernel& k, gpupool::dtype type,
                  const std::string& arrays) {
   if (!k.takes_alpha()) return;
   nb::object given = nb::getattr(kernel_object, alpha_attribute, nb::none());
@@ -101,11 +101,13 @@ void bind_kernels(nb::module_& m) {
   using namespace nb::literals;
   // A factory per built-in, from gpupool's table of them (gpupool.kernels builds on these).
   auto kernel_class =
-      nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.", nb::dynamic_attr())
-          .def_prop_ro("name", [](const gpupool::kernel& k) { return std::string(k.name()); })
-          .def_prop_ro("arity", &gpupool::kernel::arity)
-          .def_prop_ro("alpha", &gpupool::kernel::alpha)
-          .def("__repr__", [](const gpupool::kernel& k) {
+      nb::class_<gpupool::builtin_kernel>(m, "Kernel", "A built-in elementwise kernel.",
+                                          nb::dynamic_attr())
+          .def_prop_ro("name",
+                       [](const gpupool::builtin_kernel& k) { return std::string(k.name()); })
+          .def_prop_ro("arity", &gpupool::builtin_kernel::arity)
+          .def_prop_ro("alpha", &gpupool::builtin_kernel::alpha)
+          .def("__repr__", [](const gpupool::builtin_kernel& k) {
             std::string s = std::string("gpupool.kernels.") + k.name();
             if (k.takes_alpha()) s += "(" + std::to_string(k.alpha()) + ")";
             return s;
@@ -121,7 +123,7 @@ void bind_kernels(nb::module_& m) {
           "alpha"_a.none(), doc);
     else
       kernel_class.def_static(
-          name, [=]() { return gpupool::kernel::of(operation); }, doc);
+          name, [=]() { return gpupool::builtin_kernel::of(operation); }, doc);
   }
   m.def(
       "builtin_kernels",
