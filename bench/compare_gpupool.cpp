@@ -91,7 +91,7 @@ void map_squares(const options& o, const std::string& unit, double amount, bool 
   for (const setting& s : settings_for(o, chunks_matter)) {
     gpupool::executor ex(executor_options_for(o, s));
     std::vector<gpupool::host_vector<double>> out;
-    auto run = [&] { out = ex.map(gpupool::kernel::square(), in).get(); };
+    auto run = [&] { out = ex.map(gpupool::builtin_kernel::square(), in).get(); };
     std::string why;
     const auto seconds = compare::timed(
         o, run, [&] { return check_squares(in, out); }, why);
@@ -115,8 +115,8 @@ void pinned_squares(const options& o) {
     auto run = [&] {
       gpupool::multi_future<void> done;
       for (std::size_t c = 0; c < in.size(); ++c)
-        done.push_back(ex.transform(gpupool::kernel::square(), std::span<const double>(in[c]),
-                                    std::span<double>(out[c])));
+        done.push_back(ex.transform(gpupool::builtin_kernel::square(),
+                                    std::span<const double>(in[c]), std::span<double>(out[c])));
       done.get();
     };
     std::string why;
@@ -237,7 +237,7 @@ void every_device_vs_one(const options& o, bool compute) {
     if (pass == 0) label = describe(ex, s);
     auto run = [&] {
       if (!compute) {
-        out64 = ex.map(gpupool::kernel::square(), in64).get();
+        out64 = ex.map(gpupool::builtin_kernel::square(), in64).get();
         return;
       }
       gpupool::multi_future<void> done;

@@ -1,7 +1,8 @@
 // Tiny tasks per second as devices and lanes grow: the per-task cost of the scheduling path.
 // For each device count and lanes-per-device count it measures, in one run:
 //   submit - a loop of executor::submit of a no-op returning its index, then every get()
-//   map    - executor::map(kernel::square, many small float64 arrays) (W4's shape), then get()
+//   map    - executor::map(builtin_kernel::square, many small float64 arrays) (W4's shape),
+//            then get()
 //   queue  - the executor's task queue alone: one producer pushing items that do nothing, a
 //            thread per lane popping them (no executor, no futures)
 // Every result is checked before any rate is reported. Reported: the best round's tasks per
@@ -129,7 +130,7 @@ double submit_round(gpupool::executor& ex, std::size_t tasks) {
 // Seconds for one map of square over `inputs`, results checked.
 double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& inputs) {
   const auto t0 = clock_type::now();
-  auto results = ex.map(gpupool::kernel::square(), inputs).get();
+  auto results = ex.map(gpupool::builtin_kernel::square(), inputs).get();
   const double took = seconds_since(t0);
   for (std::size_t i = 0; i < inputs.size(); ++i)
     for (std::size_t j = 0; j < inputs[i].size(); ++j)

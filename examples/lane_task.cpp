@@ -16,8 +16,8 @@ int main() {
   auto result = pool.submit([&](gpupool::lane& lane) {
     auto dx = lane.upload<float>(x);
     auto dy = lane.upload<float>(y);
-    lane.apply(gpupool::kernel::axpy(2.0), dx, dy);
-    lane.apply(gpupool::kernel::square(), dy);
+    lane.apply(gpupool::builtin_kernel::axpy(2.0), dx, dy);
+    lane.apply(gpupool::builtin_kernel::square(), dy);
     std::vector<float> out(dy.size());
     lane.download<float>(dy, out);
     return out;

@@ -15,7 +15,7 @@ int main() {
 
   gpupool::executor pool;  // every visible GPU, default lanes per GPU
   auto squares =
-      pool.map(gpupool::kernel::square(), chunks).get();  // gpupool::host_vector<double>s
+      pool.map(gpupool::builtin_kernel::square(), chunks).get();  // gpupool::host_vector<double>s
 
   for (std::size_t i = 0; i < squares.size(); ++i)
     std::printf("chunk %zu: %.6f^2 = %.6f\n", i, chunks[i][0], squares[i][0]);

@@ -76,7 +76,7 @@ TEST(Coalescing, MapOfTinyInputsRunsInBatchesWithEveryResultInOrder) {
   for (int i = 0; i < 1000; ++i)
     inputs.push_back(random_vector<double>(1 + static_cast<std::size_t>(i % 97), 100 + i));
   lane_gate gate(ex);
-  auto futures = ex.map(kernel::square(), inputs);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
   gate.release();
   auto results = futures.get();
   ASSERT_EQ(results.size(), inputs.size());
@@ -121,9 +121,9 @@ TEST_P(CoalescingTest, BatchesOfEveryKernelAndTypeGiveEachTaskItsResult) {
   std::optional<multi_future<host_vector<std::int64_t>>> scaled;
   {
     lane_gate gate(ex);
-    axpy = ex.map(kernel::axpy(-1.5), xs, ys);
-    squares = ex.map(kernel::square(), xs);
-    scaled = ex.map(kernel::scale(3.0), ns);
+    axpy = ex.map(builtin_kernel::axpy(-1.5), xs, ys);
+    squares = ex.map(builtin_kernel::square(), xs);
+    scaled = ex.map(builtin_kernel::scale(3.0), ns);
     gate.release();
   }
   const auto a = axpy->get();
@@ -160,7 +160,7 @@ TEST(Coalescing, TransformsKeepTheirOwnOutputs) {
   lane_gate gate(ex);
   std::vector<future<void>> done;
   for (int i = 0; i < n; ++i)
-    done.push_back(ex.transform<float>(kernel::axpy(0.5), xs[i], ys[i], outs[i]));
+    done.push_back(ex.transform<float>(builtin_kernel::axpy(0.5), xs[i], ys[i], outs[i]));
   gate.release();
   for (auto& f : done) f.get();
   for (int i = 0; i < n; ++i) {
@@ -186,19 +186,21 @@ TEST(Coalescing, DifferentKernelsTypesAndAlphasNeverShareABatch) {
   std::vector<future<host_vector<double>>> add64;
   const std::vector<std::vector<double>> one64{x64};
   const std::vector<std::vector<float>> one32{x32};
-  for (int i = 0; i < per_group; ++i) sq64.push_back(std::move(ex.map(kernel::square(), one64)[0]));
-  for (int i = 0; i < per_group; ++i) sq32.push_back(std::move(ex.map(kernel::square(), one32)[0]));
   for (int i = 0; i < per_group; ++i)
-    scale2.push_back(std::move(ex.map(kernel::scale(2.0), one64)[0]));
+    sq64.push_back(std::move(ex.map(builtin_kernel::square(), one64)[0]));
   for (int i = 0; i < per_group; ++i)
-    scale3.push_back(std::move(ex.map(kernel::scale(3.0), one64)[0]));
+    sq32.push_back(std::move(ex.map(builtin_kernel::square(), one32)[0]));
   for (int i = 0; i < per_group; ++i)
-    scale_zero.push_back(std::move(ex.map(kernel::scale(0.0), one64)[0]));
+    scale2.push_back(std::move(ex.map(builtin_kernel::scale(2.0), one64)[0]));
   for (int i = 0; i < per_group; ++i)
-    scale_negative_zero.push_back(std::move(ex.map(kernel::scale(-0.0), one64)[0]));
+    scale3.push_back(std::move(ex.map(builtin_kernel::scale(3.0), one64)[0]));
+  for (int i = 0; i < per_group; ++i)
+    scale_zero.push_back(std::move(ex.map(builtin_kernel::scale(0.0), one64)[0]));
+  for (int i = 0; i < per_group; ++i)
+    scale_negative_zero.push_back(std::move(ex.map(builtin_kernel::scale(-0.0), one64)[0]));
   const std::vector<std::vector<double>> other64{y64};
   for (int i = 0; i < per_group; ++i)
-    add64.push_back(std::move(ex.map(kernel::add(), one64, other64)[0]));
+    add64.push_back(std::move(ex.map(builtin_kernel::add(), one64, other64)[0]));
   gate.release();
 
   for (int i = 0; i < per_group; ++i) {
@@ -235,7 +237,7 @@ TEST(Coalescing, ACancelledTaskInsideABatchIsSkippedAndTheRestRun) {
   lane_gate gate(ex);
   std::vector<future<void>> done;
   for (int i = 0; i < n; ++i)
-    done.push_back(ex.transform<double>(kernel::square(), xs[i], outs[i]));
+    done.push_back(ex.transform<double>(builtin_kernel::square(), xs[i], outs[i]));
   EXPECT_TRUE(done[0].cancel());  // the task the others were absorbed into
   EXPECT_TRUE(done[4].cancel());
   gate.release();
@@ -258,7 +260,7 @@ TEST(Coalescing, ShutdownCancellingPendingWorkCancelsEveryTaskOfAQueuedBatch) {
   std::optional<multi_future<host_vector<double>>> futures;
   {
     lane_gate gate(ex);
-    futures = ex.map(kernel::square(), inputs);
+    futures = ex.map(builtin_kernel::square(), inputs);
     std::thread stopper([&] { ex.shutdown(/*cancel_pending=*/true); });
     // shutdown cancels what is queued, then waits for the held lane.
     while (ex.queued() != 0) std::this_thread::yield();
@@ -288,7 +290,7 @@ TEST(Coalescing, AFailedLaunchFailsEveryTaskOfItsBatchAndNoOther) {
     lane_gate gate(ex);
     for (int g = 0; g < groups; ++g) {
       for (int i = 0; i < per_group; ++i)
-        batches[g].push_back(std::move(ex.map(kernel::square(), one)[0]));
+        batches[g].push_back(std::move(ex.map(builtin_kernel::square(), one)[0]));
       (void)ex.submit([](lane&) {});  // not absorbable: ends the group
     }
     gate.release();
@@ -319,7 +321,7 @@ TEST(Coalescing, ABatchStaysWithinOneSlotBuffer) {
   ASSERT_EQ(ex.chunk_bytes(), 4096u);
   const std::vector<std::vector<double>> inputs(9, random_vector<double>(256, 5));
   lane_gate gate(ex);
-  auto futures = ex.map(kernel::square(), inputs);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
   gate.release();
   for (auto& r : futures.get()) EXPECT_TRUE(testing::matches_reference(r, squared(inputs[0])));
   EXPECT_EQ(ex.coalescing().batches, 4u);  // 2+2+2+2, and the ninth alone
@@ -331,7 +333,7 @@ TEST(Coalescing, InputsSplitIntoPiecesAreNotCoalesced) {
   // 1024 float64 = two pieces each: such inputs run piece by piece, as before.
   const std::vector<std::vector<double>> inputs(6, random_vector<double>(1024, 6));
   lane_gate gate(ex);
-  auto futures = ex.map(kernel::square(), inputs);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
   gate.release();
   for (auto& r : futures.get()) EXPECT_TRUE(testing::matches_reference(r, squared(inputs[0])));
   EXPECT_EQ(ex.coalescing().tasks, 0u);
@@ -343,7 +345,7 @@ TEST(Coalescing, EveryTaskOfABatchKeepsItsTraceRecord) {
   const std::vector<std::vector<double>> inputs(12, std::vector<double>(100, 3.0));
   lane_gate gate(ex);
   const std::uint64_t first = ex.next_task_id();
-  auto futures = ex.map(kernel::square(), inputs);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
   gate.release();
   futures.get();
   ASSERT_EQ(ex.coalescing().tasks, 12u);
@@ -370,8 +372,8 @@ TEST(Coalescing, TasksForDifferentDevicesNeverShareABatch) {
   auto piece = [&](int i, int device) {
     auto state = std::make_shared<detail::shared_state<void>>();
     done.emplace_back(state);
-    auto job = std::make_shared<detail::transform_job>(kernel::square(), dtype::float64, x.data(),
-                                                       nullptr, outs[i].data(), 4, state);
+    auto job = std::make_shared<detail::transform_job>(builtin_kernel::square(), dtype::float64,
+                                                       x.data(), nullptr, outs[i].data(), 4, state);
     job->set_piece_count(1);
     return std::make_unique<detail::elementwise_piece>(job, 0, 4, 4096, device);
   };
@@ -397,7 +399,7 @@ TEST(Coalescing, TwoStandInDevicesGetEveryResultRight) {
   executor ex(o);
   std::vector<std::vector<float>> inputs;
   for (int i = 0; i < 3000; ++i) inputs.push_back(random_vector<float>(64, 1000 + i));
-  auto results = ex.map(kernel::square(), inputs).get();
+  auto results = ex.map(builtin_kernel::square(), inputs).get();
   for (std::size_t i = 0; i < inputs.size(); ++i)
     ASSERT_TRUE(testing::matches_reference(results[i], squared(inputs[i]))) << "input " << i;
 }

@@ -32,7 +32,7 @@ TEST_F(CudaErrorTest, ABadCopyFailsItsTaskWithTheCudaErrorName) {
   }
   // The lane and the executor carry on.
   const std::vector<std::vector<double>> xs{std::vector<double>(10, 3.0)};
-  EXPECT_EQ(ex.map(kernel::square(), xs).get()[0][9], 9.0);
+  EXPECT_EQ(ex.map(builtin_kernel::square(), xs).get()[0][9], 9.0);
 }
 
 TEST_F(CudaErrorTest, DeviceInfoDescribesARealGpu) {

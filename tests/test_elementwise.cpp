@@ -333,15 +333,16 @@ TEST_P(ElementwiseTest, IntegerKernelsWrapAndScalarsFollowSameKind) {
   constexpr auto max32 = std::numeric_limits<std::int32_t>::max();
   const std::vector<std::int32_t> x{max32, std::numeric_limits<std::int32_t>::min(), 46341};
   std::vector<std::int32_t> out(x.size());
-  ex.transform<std::int32_t>(kernel::square(), x, out).get();
+  ex.transform<std::int32_t>(builtin_kernel::square(), x, out).get();
   EXPECT_EQ(out, (std::vector<std::int32_t>{1, 0, -2147479015}));
-  ex.transform<std::int32_t>(kernel::axpy(2.0), x, x, out).get();
+  ex.transform<std::int32_t>(builtin_kernel::axpy(2.0), x, x, out).get();
   EXPECT_EQ(out[0], max32 - 2);  // 3 * (2^31 - 1) mod 2^32
   const std::vector<std::int64_t> x64{std::numeric_limits<std::int64_t>::max()};
   std::vector<std::int64_t> out64(1);
-  ex.transform<std::int64_t>(kernel::square(), x64, out64).get();
+  ex.transform<std::int64_t>(builtin_kernel::square(), x64, out64).get();
   EXPECT_EQ(out64[0], 1);
-  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(0.5), x, out), argument_kind_error);
+  EXPECT_THROW((void)ex.transform<std::int32_t>(builtin_kernel::scale(0.5), x, out),
+               argument_kind_error);
 
   elementwise_kernel k("int64 x, int64 a, int32 b", "int64 y", "y = x + a + b;", "exact");
   const std::vector<std::int64_t> xs{1};
@@ -392,7 +393,7 @@ TEST_P(ElementwiseTest, EveryBuiltInComputesItsDeclaredFormula) {
   std::vector<std::string> names;
   for (const builtin_kernel_info& info : builtin_kernels()) {
     SCOPED_TRACE(info.name);
-    const kernel k = kernel::of(info.operation, 3.0);
+    const builtin_kernel k = builtin_kernel::of(info.operation, 3.0);
     EXPECT_STREQ(k.name(), info.name);
     EXPECT_EQ(k.arity(), info.arity);
     EXPECT_EQ(k.alpha(), info.takes_alpha ? 3.0 : 0.0);

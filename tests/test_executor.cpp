@@ -96,8 +96,8 @@ TEST_P(ExecutorTest, MapResultsLandInPinnedMemoryWithNoStageOut) {
   const auto x = random_vector<double>(16384, 4);  // 128 KiB: pinned storage
   const auto tiny = random_vector<double>(16, 5);  // 128 bytes: ordinary heap
   const std::uint64_t first = ex.next_task_id();
-  auto big = ex.map(kernel::square(), std::vector<std::vector<double>>{x}).get();
-  auto small = ex.map(kernel::square(), std::vector<std::vector<double>>{tiny}).get();
+  auto big = ex.map(builtin_kernel::square(), std::vector<std::vector<double>>{x}).get();
+  auto small = ex.map(builtin_kernel::square(), std::vector<std::vector<double>>{tiny}).get();
   EXPECT_TRUE(is_pinned(big[0].data()));
   EXPECT_FALSE(is_pinned(small[0].data()));
   for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(big[0][i], x[i] * x[i]);
@@ -148,7 +148,7 @@ TEST_P(ExecutorTest, MapReturnsResultsInInputOrder) {
   executor ex(options(4));
   std::vector<std::vector<double>> inputs;
   for (int i = 0; i < 200; ++i) inputs.push_back(std::vector<double>(1000 + i, i + 0.5));
-  auto results = ex.map(kernel::square(), inputs).get();
+  auto results = ex.map(builtin_kernel::square(), inputs).get();
   ASSERT_EQ(results.size(), inputs.size());
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     const double v = static_cast<double>(i) + 0.5;
@@ -174,14 +174,16 @@ void check_every_kernel(executor& ex, std::size_t n, std::uint64_t seed) {
     terms[i] = std::abs(alpha * static_cast<double>(x[i])) + std::abs(static_cast<double>(y[i]));
   }
   const std::vector<std::vector<T>> xs{x}, ys{y};
-  EXPECT_TRUE(matches_reference(ex.map(kernel::square(), xs).get()[0], square)) << "square";
-  EXPECT_TRUE(matches_reference(ex.map(kernel::scale(alpha), xs).get()[0], scale)) << "scale";
-  EXPECT_TRUE(matches_reference(ex.map(kernel::add(), xs, ys).get()[0], add, terms)) << "add";
-  EXPECT_TRUE(matches_reference(ex.map(kernel::axpy(alpha), xs, ys).get()[0], axpy, terms))
+  EXPECT_TRUE(matches_reference(ex.map(builtin_kernel::square(), xs).get()[0], square)) << "square";
+  EXPECT_TRUE(matches_reference(ex.map(builtin_kernel::scale(alpha), xs).get()[0], scale))
+      << "scale";
+  EXPECT_TRUE(matches_reference(ex.map(builtin_kernel::add(), xs, ys).get()[0], add, terms))
+      << "add";
+  EXPECT_TRUE(matches_reference(ex.map(builtin_kernel::axpy(alpha), xs, ys).get()[0], axpy, terms))
       << "axpy";
 
   std::vector<T> out(n, T{-1});
-  ex.transform<T>(kernel::axpy(alpha), x, y, out).get();
+  ex.transform<T>(builtin_kernel::axpy(alpha), x, y, out).get();
   EXPECT_TRUE(matches_reference(out, axpy, terms)) << "transform axpy";
 }
 
@@ -233,7 +235,7 @@ TEST_P(ExecutorTest, CancelledMapInputNeverRuns) {
   gate g;
   auto blockers = hold_every_lane(ex, g);
   const std::vector<std::vector<double>> inputs(3, std::vector<double>(100, 2.0));
-  auto fs = ex.map(kernel::square(), inputs);
+  auto fs = ex.map(builtin_kernel::square(), inputs);
   EXPECT_TRUE(fs[1].cancel());
   g.open();
   blockers.get();
@@ -252,7 +254,7 @@ TEST_P(ExecutorTest, ShutdownWithCancelResolvesThousandsOfPendingTasks) {
   multi_future<void> pending;
   for (int i = 0; i < 5000; ++i) pending.push_back(ex.submit([&](lane&) { ++ran; }));
   const std::vector<std::vector<float>> big(50, std::vector<float>(1000, 1.0f));
-  auto maps = ex.map(kernel::square(), big);
+  auto maps = ex.map(builtin_kernel::square(), big);
 
   std::thread stopper([&] { ex.shutdown(/*cancel_pending=*/true); });
   while (ex.queued() != 0 || !ex.is_shutdown()) std::this_thread::sleep_for(1ms);
@@ -301,7 +303,7 @@ TEST_P(ExecutorTest, ManyThreadsSubmittingAtOnce) {
         fs.push_back(ex.submit([t, i](lane&) { return t * 400 + i; }));
         arrays.push_back(std::vector<std::int32_t>(64, t + i));
       }
-      auto squares = ex.map(kernel::square(), arrays);
+      auto squares = ex.map(builtin_kernel::square(), arrays);
       std::int64_t sum = 0;
       for (int v : fs.get()) sum += v;
       auto sq = squares.get();
@@ -319,13 +321,13 @@ TEST_P(ExecutorTest, ManyThreadsSubmittingAtOnce) {
 TEST_P(ExecutorTest, ZeroLengthInputs) {
   executor ex(options());
   const std::vector<std::vector<double>> none;
-  EXPECT_TRUE(ex.map(kernel::square(), none).get().empty());
+  EXPECT_TRUE(ex.map(builtin_kernel::square(), none).get().empty());
   const std::vector<std::vector<double>> empties(3);
-  auto results = ex.map(kernel::square(), empties).get();
+  auto results = ex.map(builtin_kernel::square(), empties).get();
   ASSERT_EQ(results.size(), 3u);
   for (const auto& r : results) EXPECT_TRUE(r.empty());
   std::vector<double> nothing;
-  auto f = ex.transform<double>(kernel::square(), nothing, nothing);
+  auto f = ex.transform<double>(builtin_kernel::square(), nothing, nothing);
   EXPECT_TRUE(f.ready());
   f.get();
 }
@@ -334,15 +336,15 @@ TEST_P(ExecutorTest, MismatchedSizesAreRejectedBeforeAnythingRuns) {
   executor ex(options());
   const std::vector<double> x(10, 2.0);
   std::vector<double> out(9, -1.0);
-  EXPECT_THROW((void)ex.transform<double>(kernel::square(), x, out), std::invalid_argument);
+  EXPECT_THROW((void)ex.transform<double>(builtin_kernel::square(), x, out), std::invalid_argument);
   EXPECT_TRUE(std::all_of(out.begin(), out.end(), [](double v) { return v == -1.0; }));
 
   const std::vector<std::vector<double>> xs{x, x}, ys{x, std::vector<double>(11, 1.0)};
-  EXPECT_THROW((void)ex.map(kernel::add(), xs, ys), std::invalid_argument);
+  EXPECT_THROW((void)ex.map(builtin_kernel::add(), xs, ys), std::invalid_argument);
   const std::vector<std::vector<double>> one{x};
-  EXPECT_THROW((void)ex.map(kernel::add(), xs, one), std::invalid_argument);
-  EXPECT_THROW((void)ex.map(kernel::add(), xs), std::invalid_argument);
-  EXPECT_THROW((void)ex.map(kernel::square(), xs, xs), std::invalid_argument);
+  EXPECT_THROW((void)ex.map(builtin_kernel::add(), xs, one), std::invalid_argument);
+  EXPECT_THROW((void)ex.map(builtin_kernel::add(), xs), std::invalid_argument);
+  EXPECT_THROW((void)ex.map(builtin_kernel::square(), xs, xs), std::invalid_argument);
   EXPECT_EQ(ex.queued(), 0u);
 }
 
@@ -350,12 +352,12 @@ TEST_P(ExecutorTest, TenThousandTasksDoNotGrowPinnedOrDeviceMemory) {
   executor ex(options(2));
   const std::vector<std::vector<float>> inputs(100, random_vector<float>(4096, 9));
   auto run_batch = [&] {
-    auto maps = ex.map(kernel::square(), inputs);
+    auto maps = ex.map(builtin_kernel::square(), inputs);
     multi_future<float> tasks;
     for (int i = 0; i < 100; ++i)
       tasks.push_back(ex.submit([&inputs, i](lane& l) {
         auto d = l.upload<float>(inputs[static_cast<std::size_t>(i)]);
-        l.apply(kernel::scale(2.0), d);
+        l.apply(builtin_kernel::scale(2.0), d);
         std::vector<float> back(d.size());
         l.download<float>(d, back);
         return back[0];
@@ -391,7 +393,7 @@ TEST_P(ExecutorTest, TransformLargerThanTheDeviceMemoryBudget) {
   const std::size_t n = std::size_t{4} << 20;  // 32 MiB of float64: 32x the budget
   const auto x = random_vector<double>(n, 11);
   std::vector<double> out(n, 0.0);
-  ex.transform<double>(kernel::scale(-0.5), x, out).get();
+  ex.transform<double>(builtin_kernel::scale(-0.5), x, out).get();
   for (std::size_t i = 0; i < n; i += 997) ASSERT_EQ(out[i], -0.5 * x[i]) << i;
   EXPECT_EQ(out[n - 1], -0.5 * x[n - 1]);
   for (const auto& m : ex.memory_stats()) EXPECT_LE(m.peak, o.device_memory_budget);
@@ -401,7 +403,7 @@ TEST_P(ExecutorTest, InPlaceTransform) {
   executor ex(options());
   auto v = random_vector<std::int64_t>(50'000, 5);
   const auto original = v;
-  ex.transform<std::int64_t>(kernel::square(), v, v).get();
+  ex.transform<std::int64_t>(builtin_kernel::square(), v, v).get();
   for (std::size_t i = 0; i < v.size(); ++i) ASSERT_EQ(v[i], original[i] * original[i]);
 }
 
@@ -423,7 +425,7 @@ TEST_P(ExecutorTest, PinnedBuffersSkipStagingAndGiveTheSameResults) {
   EXPECT_TRUE(is_pinned(x.data()));
   EXPECT_TRUE(is_pinned(x.data() + n - 1));
   EXPECT_FALSE(is_pinned(values.data()));
-  ex.transform<float>(kernel::square(), std::span<const float>(x.data(), n), out).get();
+  ex.transform<float>(builtin_kernel::square(), std::span<const float>(x.data(), n), out).get();
   for (std::size_t i = 0; i < n; ++i) ASSERT_EQ(out[i], x[i] * x[i]);
 }
 
@@ -435,7 +437,7 @@ TEST_P(ExecutorTest, LaneHelpersUploadComputeAndDownload) {
   auto result = ex.submit([&](lane& l) {
     auto dx = l.upload<double>(x);
     auto dy = l.upload<double>(y);
-    l.apply(kernel::axpy(2.0), dx, dy);
+    l.apply(builtin_kernel::axpy(2.0), dx, dy);
     std::vector<double> out(dy.size());
     l.download<double>(dy, out);
     return out;
@@ -585,7 +587,8 @@ TEST(PieceFailure, AFailedTransformReportsOnlyOnceNoPieceTouchesTheOutputAnyMore
   std::vector<double> out(x.size());
   int failures = 0;
   for (int round = 0; round < 20 && failures < 3; ++round) {
-    auto f = made->transform(kernel::square(), std::span<const double>(x), std::span<double>(out));
+    auto f = made->transform(builtin_kernel::square(), std::span<const double>(x),
+                             std::span<double>(out));
     try {
       f.get();
     } catch (const error&) {

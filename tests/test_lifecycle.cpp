@@ -32,7 +32,7 @@ TEST(Lifecycle, ShutdownWithCancelLetsAStartedMapFinish) {
   o.chunk_bytes = 4096;  // many pieces: the map is still running when shutdown comes
   executor ex(o);
   const std::vector<std::vector<float>> big(1, std::vector<float>(std::size_t{1} << 22, 3.0f));
-  auto fs = ex.map(kernel::square(), big);
+  auto fs = ex.map(builtin_kernel::square(), big);
   const auto deadline = std::chrono::steady_clock::now() + 10s;
   while (fs[0].status() == task_status::pending && std::chrono::steady_clock::now() < deadline)
     std::this_thread::yield();
@@ -108,7 +108,7 @@ TEST(Lifecycle, AForkedChildIsRefusedClearly) {
     }
     try {
       const std::vector<std::vector<float>> xs(1, std::vector<float>(10, 1.0f));
-      (void)ex.map(kernel::square(), xs);
+      (void)ex.map(builtin_kernel::square(), xs);
       code = code ? code : 12;
     } catch (const std::runtime_error&) {
     }

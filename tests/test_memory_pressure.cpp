@@ -83,7 +83,7 @@ TEST_P(MemoryPressure, SubmittersWaitAtTheBudgetAndResumeAsTasksComplete) {
   for (int i = 0; i < submitters; ++i)
     threads.emplace_back([&, i] {
       results[static_cast<std::size_t>(i)] =
-          ex.transform(kernel::square(), std::span<const float>(x),
+          ex.transform(builtin_kernel::square(), std::span<const float>(x),
                        std::span<float>(out[static_cast<std::size_t>(i)]));
       returned.fetch_add(1);
     });
@@ -118,7 +118,7 @@ TEST_P(MemoryPressure, AMapWaitsBetweenInputsAndQueuesThoseBeforeTheWait) {
                                 [gate = open.get_future().share()](lane&) { gate.wait(); });
   const std::vector<std::vector<float>> xs(3, std::vector<float>(4096, 2.0f));
   auto mapping = std::async(std::launch::async, [&] {
-    auto all = ex.map(kernel::square(), xs);
+    auto all = ex.map(builtin_kernel::square(), xs);
     for (auto& f : all) {
       const auto v = f.get();
       EXPECT_EQ(v.size(), 4096u);
@@ -142,7 +142,7 @@ TEST_P(MemoryPressure, RaiseModeThrowsWithTheSizesAndQueuesNothing) {
   const std::vector<float> x(1024, 3.0f);
   std::vector<float> out(x.size(), 0.0f);
   try {
-    (void)ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out));
+    (void)ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out));
     ADD_FAILURE() << "a transform past the budget was accepted in raise mode";
   } catch (const out_of_memory& e) {
     const std::string what = e.what();
@@ -154,7 +154,7 @@ TEST_P(MemoryPressure, RaiseModeThrowsWithTheSizesAndQueuesNothing) {
   open.set_value();
   holder.get();
   ASSERT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; }));
-  ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
+  ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
   EXPECT_EQ(out[0], 9.0f);
 }
 
@@ -187,14 +187,14 @@ TEST_P(MemoryPressure, APiecewiseTaskLargerThanTheBudgetStillCompletes) {
   // 4 x the whole budget in one array: it streams through the slots in pieces of 4 KiB.
   const std::size_t n = 4 * total_budget() / sizeof(float);
   std::vector<float> x(n, 3.0f), y(n, 2.0f), out(n, 0.0f);
-  ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
+  ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
   for (float v : out) ASSERT_EQ(v, 9.0f);
-  ex.transform(kernel::add(), std::span<const float>(x), std::span<const float>(y),
+  ex.transform(builtin_kernel::add(), std::span<const float>(x), std::span<const float>(y),
                std::span<float>(out))
       .get();
   for (float v : out) ASSERT_EQ(v, 5.0f);
   const std::vector<std::vector<float>> inputs{x, y};  // read in place: alive until done
-  auto mapped = ex.map(kernel::square(), inputs);
+  auto mapped = ex.map(builtin_kernel::square(), inputs);
   EXPECT_EQ(mapped[0].get()[n - 1], 9.0f);
   EXPECT_EQ(mapped[1].get()[n - 1], 4.0f);
   // It counted as the whole budget, no more.
@@ -209,7 +209,8 @@ TEST_P(MemoryPressure, ASubmitFromInsideATaskIsAdmittedOverTheBudget) {
   // The task holds the whole budget and waits for work it submits: were that submit to wait for
   // room, only the task's own end could make it, and neither would ever finish.
   auto outer = ex.submit_sized(total_budget(), [&](lane&) {
-    auto inner = ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out));
+    auto inner =
+        ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out));
     return inner.wait_for(20s);
   });
   ASSERT_TRUE(outer.wait_for(30s)) << "a submit from inside a task never returned";
@@ -226,7 +227,7 @@ TEST_P(MemoryPressure, ShutdownWakesAWaitingSubmitter) {
   const std::vector<float> x(1024, 3.0f);
   std::vector<float> out(x.size());
   auto submitted = std::async(std::launch::async, [&] {
-    (void)ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out));
+    (void)ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out));
   });
   ASSERT_TRUE(eventually([&] { return ex.in_flight().waiting == 1; }));
   // shutdown() waits for the holder, so the budget is opened from another thread, once intake
@@ -252,7 +253,7 @@ TEST_P(MemoryPressure, SubmitsRacingShutdownGiveEveryByteBack) {
   for (int i = 0; i < submitters; ++i)
     threads.emplace_back([&] {
       try {
-        for (;;) (void)ex.map(kernel::square(), xs);
+        for (;;) (void)ex.map(builtin_kernel::square(), xs);
       } catch (const std::runtime_error&) {
         refused.fetch_add(1);  // shut down, while submitting or waiting for room
       }
@@ -269,12 +270,12 @@ TEST_P(MemoryPressure, WorkRefusedAtSubmitGivesItsBytesBack) {
   executor ex(options());
   const std::vector<std::vector<std::int32_t>> xs(3, std::vector<std::int32_t>(1024, 1));
   // The alpha does not fit int32: refused as the map builds its first input.
-  EXPECT_THROW((void)ex.map(kernel::scale(2147483648.0), xs), argument_range_error);
+  EXPECT_THROW((void)ex.map(builtin_kernel::scale(2147483648.0), xs), argument_range_error);
   std::vector<std::int32_t> out(1024);
-  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(0.5), xs[0], out),
+  EXPECT_THROW((void)ex.transform<std::int32_t>(builtin_kernel::scale(0.5), xs[0], out),
                argument_kind_error);
   EXPECT_EQ(ex.in_flight().bytes, 0u);
-  auto fs = ex.map(kernel::scale(2.0), xs);
+  auto fs = ex.map(builtin_kernel::scale(2.0), xs);
   for (auto& f : fs) EXPECT_EQ(f.get()[0], 2);  // every input read before `xs` goes
 }
 
@@ -296,7 +297,7 @@ TEST_P(MemoryPressure, AllocationFailuresFailOnlyTheirTasksAndGiveMemoryBack) {
       auto a = l.upload(std::span<const float>(x));
       auto b = l.allocate<float>(n);
       auto c = l.allocate<float>(n);
-      l.apply(kernel::square(), a);
+      l.apply(builtin_kernel::square(), a);
       std::vector<float> back(n);
       l.download(a, std::span<float>(back));
       return back[0];
@@ -318,7 +319,7 @@ TEST_P(MemoryPressure, AllocationFailuresFailOnlyTheirTasksAndGiveMemoryBack) {
   EXPECT_GT(succeeded_after_a_failure, 0) << "the pool did not go on after a failure";
   // Built-in kernels on the slots made at start run on.
   std::vector<float> out(n);
-  ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
+  ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
   EXPECT_EQ(out[0], 9.0f);
   EXPECT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; })) << ex.in_flight().bytes;
   const auto stats = ex.memory_stats();
@@ -353,7 +354,7 @@ TEST(MemoryPressureCuda, ARealAllocationFailureFailsOnlyItsTask) {
   }
   const std::vector<float> x(1 << 20, 3.0f);
   std::vector<float> out(x.size());
-  ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
+  ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out)).get();
   EXPECT_EQ(out.back(), 9.0f);
   ex.submit_to(0, [](lane& l) { l.synchronize(); }).get();
   EXPECT_EQ(ex.memory_stats()[0].in_use, baseline);

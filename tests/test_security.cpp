@@ -404,20 +404,20 @@ TEST(BuiltInKernels, IntegerOverflowWrapsAsInNumPy) {
   constexpr auto min32 = std::numeric_limits<std::int32_t>::min();
   const std::vector<std::int32_t> x{max32, min32, 46341, -46341, 65536};
   std::vector<std::int32_t> out(x.size());
-  ex.transform<std::int32_t>(kernel::square(), x, out).get();
+  ex.transform<std::int32_t>(builtin_kernel::square(), x, out).get();
   // (2^31 - 1)^2 = 2^62 - 2^32 + 1 = 1 (mod 2^32); (2^31)^2 = 0; 46341^2 = 2147488281 - 2^32.
   EXPECT_EQ(out, (std::vector<std::int32_t>{1, 0, -2147479015, -2147479015, 0}));
-  ex.transform<std::int32_t>(kernel::axpy(-1.0), x, x, out).get();
+  ex.transform<std::int32_t>(builtin_kernel::axpy(-1.0), x, x, out).get();
   EXPECT_EQ(out, (std::vector<std::int32_t>{0, 0, 0, 0, 0}));
-  ex.transform<std::int32_t>(kernel::scale(-1.0), x, out).get();
+  ex.transform<std::int32_t>(builtin_kernel::scale(-1.0), x, out).get();
   EXPECT_EQ(out[1], min32);  // -(-2^31) wraps to itself
-  ex.transform<std::int32_t>(kernel::add(), x, x, out).get();
+  ex.transform<std::int32_t>(builtin_kernel::add(), x, x, out).get();
   EXPECT_EQ(out[0], -2);
 
   constexpr auto max64 = std::numeric_limits<std::int64_t>::max();
   const std::vector<std::int64_t> x64{max64, 3037000500};
   std::vector<std::int64_t> out64(x64.size());
-  ex.transform<std::int64_t>(kernel::square(), x64, out64).get();
+  ex.transform<std::int64_t>(builtin_kernel::square(), x64, out64).get();
   EXPECT_EQ(out64[0], 1);
   EXPECT_EQ(out64[1], static_cast<std::int64_t>(3037000500ULL * 3037000500ULL));
 }
@@ -426,24 +426,28 @@ TEST(BuiltInKernels, AlphaMustFitTheArraysType) {
   executor ex(cpu_executor());
   const std::vector<std::int32_t> x{1, 2};
   std::vector<std::int32_t> out(x.size());
-  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(0.5), x, out), argument_kind_error);
-  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(std::nan("")), x, out),
+  EXPECT_THROW((void)ex.transform<std::int32_t>(builtin_kernel::scale(0.5), x, out),
                argument_kind_error);
-  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::axpy(INFINITY), x, x, out),
+  EXPECT_THROW((void)ex.transform<std::int32_t>(builtin_kernel::scale(std::nan("")), x, out),
                argument_kind_error);
-  EXPECT_THROW((void)ex.transform<std::int32_t>(kernel::scale(1e10), x, out), argument_range_error);
+  EXPECT_THROW((void)ex.transform<std::int32_t>(builtin_kernel::axpy(INFINITY), x, x, out),
+               argument_kind_error);
+  EXPECT_THROW((void)ex.transform<std::int32_t>(builtin_kernel::scale(1e10), x, out),
+               argument_range_error);
   const std::vector<std::vector<std::int32_t>> xs{x};
-  EXPECT_THROW((void)ex.map(kernel::scale(2147483648.0), xs), argument_range_error);
+  EXPECT_THROW((void)ex.map(builtin_kernel::scale(2147483648.0), xs), argument_range_error);
   const std::vector<std::int64_t> x64{1};
   std::vector<std::int64_t> out64(1);
-  EXPECT_THROW((void)ex.transform<std::int64_t>(kernel::scale(9223372036854775808.0), x64, out64),
-               argument_range_error);
-  ex.transform<std::int64_t>(kernel::scale(-9223372036854775808.0), x64, out64).get();
+  EXPECT_THROW(
+      (void)ex.transform<std::int64_t>(builtin_kernel::scale(9223372036854775808.0), x64, out64),
+      argument_range_error);
+  ex.transform<std::int64_t>(builtin_kernel::scale(-9223372036854775808.0), x64, out64).get();
   EXPECT_EQ(out64[0], std::numeric_limits<std::int64_t>::min());
   const std::vector<float> xf{1};
   std::vector<float> outf(1);
-  EXPECT_THROW((void)ex.transform<float>(kernel::scale(1e300), xf, outf), argument_range_error);
-  ex.transform<std::int32_t>(kernel::scale(3.0), x, out).get();
+  EXPECT_THROW((void)ex.transform<float>(builtin_kernel::scale(1e300), xf, outf),
+               argument_range_error);
+  ex.transform<std::int32_t>(builtin_kernel::scale(3.0), x, out).get();
   EXPECT_EQ(out, (std::vector<std::int32_t>{3, 6}));
 }
 

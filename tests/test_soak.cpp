@@ -42,7 +42,8 @@ TEST(FaultInjection, EachKindFailsItsOperationOnly) {
     o.quiet = true;
     executor ex(o);  // starting the lanes is never failed
     std::vector<float> out(x.size());
-    auto f = ex.transform(kernel::square(), std::span<const float>(x), std::span<float>(out));
+    auto f =
+        ex.transform(builtin_kernel::square(), std::span<const float>(x), std::span<float>(out));
     if (e.transform_fails) {
       try {
         f.get();
@@ -117,7 +118,7 @@ TEST(Soak, TwentyThousandMixedTasksWithFaultsAndCancellations) {
             const std::size_t size = 1 + rng() % 3000;  // up to three pieces
             const float v = static_cast<float>(n % 100);
             std::vector<std::vector<float>> one(1, std::vector<float>(size, v));
-            auto fs = ex.map(kernel::square(), one);
+            auto fs = ex.map(builtin_kernel::square(), one);
             auto& f = fs[0];
             f.on_complete([observe, size, v](future<host_vector<float>>& done) {
               const auto status = done.status();

@@ -56,7 +56,7 @@ TEST_P(TraceTest, EveryPieceHasAConsistentJourney) {
   ex.set_tracing(true);
   const auto x = testing::random_vector<double>(100'000, 5);  // 13 pieces of 64 KiB
   const std::vector<std::vector<double>> inputs(4, x);
-  auto results = ex.map(kernel::square(), inputs).get();
+  auto results = ex.map(builtin_kernel::square(), inputs).get();
   ASSERT_EQ(results[3][99'999], x[99'999] * x[99'999]);
   ex.submit([](lane&) { return 1; }).get();
 
@@ -102,7 +102,7 @@ TEST_P(TraceTest, StatsAddUpToWhatWasMoved) {
   ex.set_tracing(true);
   const std::vector<std::vector<float>> xs(10, std::vector<float>(30'000, 2.0f));
   const std::vector<std::vector<float>> ys(10, std::vector<float>(30'000, 1.0f));
-  ex.map(kernel::add(), xs, ys).get();
+  ex.map(builtin_kernel::add(), xs, ys).get();
   const auto stats = ex.trace().stats();
   // One total per device (several devices share the work): each adds up its own lanes, and the
   // totals together add up to what was moved.
@@ -145,7 +145,7 @@ TEST_P(TraceTest, ExportsNameEveryTaskAndStage) {
   executor ex(options());
   ex.set_tracing(true);
   const std::vector<std::vector<double>> xs(3, std::vector<double>(1000, 3.0));
-  ex.map(kernel::square(), xs).get();
+  ex.map(builtin_kernel::square(), xs).get();
   const auto t = ex.trace();
   ASSERT_EQ(t.records().size(), 3u);
 
@@ -318,7 +318,8 @@ TEST(CudaTrace, BuiltInKernelsStampTheirOwnStartAndFinish) {
   for (int round = 0; round < 3; ++round) {
     ex.set_tracing(round != 1);
     ex.clear_trace();
-    ex.transform(kernel::square(), std::span<const double>(x), std::span<double>(out)).get();
+    ex.transform(builtin_kernel::square(), std::span<const double>(x), std::span<double>(out))
+        .get();
     ASSERT_EQ(out.back(), x.back() * x.back());
     if (round == 1) continue;
     const auto t = ex.trace();

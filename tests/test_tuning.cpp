@@ -255,7 +255,7 @@ TEST(TuningCuda, TheDefaultIsMeasuredOnceOnTheGpuThenReadBack) {
                 sample.bytes_per_second / 1e9);
   std::printf("\n");
   std::vector<std::vector<double>> chunks(8, std::vector<double>(1 << 20, 1.5));
-  for (const auto& squares : ex.map(kernel::square(), chunks).get())
+  for (const auto& squares : ex.map(builtin_kernel::square(), chunks).get())
     for (double v : squares) ASSERT_EQ(v, 2.25);
   executor again(o);
   EXPECT_EQ(again.settings().lanes_from, setting_source::cached);

@@ -96,16 +96,17 @@ struct point {
 // A whole number, so that kernels with alpha run on integer arrays too.
 constexpr double bench_alpha = 3.0;
 
-gpupool::kernel kernel_named(const std::string& name) {
+gpupool::builtin_kernel kernel_named(const std::string& name) {
   for (const gpupool::builtin_kernel_info& k : gpupool::builtin_kernels())
-    if (name == k.name) return gpupool::kernel::of(k.operation, bench_alpha);
+    if (name == k.name) return gpupool::builtin_kernel::of(k.operation, bench_alpha);
   throw std::invalid_argument("bench: no built-in kernel is named '" + name + "'");
 }
 
 // What every point must produce: the kernel run once on the CPU backend (the arithmetic the
 // built-ins share), so the check needs no formula of its own.
 template <class T>
-std::vector<T> reference(const gpupool::kernel& k, std::span<const T> x, std::span<const T> y) {
+std::vector<T> reference(const gpupool::builtin_kernel& k, std::span<const T> x,
+                         std::span<const T> y) {
   gpupool::executor_options o;
   o.backend = gpupool::backend_kind::cpu;
   o.quiet = true;
@@ -136,7 +137,7 @@ bool agrees(T got, T want, T x, T y) {
 // `want` before any time is taken.
 template <class T>
 point run_point(gpupool::executor_options o, int lanes, std::size_t chunk_bytes,
-                const gpupool::kernel& k, std::span<const T> x, std::span<const T> y,
+                const gpupool::builtin_kernel& k, std::span<const T> x, std::span<const T> y,
                 std::span<const T> want, std::span<T> output, int repeat) {
   o.lanes_per_device = lanes;
   o.chunk_bytes = std::max<std::size_t>(chunk_bytes, 4096);
@@ -179,7 +180,7 @@ point run_point(gpupool::executor_options o, int lanes, std::size_t chunk_bytes,
 
 template <class T>
 int sweep(const gpupool::executor_options& base, const bench_flags& flags) {
-  const gpupool::kernel k = kernel_named(flags.kernel);
+  const gpupool::builtin_kernel k = kernel_named(flags.kernel);
   const std::vector<std::size_t>& sizes = flags.sizes;
   const std::size_t total = flags.total;
   if (total < sizeof(T) * static_cast<std::size_t>(k.arity()))

@@ -190,7 +190,7 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   for (int run = 0; run <= demo.repeat; ++run) {
     if (run == demo.repeat && tracing_wanted(demo)) ex.set_tracing(true);  // trace the last run
     const auto t0 = clock::now();
-    results = ex.map(gpupool::kernel::square(), chunks).get();
+    results = ex.map(gpupool::builtin_kernel::square(), chunks).get();
     const auto t1 = clock::now();
     if (run > 0) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
     progress.step();

@@ -138,7 +138,7 @@ class executor {
   /// room after queueing the inputs before.
   /// @throw std::invalid_argument if the kernel takes two inputs.
   template <class Inputs>
-  auto map(const kernel& k, const Inputs& xs) {
+  auto map(const builtin_kernel& k, const Inputs& xs) {
     using T = element_of<Inputs>;
     require_arity(k, 1, "map");
     multi_future<host_vector<T>> futures;
@@ -171,7 +171,7 @@ class executor {
   /// @throw std::invalid_argument (before anything runs) if the kernel takes one input, the
   ///        lists differ in length, or any pair differs in size.
   template <class Inputs>
-  auto map(const kernel& k, const Inputs& xs, const Inputs& ys) {
+  auto map(const builtin_kernel& k, const Inputs& xs, const Inputs& ys) {
     using T = element_of<Inputs>;
     require_arity(k, 2, "map");
     if (std::ranges::size(xs) != std::ranges::size(ys))
@@ -198,7 +198,7 @@ class executor {
   /// Works for arrays larger than the devices' memory. Both must stay alive until the future is
   /// ready. @throw std::invalid_argument if sizes differ or the kernel takes two inputs.
   template <class T>
-  future<void> transform(const kernel& k, std::span<const T> in, std::span<T> out) {
+  future<void> transform(const builtin_kernel& k, std::span<const T> in, std::span<T> out) {
     require_arity(k, 1, "transform");
     require_same_size(in.size(), out.size());
     return transform_impl(k, dtype_of<T>(), in.data(), nullptr, out.data(), in.size());
@@ -206,7 +206,7 @@ class executor {
 
   /// Two-input transform: out = k(x, y).
   template <class T>
-  future<void> transform(const kernel& k, std::span<const T> x, std::span<const T> y,
+  future<void> transform(const builtin_kernel& k, std::span<const T> x, std::span<const T> y,
                          std::span<T> out) {
     require_arity(k, 2, "transform");
     require_same_size(x.size(), out.size());
@@ -312,7 +312,7 @@ class executor {
 
   // One input (or pair) queued on its own, as map_into and enqueue_elementwise_all do for many.
   template <class T>
-  future<host_vector<T>> map_one(const kernel& k, const T* x, const T* y, std::size_t n,
+  future<host_vector<T>> map_one(const builtin_kernel& k, const T* x, const T* y, std::size_t n,
                                  std::size_t admitted) {
     std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
     try {
@@ -336,7 +336,7 @@ class executor {
   static constexpr std::size_t map_batch = 256;
 
   template <class T>
-  future<host_vector<T>> map_into(const kernel& k, const T* x, const T* y, std::size_t n,
+  future<host_vector<T>> map_into(const builtin_kernel& k, const T* x, const T* y, std::size_t n,
                                   std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
                                   std::size_t admitted) {
     auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
@@ -360,8 +360,8 @@ class executor {
   }
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
-  future<void> transform_impl(const kernel& k, dtype t, const void* x, const void* y, void* out,
-                              std::size_t n);
+  future<void> transform_impl(const builtin_kernel& k, dtype t, const void* x, const void* y,
+                              void* out, std::size_t n);
   void enqueue(detail::work_item_ptr item, std::optional<int> device);
   void enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job);
   void require_open() const;
@@ -375,7 +375,7 @@ class executor {
   [[nodiscard]] bool try_admit(std::size_t cost) noexcept;
   void release_in_flight(std::size_t cost) noexcept;
   void check_device(int device) const;
-  static void require_arity(const kernel& k, int arity, const char* what);
+  static void require_arity(const builtin_kernel& k, int arity, const char* what);
   static void require_same_size(std::size_t a, std::size_t b);
 
   struct impl;

@@ -106,14 +106,14 @@ class lane {
 
   /// Runs a one-input built-in kernel in place: x = k(x).
   template <class T>
-  void apply(const kernel& k, device_array<T>& x) {
+  void apply(const builtin_kernel& k, device_array<T>& x) {
     require_arity(k, 1);
     apply_bytes(k, dtype_of<T>(), x.data(), nullptr, x.data(), x.size());
   }
 
   /// Runs a two-input built-in kernel: y = k(x, y).
   template <class T>
-  void apply(const kernel& k, const device_array<T>& x, device_array<T>& y) {
+  void apply(const builtin_kernel& k, const device_array<T>& x, device_array<T>& y) {
     require_arity(k, 2);
     if (x.size() != y.size())
       throw std::invalid_argument("gpupool::lane::apply: input sizes differ");
@@ -143,8 +143,8 @@ class lane {
   virtual void deallocate_bytes(void* p, std::size_t bytes) noexcept = 0;
   virtual void upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) = 0;
   virtual void download_bytes(void* host_dst, const void* device_src, std::size_t bytes) = 0;
-  virtual void apply_bytes(const kernel& k, dtype t, const void* x, const void* y, void* out,
-                           std::size_t count) = 0;
+  virtual void apply_bytes(const builtin_kernel& k, dtype t, const void* x, const void* y,
+                           void* out, std::size_t count) = 0;
   /// `out` holds `count` elements of `out_type` in device memory.
   virtual void run_bytes(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
                          dtype out_type, void* out, std::size_t count) = 0;
@@ -156,7 +156,7 @@ class lane {
   ~lane() = default;
 
  private:
-  static void require_arity(const kernel& k, int arity) {
+  static void require_arity(const builtin_kernel& k, int arity) {
     if (k.arity() != arity)
       throw std::invalid_argument(std::string("gpupool::lane::apply: kernel '") + k.name() +
                                   "' takes " + std::to_string(k.arity()) + " input(s)");

@@ -161,16 +161,19 @@ struct builtin_kernel_info {
 /// The description of `o`.
 [[nodiscard]] const builtin_kernel_info& info_of(op o) noexcept;
 
-/// A built-in elementwise kernel with its parameter. Cheap to copy.
-class kernel {
+/// A built-in elementwise kernel (one of `builtin_kernels()`, chosen by its `op`) with its
+/// parameter alpha: what `executor::map`, `executor::transform` and `lane::apply` run. Kernels
+/// compiled at run time are `elementwise_kernel` and `raw_kernel` (gpupool/elementwise.hpp).
+/// Cheap to copy.
+class builtin_kernel {
  public:
-  static kernel square() noexcept { return kernel(op::square, 0.0); }
-  static kernel scale(double alpha) noexcept { return kernel(op::scale, alpha); }
-  static kernel add() noexcept { return kernel(op::add, 0.0); }
-  static kernel axpy(double alpha) noexcept { return kernel(op::axpy, alpha); }
+  static builtin_kernel square() noexcept { return builtin_kernel(op::square, 0.0); }
+  static builtin_kernel scale(double alpha) noexcept { return builtin_kernel(op::scale, alpha); }
+  static builtin_kernel add() noexcept { return builtin_kernel(op::add, 0.0); }
+  static builtin_kernel axpy(double alpha) noexcept { return builtin_kernel(op::axpy, alpha); }
   /// Any built-in by its operation (`alpha` is ignored by those that take none).
-  static kernel of(op o, double alpha = 0.0) noexcept {
-    return kernel(o, info_of(o).takes_alpha ? alpha : 0.0);
+  static builtin_kernel of(op o, double alpha = 0.0) noexcept {
+    return builtin_kernel(o, info_of(o).takes_alpha ? alpha : 0.0);
   }
 
   [[nodiscard]] op operation() const noexcept { return op_; }
@@ -181,9 +184,12 @@ class kernel {
   [[nodiscard]] const char* name() const noexcept { return info_of(op_).name; }
 
  private:
-  kernel(op o, double alpha) noexcept : op_(o), alpha_(alpha) {}
+  builtin_kernel(op o, double alpha) noexcept : op_(o), alpha_(alpha) {}
   op op_;
   double alpha_;
 };
+
+/// The old name of `builtin_kernel`, kept so that code written against it still compiles.
+using kernel [[deprecated("gpupool::kernel is now gpupool::builtin_kernel")]] = builtin_kernel;
 
 }  // namespace gpupool

@@ -21,16 +21,16 @@ from typing import (Any, Callable, Iterable, Iterator, Literal, Optional, TypeVa
 import numpy.typing as npt
 
 from . import _device, _ext
-from ._ext import ElementwiseKernel, Kernel, RawKernel
+from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 from ._pinned import empty_pinned, is_pinned
 from ._timeline import Trace
 
 _T = TypeVar("_T")
 #: What runs in C++ over arrays: a built-in kernel, an elementwise or a raw kernel.
-AnyKernel = Union[Kernel, ElementwiseKernel, RawKernel]
+AnyKernel = Union[BuiltinKernel, ElementwiseKernel, RawKernel]
 
 _COMPILED = (ElementwiseKernel, RawKernel)
-_KERNELS = (Kernel, ElementwiseKernel, RawKernel)
+_KERNELS = (BuiltinKernel, ElementwiseKernel, RawKernel)
 
 __all__ = ["AnyKernel", "Executor", "Trace", "current_lane"]
 
@@ -441,7 +441,7 @@ class Executor(_futures.Executor):
                     for started in pending:
                         started.cancel()
                     raise
-        elif isinstance(fn, Kernel):
+        elif isinstance(fn, BuiltinKernel):
             if len(iterables) not in (1, 2):
                 raise TypeError(
                     f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
@@ -506,7 +506,7 @@ class Executor(_futures.Executor):
                             "use submit() rather than submit_to()")
         if kwargs:
             raise TypeError(f"gpupool: kernel '{kernel.name}' takes no keyword arguments")
-        if isinstance(kernel, Kernel) and len(args) != kernel.arity:
+        if isinstance(kernel, BuiltinKernel) and len(args) != kernel.arity:
             raise TypeError(f"gpupool: kernel '{kernel.name}' takes {kernel.arity} array(s)")
         with self._lock:
             self._check_open()

@@ -48,7 +48,7 @@ except ImportError as _missing:  # pragma: no cover - exercised only without the
         f"({_missing})") from _missing
 
 from . import _executor
-from ._ext import ElementwiseKernel, Kernel, RawKernel, builtin_kernels
+from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel, builtin_kernels
 from ._timeline import write_by_suffix
 
 __all__ = [
@@ -258,7 +258,7 @@ def _worker_pool_info(dask_worker: Any) -> Dict[str, Any]:
 
 # -- kernels that travel --------------------------------------------------------------------------
 
-AnyKernel = Union[Kernel, ElementwiseKernel, RawKernel]
+AnyKernel = Union[BuiltinKernel, ElementwiseKernel, RawKernel]
 
 
 class _KernelSpec:
@@ -276,7 +276,7 @@ class _KernelSpec:
     def of(cls, kernel: Any) -> "_KernelSpec":
         if isinstance(kernel, _KernelSpec):
             return kernel
-        if isinstance(kernel, Kernel):
+        if isinstance(kernel, BuiltinKernel):
             # alpha as the caller gave it (an int stays an int, as int arrays need): the
             # kernel's own float64 copy would be refused for them at the call.
             return cls(("builtin", kernel.name, getattr(kernel, "_alpha_value", kernel.alpha)))
@@ -318,7 +318,7 @@ class _KernelSpec:
         if self.description[0] != "builtin":
             return None
         kernel = self.build()
-        return kernel.arity if isinstance(kernel, Kernel) else None
+        return kernel.arity if isinstance(kernel, BuiltinKernel) else None
 
     def output_dtype(self, first: np.dtype) -> np.dtype:
         if self.description[0] == "builtin":
@@ -331,10 +331,10 @@ class _KernelSpec:
             kind, *rest = self.description
             if kind == "builtin":
                 name, alpha = rest
-                make = getattr(Kernel, name)  # Kernel has a factory per entry of the table
+                make = getattr(BuiltinKernel, name)  # a factory per entry of the table
                 takes_alpha = any(k["name"] == name and k["takes_alpha"]
                                   for k in builtin_kernels())
-                built: Kernel = make(alpha) if takes_alpha else make()
+                built: BuiltinKernel = make(alpha) if takes_alpha else make()
                 self._kernel = built
             elif kind == "elementwise":
                 inputs, output, body, name = rest
@@ -552,7 +552,7 @@ class Executor(_futures.Executor):
         return self._client
 
     def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> _futures.Future[Any]:
-        if isinstance(fn, (Kernel, ElementwiseKernel, RawKernel)):
+        if isinstance(fn, (BuiltinKernel, ElementwiseKernel, RawKernel)):
             if kwargs:
                 raise TypeError(f"gpupool: kernel '{fn.name}' takes no keyword arguments")
             fn = _KernelSpec.of(fn)
@@ -564,7 +564,7 @@ class Executor(_futures.Executor):
             raise ValueError(f"chunksize must be a whole number of at least 1, not {chunksize!r}")
         deadline = None if timeout is None else time.monotonic() + timeout
         calls = list(zip(*iterables))
-        if isinstance(fn, (Kernel, ElementwiseKernel, RawKernel)):
+        if isinstance(fn, (BuiltinKernel, ElementwiseKernel, RawKernel)):
             fn = _KernelSpec.of(fn)
         if chunksize == 1 and not isinstance(fn, _KernelSpec):
             futures = [self.submit(fn, *call) for call in calls]

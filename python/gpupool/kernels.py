@@ -7,8 +7,9 @@ C++ (GIL released): NumPy inputs are read in place and results come back as NumP
     ex.map(gpupool.kernels.axpy(2.0), xs, ys)       # out = 2.0 * x + y
 
 This module holds one name per built-in of the C++ library's table (``BUILTINS``, from
-``gpupool._ext.builtin_kernels()``): a Kernel for those without a parameter, a factory taking
-``alpha`` for the others. The list is at the end of this text.
+``gpupool._ext.builtin_kernels()``): a BuiltinKernel for those without a parameter, a factory
+taking ``alpha`` for the others. The list is at the end of this text. ``Kernel`` is the old name
+of ``BuiltinKernel`` (the same class), kept so that code written against it still runs.
 
 Inputs: C-contiguous arrays of any shape of the dtypes in ``DTYPES``; results keep the input's
 shape and dtype.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Union
 
-from ._ext import Kernel, builtin_kernels, dtypes
+from ._ext import BuiltinKernel, Kernel, builtin_kernels, dtypes
 
 #: The built-in kernels as the C++ library declares them: name, arity, takes_alpha, formula.
 BUILTINS: List[Dict[str, Any]] = list(builtin_kernels())
@@ -31,15 +32,15 @@ BUILTINS: List[Dict[str, Any]] = list(builtin_kernels())
 DTYPES: List[str] = list(dtypes())
 
 
-def _exposed(info: Dict[str, Any]) -> Union[Kernel, Callable[[float], Kernel]]:
+def _exposed(info: Dict[str, Any]) -> Union[BuiltinKernel, Callable[[float], BuiltinKernel]]:
     """The module's name for one built-in: the kernel itself, or a factory taking alpha."""
-    make = getattr(Kernel, info["name"])
+    make = getattr(BuiltinKernel, info["name"])
     if not info["takes_alpha"]:
-        kernel: Kernel = make()
+        kernel: BuiltinKernel = make()
         return kernel
 
-    def factory(alpha: float) -> Kernel:
-        made: Kernel = make(alpha)
+    def factory(alpha: float) -> BuiltinKernel:
+        made: BuiltinKernel = make(alpha)
         return made
 
     factory.__name__ = factory.__qualname__ = info["name"]
@@ -56,7 +57,7 @@ __doc__ = (__doc__ or "") + "\nThe built-in kernels:\n\n" + "".join(
     f"    {k['name']}{'(alpha)' if k['takes_alpha'] else ''}: {k['arity']} array(s), "
     f"out = {k['formula']}\n" for k in BUILTINS)
 
-__all__ = ["BUILTINS", "DTYPES", "Kernel", *(k["name"] for k in BUILTINS)]
+__all__ = ["BUILTINS", "DTYPES", "BuiltinKernel", "Kernel", *(k["name"] for k in BUILTINS)]
 
 # Type checkers read kernels.pyi, which declares the same names statically (a test keeps the two
 # equal), so that a misspelt kernel name is flagged.

@@ -5,6 +5,8 @@
 # fails that test until it is declared here too.
 from typing import Any, Dict, List
 
+from ._ext import BuiltinKernel as BuiltinKernel
+# The old name of BuiltinKernel (the same class), kept for code written against it.
 from ._ext import Kernel as Kernel
 
 #: The built-in kernels as the C++ library declares them: name, arity, takes_alpha, formula.
@@ -13,11 +15,11 @@ BUILTINS: List[Dict[str, Any]]
 DTYPES: List[str]
 
 # Kernels without a parameter.
-square: Kernel
-add: Kernel
+square: BuiltinKernel
+add: BuiltinKernel
 
 # Factories: alpha is a real number (bool, int or float), checked against each array's dtype.
-def scale(alpha: float) -> Kernel: ...
-def axpy(alpha: float) -> Kernel: ...
+def scale(alpha: float) -> BuiltinKernel: ...
+def axpy(alpha: float) -> BuiltinKernel: ...
 
-__all__ = ["BUILTINS", "DTYPES", "Kernel", "square", "scale", "add", "axpy"]
+__all__ = ["BUILTINS", "DTYPES", "BuiltinKernel", "Kernel", "square", "scale", "add", "axpy"]

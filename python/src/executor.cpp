@@ -88,9 +88,9 @@ class py_executor {
 
   // A built-in kernel over each host array (pair): one future (of `future_type`) per array,
   // whose result is a new NumPy array in pinned memory. Every array is checked first.
-  nb::list map_kernel(nb::pointer_and_handle<gpupool::kernel> kernel, nb::sequence xs,
+  nb::list map_kernel(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, nb::sequence xs,
                       std::optional<nb::sequence> ys, nb::handle future_type) {
-    const gpupool::kernel& k = *kernel.p;
+    const gpupool::builtin_kernel& k = *kernel.p;
     const std::size_t n = nb::len(xs);
     if (k.arity() == 2 && !ys)
       throw nb::value_error(
@@ -351,12 +351,12 @@ class py_executor {
   // out = k(x[, y]), `count` elements of `type`. No host copy is made.
   // One future (of `future_type`) whose result is `result`; `keep_alive` is held until the
   // task has ended.
-  nb::object launch_device(nb::pointer_and_handle<gpupool::kernel> kernel, std::uintptr_t x,
+  nb::object launch_device(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, std::uintptr_t x,
                            std::uintptr_t y, std::uintptr_t out, std::size_t count,
                            const std::string& type, int ordinal, nb::object result,
                            nb::object keep_alive, nb::handle future_type) {
     const int device = device_of_ordinal(ordinal);
-    const gpupool::kernel k = *kernel.p;  // copied into the task
+    const gpupool::builtin_kernel k = *kernel.p;  // copied into the task
     if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
     const gpupool::dtype t = dtype_from_name(type);
     check_alpha(kernel.h, k, t, "the device array");
@@ -393,7 +393,7 @@ class py_executor {
   }
 
   template <class T>
-  gpupool::future<void> launch_typed(const gpupool::kernel& k, const input_array& x,
+  gpupool::future<void> launch_typed(const gpupool::builtin_kernel& k, const input_array& x,
                                      const input_array* y, void* out) {
     const std::size_t n = x.size();
     const std::span<const T> sx(static_cast<const T*>(x.data()), n);
@@ -402,8 +402,8 @@ class py_executor {
     return get().transform<T>(k, sx, std::span<const T>(static_cast<const T*>(y->data()), n), so);
   }
 
-  gpupool::future<void> launch(const gpupool::kernel& k, const input_array& x, const input_array* y,
-                               void* out) {
+  gpupool::future<void> launch(const gpupool::builtin_kernel& k, const input_array& x,
+                               const input_array* y, void* out) {
     return gpupool::visit_dtype(dtype_from_name(dtype_name(x.dtype())),
                                 [&]<class T>() { return launch_typed<T>(k, x, y, out); });
   }

@@ -12,8 +12,9 @@
 namespace gpupool_python {
 namespace {
 
-// The alpha of scale/axpy as the caller gave it (a Python bool, int or float), kept on the Kernel
-// object: the C++ kernel carries a double, which tells neither 2 from 2.0 nor every int64 apart.
+// The alpha of scale/axpy as the caller gave it (a Python bool, int or float), kept on the
+// BuiltinKernel object: the C++ kernel carries a double, which tells neither 2 from 2.0 nor every
+// int64 apart.
 constexpr const char* alpha_attribute = "_alpha_value";
 
 nb::object alpha_kernel(gpupool::op operation, const char* op_name, nb::handle alpha) {
@@ -37,14 +38,14 @@ nb::object alpha_kernel(gpupool::op operation, const char* op_name, nb::handle a
   } else {
     value = PyFloat_AsDouble(n->value.ptr());
   }
-  nb::object kernel = nb::cast(gpupool::kernel::of(operation, value));
+  nb::object kernel = nb::cast(gpupool::builtin_kernel::of(operation, value));
   kernel.attr(alpha_attribute) = n->value;
   return kernel;
 }
 
 }  // namespace
 
-void check_alpha(nb::handle kernel_object, const gpupool::kernel& k, gpupool::dtype type,
+void check_alpha(nb::handle kernel_object, const gpupool::builtin_kernel& k, gpupool::dtype type,
                  const std::string& arrays) {
   if (!k.takes_alpha()) return;
   nb::object given = nb::getattr(kernel_object, alpha_attribute, nb::none());
@@ -100,28 +101,35 @@ unsigned count_argument(nb::handle value, const char* function, const char* para
 void bind_kernels(nb::module_& m) {
   using namespace nb::literals;
   // A factory per built-in, from gpupool's table of them (gpupool.kernels builds on these).
-  auto kernel_class =
-      nb::class_<gpupool::kernel>(m, "Kernel", "A built-in elementwise kernel.", nb::dynamic_attr())
-          .def_prop_ro("name", [](const gpupool::kernel& k) { return std::string(k.name()); })
-          .def_prop_ro("arity", &gpupool::kernel::arity)
-          .def_prop_ro("alpha", &gpupool::kernel::alpha)
-          .def("__repr__", [](const gpupool::kernel& k) {
+  auto builtin_class =
+      nb::class_<gpupool::builtin_kernel>(m, "BuiltinKernel",
+                                          "A built-in elementwise kernel (gpupool.kernels) with "
+                                          "its alpha.",
+                                          nb::dynamic_attr())
+          .def_prop_ro("name",
+                       [](const gpupool::builtin_kernel& k) { return std::string(k.name()); })
+          .def_prop_ro("arity", &gpupool::builtin_kernel::arity)
+          .def_prop_ro("alpha", &gpupool::builtin_kernel::alpha)
+          .def("__repr__", [](const gpupool::builtin_kernel& k) {
             std::string s = std::string("gpupool.kernels.") + k.name();
             if (k.takes_alpha()) s += "(" + std::to_string(k.alpha()) + ")";
             return s;
           });
+  // The class's old name, kept so that code written against it (isinstance checks, annotations)
+  // still runs; the stubs declare it as an alias.
+  m.attr("Kernel") = builtin_class;
   static std::deque<std::string> formulas;  // docstrings, alive as long as the module
   for (const gpupool::builtin_kernel_info& info : gpupool::builtin_kernels()) {
     const char* doc = formulas.emplace_back(std::string("out = ") + info.formula).c_str();
     const gpupool::op operation = info.operation;
     const char* name = info.name;
     if (info.takes_alpha)
-      kernel_class.def_static(
+      builtin_class.def_static(
           name, [=](nb::handle alpha) { return alpha_kernel(operation, name, alpha); },
           "alpha"_a.none(), doc);
     else
-      kernel_class.def_static(
-          name, [=]() { return gpupool::kernel::of(operation); }, doc);
+      builtin_class.def_static(
+          name, [=]() { return gpupool::builtin_kernel::of(operation); }, doc);
   }
   m.def(
       "builtin_kernels",

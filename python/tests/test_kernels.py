@@ -166,7 +166,7 @@ def test_host_and_device_arrays_cannot_be_mixed_in_one_call(executor):
 
 def test_every_built_in_of_the_table_is_exposed_and_computes_its_formula(backend):
     """gpupool.kernels is made from the C++ table: each built-in is there under its name (a
-    Kernel, or a factory of one taking alpha), with the table's arity, and computes the table's
+    BuiltinKernel, or a factory of one taking alpha), with the table's arity, and computes the table's
     formula (NumPy evaluates the same text) on every dtype of the table."""
     table = gpupool._ext.builtin_kernels()
     assert [k["name"] for k in table] == ["square", "scale", "add", "axpy"]
@@ -176,7 +176,7 @@ def test_every_built_in_of_the_table_is_exposed_and_computes_its_formula(backend
         for info in table:
             exposed = getattr(gpupool.kernels, info["name"])
             kernel = exposed(3) if info["takes_alpha"] else exposed
-            assert isinstance(kernel, gpupool.kernels.Kernel)
+            assert isinstance(kernel, gpupool.kernels.BuiltinKernel)
             assert kernel.name == info["name"] and kernel.arity == info["arity"]
             assert info["formula"] in (exposed.__doc__ or "") + gpupool.kernels.__doc__
             for dtype in gpupool.kernels.DTYPES:
@@ -186,6 +186,18 @@ def test_every_built_in_of_the_table_is_exposed_and_computes_its_formula(backend
                 args = (x, y)[:info["arity"]]
                 got = ex.submit(kernel, *args).result(30)
                 assert got.dtype == want.dtype and np.array_equal(got, want), (info, dtype)
+
+
+def test_the_built_ins_are_builtin_kernels_and_kernel_is_the_old_name_of_that_class():
+    """The built-ins' class is BuiltinKernel (beside ElementwiseKernel and RawKernel); Kernel, its
+    old name, is the same class wherever it could be imported from."""
+    assert isinstance(gpupool.kernels.square, gpupool.kernels.BuiltinKernel)
+    assert isinstance(gpupool.kernels.scale(2), gpupool.kernels.BuiltinKernel)
+    assert type(gpupool.kernels.square).__name__ == "BuiltinKernel"
+    assert gpupool.kernels.BuiltinKernel is gpupool._ext.BuiltinKernel
+    assert gpupool._ext.Kernel is gpupool._ext.BuiltinKernel
+    assert gpupool.kernels.Kernel is gpupool.kernels.BuiltinKernel
+    assert isinstance(gpupool._ext.Kernel.square(), gpupool.kernels.BuiltinKernel)
 
 
 def test_the_docs_list_every_built_in_with_its_formula():
@@ -201,7 +213,7 @@ def test_the_docs_list_every_built_in_with_its_formula():
 
 def test_the_static_names_of_gpupool_kernels_equal_the_table():
     """kernels.pyi gives type checkers gpupool.kernels' names (made at import from the C++ table):
-    a Kernel for each built-in without alpha, a function of alpha for the others, nothing else.
+    a BuiltinKernel for each built-in without alpha, a function of alpha for the others, nothing else.
     A built-in added to (or renamed in) the table fails here until the stub says so too."""
     import ast
 
@@ -209,11 +221,11 @@ def test_the_static_names_of_gpupool_kernels_equal_the_table():
     tree = ast.parse(stub.read_text())
     kernels, factories, exported = set(), set(), None
     for node in tree.body:
-        if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) == "Kernel":
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) == "BuiltinKernel":
             kernels.add(node.target.id)
         elif isinstance(node, ast.FunctionDef):
             assert [a.arg for a in node.args.args] == ["alpha"], ast.unparse(node)
-            assert ast.unparse(node.returns) == "Kernel"
+            assert ast.unparse(node.returns) == "BuiltinKernel"
             factories.add(node.name)
         elif isinstance(node, ast.Assign) and ast.unparse(node.targets[0]) == "__all__":
             exported = ast.literal_eval(node.value)

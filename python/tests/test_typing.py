@@ -28,8 +28,9 @@ USER_PROGRAM = textwrap.dedent('''
             k = gpupool.elementwise("float64 x", "float64 y", "y = x + 1")
             shifted = list(ex.map(k, chunks))
             scaled: List[npt.NDArray[Any]] = list(ex.map(gpupool.kernels.scale(2.5), chunks))
-            pair: gpupool.kernels.Kernel = gpupool.kernels.axpy(2)
-            print(len(scaled), pair.arity, gpupool.kernels.add.arity)
+            pair: gpupool.kernels.BuiltinKernel = gpupool.kernels.axpy(2)
+            by_old_name: gpupool.kernels.Kernel = gpupool.kernels.square
+            print(len(scaled), pair.arity, by_old_name.arity, gpupool.kernels.add.arity)
             with ex.trace(pathlib.Path("t.json")) as t:
                 out = list(arrays)
             t.write("t.json")
@@ -53,8 +54,8 @@ def test_a_misspelt_kernel_name_is_flagged(tmp_path):
     (tmp_path / "typo.py").write_text(textwrap.dedent('''
         import gpupool
 
-        k: gpupool.kernels.Kernel = gpupool.kernels.sqaure
-        f: gpupool.kernels.Kernel = gpupool.kernels.scale("2")
+        k: gpupool.kernels.BuiltinKernel = gpupool.kernels.sqaure
+        f: gpupool.kernels.BuiltinKernel = gpupool.kernels.scale("2")
     '''))
     done = subprocess.run([sys.executable, "-m", "mypy", "--strict", "--no-incremental",
                            "typo.py"], capture_output=True, text=True, cwd=tmp_path)

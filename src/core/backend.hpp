@@ -67,13 +67,14 @@ class backend_stream {
   virtual void copy_to_device(void* device_dst, const void* host_src, std::size_t bytes) = 0;
   virtual void copy_to_host(void* host_dst, const void* device_src, std::size_t bytes) = 0;
   /// Enqueues `out = k(x[, y])` over `count` elements of type `t`.
-  virtual void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  virtual void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
                       std::size_t count) = 0;
   /// `launch`, with `begin` marked when the kernel starts and `end` when it has finished. This
   /// default records the marks around the launch; a backend whose kernels can take the marks
   /// themselves overrides it (on CUDA that saves two stream operations per traced piece).
-  virtual void launch_marked(const kernel& k, dtype t, const void* x, const void* y, void* out,
-                             std::size_t count, backend_timer& begin, backend_timer& end) {
+  virtual void launch_marked(const builtin_kernel& k, dtype t, const void* x, const void* y,
+                             void* out, std::size_t count, backend_timer& begin,
+                             backend_timer& end) {
     begin.record();
     launch(k, t, x, y, out, count);
     end.record();

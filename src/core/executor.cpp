@@ -591,7 +591,7 @@ void executor::check_device(int device) const {
                             std::to_string(impl_->devices.size()) + " devices");
 }
 
-void executor::require_arity(const kernel& k, int arity, const char* what) {
+void executor::require_arity(const builtin_kernel& k, int arity, const char* what) {
   if (k.arity() != arity)
     throw std::invalid_argument(std::string("gpupool::executor::") + what + ": kernel '" +
                                 k.name() + "' takes " + std::to_string(k.arity()) +
@@ -643,8 +643,8 @@ void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job)
                                                    impl_->chunk_bytes);
 }
 
-future<void> executor::transform_impl(const kernel& k, dtype t, const void* x, const void* y,
-                                      void* out, std::size_t n) {
+future<void> executor::transform_impl(const builtin_kernel& k, dtype t, const void* x,
+                                      const void* y, void* out, std::size_t n) {
   if (n == 0) {
     require_open();
     return impl::nothing_to_do();

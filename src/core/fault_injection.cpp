@@ -47,12 +47,12 @@ class faulty_stream final : public backend_stream {
     faults_.maybe_fail(fault_kind::copy);
     inner_->copy_to_host(host_dst, device_src, bytes);
   }
-  void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) override {
     faults_.maybe_fail(fault_kind::launch);
     inner_->launch(k, t, x, y, out, count);
   }
-  void launch_marked(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void launch_marked(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
                      std::size_t count, backend_timer& begin, backend_timer& end) override {
     faults_.maybe_fail(fault_kind::launch);
     inner_->launch_marked(k, t, x, y, out, count, begin, end);

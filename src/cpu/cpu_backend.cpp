@@ -42,7 +42,8 @@ class cpu_timer final : public backend_timer {
 };
 
 template <op O, class T>
-void run_elementwise(const void* x, const void* y, void* out, std::size_t n, const kernel& k) {
+void run_elementwise(const void* x, const void* y, void* out, std::size_t n,
+                     const builtin_kernel& k) {
   const T* xs = static_cast<const T*>(x);
   const T* ys = static_cast<const T*>(y);
   T* os = static_cast<T*>(out);
@@ -81,7 +82,7 @@ class cpu_stream final : public backend_stream {
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
     if (bytes) std::memcpy(dst, src, bytes);
   }
-  void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) override {
     dispatch_elementwise(k.operation(), t,
                          [&]<op O, class T>() { run_elementwise<O, T>(x, y, out, count, k); });

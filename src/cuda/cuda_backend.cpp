@@ -216,13 +216,13 @@ class cuda_stream final : public backend_stream {
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
     GPUPOOL_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   }
-  void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) override {
     cuda::launch_elementwise(k, t, x, y, out, count, stream_);
   }
   // The built-in kernels stamp their own start and finish: two stream operations fewer per
   // traced piece than stamping kernels around them.
-  void launch_marked(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void launch_marked(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
                      std::size_t count, backend_timer& begin, backend_timer& end) override {
     if (count == 0) {  // no kernel runs
       backend_stream::launch_marked(k, t, x, y, out, count, begin, end);

@@ -40,7 +40,7 @@ __global__ void elementwise_kernel(const T* __restrict__ x, const T* __restrict_
 
 }  // namespace
 
-void launch_elementwise(const kernel& k, dtype t, const void* x, const void* y, void* out,
+void launch_elementwise(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
                         std::size_t count, void* stream, const kernel_clock* clock) {
   if (count == 0) return;
   const kernel_clock stamps = clock != nullptr ? *clock : kernel_clock{nullptr, nullptr, nullptr};

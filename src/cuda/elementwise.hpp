@@ -18,7 +18,7 @@ struct kernel_clock {
 /// Enqueues out = k(x[, y]) over `count` elements on `stream` (a cudaStream_t); with `clock`,
 /// the kernel also stamps its start and finish there.
 /// @throw cuda_error if the launch fails.
-void launch_elementwise(const kernel& k, dtype t, const void* x, const void* y, void* out,
+void launch_elementwise(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
                         std::size_t count, void* stream, const kernel_clock* clock = nullptr);
 
 }  // namespace gpupool::detail::cuda

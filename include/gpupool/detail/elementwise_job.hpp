@@ -64,17 +64,17 @@ class split_job {
 
 /// Refuses (argument_kind_error, argument_range_error) an alpha that element type `t` cannot
 /// hold: a fraction, NaN or infinity for an integer type, or a value out of the type's range.
-void require_alpha_fits(const kernel& k, dtype t);
+void require_alpha_fits(const builtin_kernel& k, dtype t);
 
 /// A built-in kernel over one or two arrays.
 class elementwise_job : public split_job {
  public:
-  elementwise_job(kernel k, dtype t, const void* x, const void* y, std::size_t count)
+  elementwise_job(builtin_kernel k, dtype t, const void* x, const void* y, std::size_t count)
       : kernel_(k), type_(t), x_(x), y_(y), count_(count) {
     require_alpha_fits(k, t);
   }
 
-  [[nodiscard]] const kernel& kern() const noexcept { return kernel_; }
+  [[nodiscard]] const builtin_kernel& kern() const noexcept { return kernel_; }
   [[nodiscard]] dtype type() const noexcept { return type_; }
   [[nodiscard]] const void* x() const noexcept { return x_; }
   [[nodiscard]] const void* y() const noexcept { return y_; }
@@ -84,7 +84,7 @@ class elementwise_job : public split_job {
   virtual void* output() = 0;
 
  private:
-  kernel kernel_;
+  builtin_kernel kernel_;
   dtype type_;
   const void* x_;
   const void* y_;
@@ -95,7 +95,7 @@ class elementwise_job : public split_job {
 template <class T>
 class map_job final : public elementwise_job {
  public:
-  map_job(kernel k, const T* x, const T* y, std::size_t count,
+  map_job(builtin_kernel k, const T* x, const T* y, std::size_t count,
           std::shared_ptr<shared_state<host_vector<T>>> state)
       : elementwise_job(k, dtype_of<T>(), x, y, count), state_(std::move(state)) {}
 
@@ -117,8 +117,8 @@ class map_job final : public elementwise_job {
 /// A transform: results go to memory the caller owns.
 class transform_job final : public elementwise_job {
  public:
-  transform_job(kernel k, dtype t, const void* x, const void* y, void* out, std::size_t count,
-                std::shared_ptr<shared_state<void>> state)
+  transform_job(builtin_kernel k, dtype t, const void* x, const void* y, void* out,
+                std::size_t count, std::shared_ptr<shared_state<void>> state)
       : elementwise_job(k, t, x, y, count), out_(out), state_(std::move(state)) {}
 
   void* output() override { return out_; }

@@ -8,15 +8,15 @@
 
 namespace gpupool::detail {
 
-void require_alpha_fits(const kernel& k, dtype t) {
+void require_alpha_fits(const builtin_kernel& k, dtype t) {
   if (k.operation() != op::scale && k.operation() != op::axpy) return;  // alpha unused
   dispatch_elementwise(k.operation(), t,
                        [&]<op O, class T>() { (void)alpha_as<T>(k.alpha(), k.name()); });
 }
 
 bool elementwise_piece::coalesces_with(const elementwise_piece& other) const noexcept {
-  const kernel& a = job_->kern();
-  const kernel& b = other.job_->kern();
+  const builtin_kernel& a = job_->kern();
+  const builtin_kernel& b = other.job_->kern();
   // Alphas compared bit for bit: 0.0 and -0.0 give differently signed zeros, and NaN != NaN.
   return other.whole_job() && other.riders_.empty() && a.operation() == b.operation() &&
          std::bit_cast<std::uint64_t>(a.alpha()) == std::bit_cast<std::uint64_t>(b.alpha()) &&
@@ -58,7 +58,7 @@ bool elementwise_piece::claim() {
 
 void elementwise_piece::start(slot_context& slot) {
   const auto tasks = members();
-  const kernel k = job_->kern();
+  const builtin_kernel k = job_->kern();
   const dtype type = job_->type();
   const std::size_t element = size_of(type);
   const bool two_inputs = k.arity() == 2;

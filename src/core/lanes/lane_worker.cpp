@@ -263,8 +263,8 @@ void lane_worker::download_bytes(void* host_dst, const void* device_src, std::si
   }
 }
 
-void lane_worker::apply_bytes(const kernel& k, dtype t, const void* x, const void* y, void* out,
-                              std::size_t count) {
+void lane_worker::apply_bytes(const builtin_kernel& k, dtype t, const void* x, const void* y,
+                              void* out, std::size_t count) {
   if (count == 0) return;
   if (k.arity() == 2 && y == nullptr)
     throw std::invalid_argument(std::string("gpupool: kernel '") + k.name() +

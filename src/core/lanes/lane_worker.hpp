@@ -88,7 +88,7 @@ class lane_worker final : public lane {
   void deallocate_bytes(void* p, std::size_t bytes) noexcept override;
   void upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) override;
   void download_bytes(void* host_dst, const void* device_src, std::size_t bytes) override;
-  void apply_bytes(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void apply_bytes(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
                    std::size_t count) override;
   void run_bytes(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
                  dtype out_type, void* out, std::size_t count) override;

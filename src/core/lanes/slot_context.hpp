@@ -56,7 +56,7 @@ class slot_context {
 
   /// Enqueues a built-in kernel; when traced the launch also stamps `kernel_begin` and
   /// `kernel_end` (on CUDA the kernel stamps them itself).
-  void launch(const kernel& k, dtype t, const void* x, const void* y, void* out,
+  void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) const {
     if (!traced()) {
       stream_.launch(k, t, x, y, out, count);
