@@ -12,12 +12,16 @@
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
 //                             [--tasks N] [--size N] [--repeat N] [--modes submit,map,queue]
+//                             [--budget default|none]
+// --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
+// tasks count no bytes; beside the default it shows what the counting costs per task.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -39,6 +43,7 @@ struct settings {
   std::size_t tasks = 20000;
   std::size_t size = 1024;
   int repeat = 3;
+  bool budget = true;  // false: --budget none
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -82,6 +87,8 @@ settings parse(int argc, char** argv) {
       s.size = std::stoul(value);
     else if (flag == "--repeat")
       s.repeat = std::stoi(value);
+    else if (flag == "--budget" && (value == "default" || value == "none"))
+      s.budget = value == "default";
     else
       throw std::invalid_argument("unknown option " + flag);
   }
@@ -105,6 +112,8 @@ gpupool::executor_options options_for(const settings& s, int devices, int lanes)
   gpupool::executor_options o;
   o.lanes_per_device = lanes;
   o.quiet = true;
+  o.tuning = gpupool::tuning::fixed;  // tiny arrays: the chunk size does not matter here
+  if (!s.budget) o.in_flight_budget = std::numeric_limits<std::size_t>::max();
   if (s.backend == "cpu") {
     o.backend = gpupool::backend_kind::cpu;
     o.cpu_devices = devices;
