@@ -66,6 +66,24 @@ TEST_P(MemoryPressure, TheBudgetIsPerDeviceAndDefaultsWhenUnset) {
   executor with_defaults(defaults);
   EXPECT_EQ(with_defaults.in_flight().budget,
             (std::size_t{1} << 30) * static_cast<std::size_t>(GetParam()));
+  for (const auto& d : with_defaults.devices()) {
+    EXPECT_GT(d.free_memory, 0u);
+    EXPECT_LE(d.free_memory, d.total_memory);
+  }
+}
+
+// On a GPU the default budget is half of what each device had free when the executor was made:
+// memory another process holds is not counted on.
+TEST(MemoryPressureCuda, TheDefaultBudgetIsHalfOfTheFreeMemory) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  executor ex(testing::quiet_options(backend_kind::cuda, 2));
+  std::size_t expected = 0;
+  for (const auto& d : ex.devices()) {
+    EXPECT_GT(d.free_memory, 0u);
+    EXPECT_LT(d.free_memory, d.total_memory);  // the context alone takes some
+    expected += d.free_memory / 2;
+  }
+  EXPECT_EQ(ex.in_flight().budget, expected);
 }
 
 TEST_P(MemoryPressure, SubmittersWaitAtTheBudgetAndResumeAsTasksComplete) {

@@ -64,7 +64,8 @@ struct executor_options {
   /// `map` inputs, transforms and run-time compiled kernels over host arrays, and what
   /// `submit_sized` declares, which device memory and pinned staging must carry. The executor
   /// admits up to this times the number of devices in all. 0: the default, half of a CUDA
-  /// device's memory, 1 GiB per CPU stand-in device. SIZE_MAX: no limit (and nothing counted).
+  /// device's memory free when the executor is made (device_info::free_memory), 1 GiB per CPU
+  /// stand-in device. SIZE_MAX: no limit (and nothing counted).
   std::size_t in_flight_budget = 0;
 
   /// What a submit past `in_flight_budget` does: wait for room, or throw out_of_memory.

@@ -423,6 +423,7 @@ nb::dict device_dict(const gpupool::device_info& d, int lanes) {
   out["name"] = d.name;
   out["backend"] = gpupool::to_string(d.backend);
   out["total_memory"] = d.total_memory;
+  out["free_memory"] = d.free_memory;
   out["compute_capability"] = nb::make_tuple(d.compute_major, d.compute_minor);
   out["multiprocessors"] = d.multiprocessors;
   out["lanes"] = lanes;

@@ -106,6 +106,8 @@ class backend {
   [[nodiscard]] virtual std::unique_ptr<backend_stream> open_stream(int ordinal) = 0;
   /// Prepares the device for many streams and stream-ordered allocation (memory pool policy).
   virtual void prepare_device(int ordinal) = 0;
+  /// Bytes of the device's memory free now (for the CPU backend: host memory available).
+  [[nodiscard]] virtual std::size_t free_memory(int ordinal) const = 0;
   /// Compiles `k` for device `ordinal`, with arrays where `is_array` is true and scalars
   /// elsewhere. Cached; thread-safe. @throw compile_error with the compiler's log.
   [[nodiscard]] virtual std::shared_ptr<const compiled_kernel> compile(

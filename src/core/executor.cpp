@@ -45,9 +45,10 @@ constexpr int most_slots_per_lane = 64;
 // Two device buffers per slot: two-input kernels stage both inputs.
 constexpr std::size_t device_buffers_per_slot = 2;
 
-// The in-flight budget's default per device: half of a CUDA device's memory (the rest is left to
-// the staging slots, the tasks' own allocations and other processes); a fixed 1 GiB per CPU
-// stand-in device, whose "device memory" is the host's, shared by every stand-in.
+// The in-flight budget's default per device: half of a CUDA device's memory free when the
+// executor is made (the rest is left to the staging slots, the tasks' own allocations and what
+// other processes may still take; memory they hold already is not counted on); a fixed 1 GiB per
+// CPU stand-in device, whose "device memory" is the host's, shared by every stand-in.
 constexpr std::size_t cpu_default_in_flight_budget = std::size_t{1} << 30;
 constexpr std::size_t no_limit = std::numeric_limits<std::size_t>::max();
 
@@ -143,7 +144,7 @@ std::size_t choose_in_flight_budget(const executor_options& options,
   for (const auto& d : devices) {
     std::size_t per_device = options.in_flight_budget;
     if (per_device == 0)
-      per_device = d.backend == backend_kind::cuda ? std::max<std::size_t>(d.total_memory / 2, 1)
+      per_device = d.backend == backend_kind::cuda ? std::max<std::size_t>(d.free_memory / 2, 1)
                                                    : cpu_default_in_flight_budget;
     if (per_device == no_limit || total > no_limit - per_device) return no_limit;
     total += per_device;
@@ -250,6 +251,7 @@ struct executor::impl {
     for (std::size_t d = 0; d < ordinals.size(); ++d) {
       owner->prepare_device(ordinals[d]);
       device_info info = owner->describe(ordinals[d]);
+      info.free_memory = owner->free_memory(ordinals[d]);
       info.id = static_cast<int>(d);
       devices.push_back(std::move(info));
       memory.push_back(std::make_unique<detail::device_memory>(options.device_memory_budget));

@@ -112,6 +112,12 @@ class cpu_backend final : public backend {
     return std::make_unique<cpu_stream>();
   }
   void prepare_device(int /*ordinal*/) override {}
+  std::size_t free_memory(int /*ordinal*/) const override {
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    const long page = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? static_cast<std::size_t>(pages) * static_cast<std::size_t>(page)
+                                 : 0;
+  }
   std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& k,
                                                  const std::vector<bool>& is_array,
                                                  int /*ordinal*/) override {

@@ -383,6 +383,13 @@ class cuda_backend final : public backend {
     return {major, minor};
   }
 
+  std::size_t free_memory(int ordinal) const override {
+    device_scope scope(ordinal);
+    std::size_t free = 0, total = 0;
+    GPUPOOL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    return free;
+  }
+
   void prepare_device(int ordinal) override {
     device_scope scope(ordinal);
     // Keep freed memory in the pool: without this, every synchronisation hands it back to the
