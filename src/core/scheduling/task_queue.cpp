@@ -254,6 +254,18 @@ bool task_queue::any_shared() const {
   return false;
 }
 
+void task_queue::hand_on_steal(int device) {
+  // A lane woken to steal may find an item of its own device queued meanwhile and take that
+  // instead (a single push saw it on its way and woke nobody): the items it was woken for would
+  // wait for a busy device. Wake another idle lane for them, this device's first.
+  if (count_ == 1) return;
+  for (std::size_t i = 1; i < count_; ++i)
+    if (queues_[(static_cast<std::size_t>(device) + i) % count_].shared_count.load() != 0) {
+      wake_idle(1, static_cast<std::size_t>(device), wake_rule::one_in_transit);
+      return;
+    }
+}
+
 work_item_ptr task_queue::steal(int device) {
   const auto own = static_cast<std::size_t>(device);
   for (std::size_t i = 1; i < count_; ++i) {
@@ -313,14 +325,18 @@ work_item_ptr task_queue::pop(int device, bool block) {
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       work_item_ptr item;
       std::pair<int, bool> woken;
+      const bool was_dispatched = std::exchange(woken_for_item, false);
       {
         std::lock_guard lock(q.mutex);
         item = take_own_locked(q);
-        if (std::exchange(woken_for_item, false)) --q.dispatched;
+        if (was_dispatched) --q.dispatched;
         woken = pass_on_locked(q);
       }
       notify(q, woken);
-      if (item) return item;
+      if (item) {
+        if (was_dispatched) hand_on_steal(device);
+        return item;
+      }
     }
     if (auto item = steal(device)) return item;
     if (!block || !wait_for_work(device, woken_for_item)) return nullptr;
@@ -336,22 +352,27 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       std::size_t take = 0;
       std::pair<int, bool> woken;
+      const bool was_dispatched = std::exchange(woken_for_item, false);
       {
         std::lock_guard lock(q.mutex);
         const std::size_t queued = q.pinned.size() + q.shared.size();
         // Left for the lanes on their way here (signalled, or up and not yet looked), this one
         // excepted.
         const auto reserved =
-            static_cast<std::size_t>(q.signalled + q.dispatched - (woken_for_item ? 1 : 0));
+            static_cast<std::size_t>(q.signalled + q.dispatched - (was_dispatched ? 1 : 0));
+        // This lane has looked, whatever follows (reserve may throw).
+        if (was_dispatched) --q.dispatched;
         take = std::min(most,
                         queued > reserved ? queued - reserved : std::min<std::size_t>(queued, 1));
         out.reserve(out.size() + take);  // may throw: before anything is taken
         for (std::size_t i = 0; i < take; ++i) out.push_back(take_own_locked(q));
-        if (std::exchange(woken_for_item, false)) --q.dispatched;
         woken = pass_on_locked(q);
       }
       notify(q, woken);
-      if (take > 0) return take;
+      if (take > 0) {
+        if (was_dispatched) hand_on_steal(device);
+        return take;
+      }
     }
     if (auto item = steal(device)) {
       out.push_back(std::move(item));  // cannot throw: steal leaves out as it is on failure

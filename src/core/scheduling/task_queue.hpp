@@ -103,6 +103,9 @@ class task_queue {
                                        std::size_t end);
   // Takes a shared item from another device than `device`; null if none.
   work_item_ptr steal(int device);
+  // After a lane woken for an item took one of its own device: if other devices hold shared
+  // items, an idle lane is woken to steal them (see the definition).
+  void hand_on_steal(int device);
   // True if any device holds a shared item.
   [[nodiscard]] bool any_shared() const;
   // How many waiting lanes a wake-up pass wakes for `items` new items.
