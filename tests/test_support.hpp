@@ -7,10 +7,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <limits>
+#include <mutex>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <type_traits>
 #include <vector>
 
@@ -57,10 +60,22 @@ class scoped_cache_dir {
   std::string previous_;
 };
 
-// A new private folder under /tmp, named after `tag`.
+// A new private folder under /tmp, named after `tag`, removed (with what it holds) when the
+// test program exits.
 inline std::string temporary_folder(const std::string& tag) {
+  struct removed_at_exit {
+    std::mutex mutex;
+    std::vector<std::string> folders;
+    ~removed_at_exit() {
+      std::error_code ignored;
+      for (const auto& f : folders) std::filesystem::remove_all(f, ignored);
+    }
+  };
+  static removed_at_exit made;
   std::string pattern = "/tmp/gpupool-test-" + tag + "-XXXXXX";
   if (::mkdtemp(pattern.data()) == nullptr) throw std::runtime_error("mkdtemp failed");
+  std::lock_guard lock(made.mutex);
+  made.folders.push_back(pattern);
   return pattern;
 }
 

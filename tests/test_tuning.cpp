@@ -9,9 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "core/kernels/kernel_cache.hpp"
 #include "core/tuning/tuning.hpp"
 #include "test_support.hpp"
 
@@ -32,6 +34,28 @@ executor_options cpu_options(tuning mode) {
   return o;
 }
 
+// Each test starts with nothing measured in this process, GPUPOOL_TUNING unset (whatever the
+// environment running the suite says) and sweeps allowed a minute rather than a second (a
+// sanitized build on a loaded machine measures slowly; the deadline has a test of its own).
+class Tuning : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (const char* v = std::getenv("GPUPOOL_TUNING")) saved_ = v;
+    ::unsetenv("GPUPOOL_TUNING");
+    seconds_ = detail::set_sweep_seconds(60);
+    detail::forget_measurements();
+  }
+  void TearDown() override {
+    detail::set_sweep_seconds(seconds_);
+    if (saved_) ::setenv("GPUPOOL_TUNING", saved_->c_str(), 1);
+  }
+
+ private:
+  std::optional<std::string> saved_;
+  double seconds_ = 1;
+};
+using TuningCuda = Tuning;
+
 std::vector<fs::path> entries_in(const std::string& folder) {
   std::vector<fs::path> found;
   if (!fs::exists(folder)) return found;
@@ -39,7 +63,7 @@ std::vector<fs::path> entries_in(const std::string& folder) {
   return found;
 }
 
-TEST(Tuning, TheCpuBackendsAutomaticChoiceIsTheFixedDefaultAndMeasuresNothing) {
+TEST_F(Tuning, TheCpuBackendsAutomaticChoiceIsTheFixedDefaultAndMeasuresNothing) {
   const std::string dir = temporary_folder("tuning-auto");
   scoped_cache_dir cache(dir);
   executor ex(cpu_options(tuning::automatic));
@@ -53,7 +77,7 @@ TEST(Tuning, TheCpuBackendsAutomaticChoiceIsTheFixedDefaultAndMeasuresNothing) {
   EXPECT_FALSE(fs::exists(dir + "/tuning"));
 }
 
-TEST(Tuning, GivenValuesWinAndAreNeverMeasured) {
+TEST_F(Tuning, GivenValuesWinAndAreNeverMeasured) {
   const std::string dir = temporary_folder("tuning-given");
   scoped_cache_dir cache(dir);
   executor_options o = cpu_options(tuning::remeasure);
@@ -68,7 +92,7 @@ TEST(Tuning, GivenValuesWinAndAreNeverMeasured) {
   EXPECT_FALSE(fs::exists(dir + "/tuning"));
 }
 
-TEST(Tuning, AMeasuredChoiceIsTheBestSampleAndIsCachedThenReadBack) {
+TEST_F(Tuning, AMeasuredChoiceIsTheBestSampleAndIsCachedThenReadBack) {
   const std::string dir = temporary_folder("tuning-measured");
   scoped_cache_dir cache(dir);
   std::vector<tuning_sample> first;
@@ -89,16 +113,25 @@ TEST(Tuning, AMeasuredChoiceIsTheBestSampleAndIsCachedThenReadBack) {
               fs::perms::owner_read | fs::perms::owner_write);
     first = s.samples;
   }
-  // The next executor, in this process or another, uses the same measurement.
-  executor again(cpu_options(tuning::measured));
-  EXPECT_EQ(again.settings().lanes_from, setting_source::cached);
-  ASSERT_EQ(again.settings().samples.size(), first.size());
-  for (std::size_t i = 0; i < first.size(); ++i)
-    EXPECT_EQ(again.settings().samples[i].bytes_per_second, first[i].bytes_per_second);
-  EXPECT_EQ(entries_in(dir + "/tuning").size(), 1u);
+  // The next executor uses the same measurement: from this process's memory, then (as another
+  // process would) from the cache file.
+  for (int from_file = 0; from_file < 2; ++from_file) {
+    if (from_file == 1) detail::forget_measurements();
+    executor again(cpu_options(tuning::measured));
+    EXPECT_EQ(again.settings().lanes_from, setting_source::cached);
+    ASSERT_EQ(again.settings().samples.size(), first.size());
+    for (std::size_t i = 0; i < first.size(); ++i)
+      EXPECT_EQ(again.settings().samples[i].bytes_per_second, first[i].bytes_per_second);
+  }
+  // The entry, and the lock file processes measuring the same devices take turns on.
+  const auto entries = entries_in(dir + "/tuning");
+  EXPECT_EQ(entries.size(), 2u);
+  EXPECT_EQ(std::count_if(entries.begin(), entries.end(),
+                          [](const fs::path& p) { return p.extension() == ".lock"; }),
+            1);
 }
 
-TEST(Tuning, RemeasuringReplacesTheCachedEntry) {
+TEST_F(Tuning, RemeasuringReplacesTheCachedEntry) {
   const std::string dir = temporary_folder("tuning-remeasure");
   scoped_cache_dir cache(dir);
   std::string file;
@@ -108,15 +141,49 @@ TEST(Tuning, RemeasuringReplacesTheCachedEntry) {
   }
   ASSERT_FALSE(file.empty());
   std::ofstream(file, std::ios::app) << " ";  // marks the old entry (it no longer checks)
+  detail::forget_measurements();              // as in another process
   executor ex(cpu_options(tuning::remeasure));
   EXPECT_EQ(ex.settings().lanes_from, setting_source::measured);
   EXPECT_EQ(ex.settings().cache_file, file);
   std::ifstream in(file, std::ios::binary);
   const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   EXPECT_NE(bytes.back(), ' ');
+  // Once per process: the next executor asking to remeasure uses that measurement.
+  executor next(cpu_options(tuning::remeasure));
+  EXPECT_EQ(next.settings().lanes_from, setting_source::cached);
+  ASSERT_EQ(next.settings().samples.size(), ex.settings().samples.size());
+  EXPECT_EQ(next.settings().samples[0].bytes_per_second, ex.settings().samples[0].bytes_per_second);
 }
 
-TEST(Tuning, ADamagedCacheEntryIsMeasuredAgainNotTrusted) {
+TEST_F(Tuning, ACachedEntryOutsideWhatASweepCouldMeasureIsMeasuredAgain) {
+  const std::string dir = temporary_folder("tuning-foreign");
+  scoped_cache_dir cache(dir);
+  std::string file;
+  std::string key;
+  {
+    executor ex(cpu_options(tuning::measured));
+    file = ex.settings().cache_file;
+  }
+  ASSERT_FALSE(file.empty());
+  // A well-formed, checksummed entry for the same key naming 200 lanes (inside the executor's
+  // limits, outside any sweep's candidates): rewritten by the key read back from the entry.
+  std::ifstream in(file, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  in.close();
+  // The entry: two header lines (format, checksum), the key's length on a line, the key, ...
+  // (kernel_cache.cpp, make_entry).
+  const std::size_t length_at = bytes.find('\n', bytes.find('\n') + 1) + 1;
+  const std::size_t key_at = bytes.find('\n', length_at) + 1;
+  key = bytes.substr(key_at, std::stoul(bytes.substr(length_at, key_at - 1 - length_at)));
+  ASSERT_EQ(key.rfind("gpupool-tuning 1|", 0), 0u) << key;
+  detail::store_entry(file, key, detail::tuning_entry_json({{200, std::size_t{1} << 20, 1e12}}));
+  detail::forget_measurements();
+  executor ex(cpu_options(tuning::measured));
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::measured);
+  EXPECT_NE(ex.lanes_per_device(), 200);
+}
+
+TEST_F(Tuning, ADamagedCacheEntryIsMeasuredAgainNotTrusted) {
   const std::string dir = temporary_folder("tuning-damaged");
   std::string file;
   {
@@ -143,7 +210,7 @@ TEST(Tuning, ADamagedCacheEntryIsMeasuredAgainNotTrusted) {
   EXPECT_FALSE(ex.settings().samples.empty());
 }
 
-TEST(Tuning, AnUnusableCacheFolderStillMeasuresAndSaysWhy) {
+TEST_F(Tuning, AnUnusableCacheFolderStillMeasuresAndSaysWhy) {
   const std::string dir = temporary_folder("tuning-open");
   fs::permissions(dir, fs::perms::owner_all | fs::perms::group_all | fs::perms::others_all);
   scoped_cache_dir cache(dir);
@@ -153,7 +220,7 @@ TEST(Tuning, AnUnusableCacheFolderStillMeasuresAndSaysWhy) {
   EXPECT_NE(ex.settings().note.find("not cached"), std::string::npos) << ex.settings().note;
 }
 
-TEST(Tuning, AGivenLaneCountIsKeptAndOnlyTheChunkSizeIsMeasured) {
+TEST_F(Tuning, AGivenLaneCountIsKeptAndOnlyTheChunkSizeIsMeasured) {
   const std::string dir = temporary_folder("tuning-lanes");
   scoped_cache_dir cache(dir);
   executor_options o = cpu_options(tuning::measured);
@@ -166,7 +233,7 @@ TEST(Tuning, AGivenLaneCountIsKeptAndOnlyTheChunkSizeIsMeasured) {
   for (const auto& s : ex.settings().samples) EXPECT_EQ(s.lanes_per_device, 2);
 }
 
-TEST(Tuning, TheEnvironmentOverridesTheOptionAndABadValueIsRefused) {
+TEST_F(Tuning, TheEnvironmentOverridesTheOptionAndABadValueIsRefused) {
   const std::string dir = temporary_folder("tuning-env");
   scoped_cache_dir cache(dir);
   {
@@ -193,14 +260,18 @@ TEST(Tuning, TheEnvironmentOverridesTheOptionAndABadValueIsRefused) {
   }
 }
 
-TEST(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
+TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   executor_options o = cpu_options(tuning::fixed);
   detail::sweep_plan plan;
   plan.lanes = {1, 2};
   plan.chunks = {64 * 1024, 128 * 1024, 256 * 1024};
   plan.bytes_per_device = 1 << 20;
   plan.repeats = 1;
-  const auto samples = detail::run_sweep(o, plan);
+  plan.seconds = 60;
+  const auto whole = detail::run_sweep(o, plan);
+  const auto& samples = whole.samples;
+  EXPECT_EQ(whole.planned, 4u);
+  EXPECT_TRUE(whole.failure.empty()) << whole.failure;
   ASSERT_EQ(samples.size(), 4u);  // 2 lane counts at the middle chunk, then 2 more chunks
   EXPECT_EQ(samples[0].lanes_per_device, 1);
   EXPECT_EQ(samples[1].lanes_per_device, 2);
@@ -211,11 +282,12 @@ TEST(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   EXPECT_EQ(samples[2].chunk_bytes, plan.chunks[0]);
   EXPECT_EQ(samples[3].chunk_bytes, plan.chunks[2]);
 
-  // A configuration that cannot be made is left out; the others run.
+  // A configuration that cannot be made is left out (and named); the others run.
   plan.lanes = {300, 1};
   const auto without = detail::run_sweep(o, plan);
-  ASSERT_EQ(without.size(), 3u);
-  for (const auto& s : without) EXPECT_EQ(s.lanes_per_device, 1);
+  ASSERT_EQ(without.samples.size(), 3u);
+  for (const auto& s : without.samples) EXPECT_EQ(s.lanes_per_device, 1);
+  EXPECT_NE(without.failure.find("300"), std::string::npos) << without.failure;
   plan.lanes = {300};
   try {
     (void)detail::run_sweep(o, plan);
@@ -225,15 +297,30 @@ TEST(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   }
 
   plan.lanes = {1, 2};
-  plan.seconds = 0;  // past its deadline at once: the first configuration still runs
-  EXPECT_EQ(detail::run_sweep(o, plan).size(), 1u);
+  plan.seconds = 0;  // past its deadline once the first configuration ran: nothing else starts
+  EXPECT_EQ(detail::run_sweep(o, plan).samples.size(), 1u);
   plan.lanes.clear();
   EXPECT_THROW((void)detail::run_sweep(o, plan), std::invalid_argument);
 }
 
+TEST_F(Tuning, ASweepCutShortIsUsedButNotCached) {
+  const std::string dir = temporary_folder("tuning-short");
+  scoped_cache_dir cache(dir);
+  detail::set_sweep_seconds(0);  // the fixture restores it
+  executor ex(cpu_options(tuning::measured));
+  EXPECT_EQ(ex.settings().lanes_from, setting_source::measured);
+  EXPECT_EQ(ex.settings().samples.size(), 1u);
+  EXPECT_TRUE(ex.settings().cache_file.empty());
+  EXPECT_NE(ex.settings().note.find("not cached: 1 of"), std::string::npos) << ex.settings().note;
+  // Remembered for the process (not measured again), not written for others.
+  executor again(cpu_options(tuning::measured));
+  EXPECT_EQ(again.settings().lanes_from, setting_source::cached);
+  for (const auto& e : entries_in(dir + "/tuning")) EXPECT_EQ(e.extension(), ".lock") << e;
+}
+
 // On a GPU the default is measured: once (within its second, plus making the executors), then
 // read back; the chosen settings compute right.
-TEST(TuningCuda, TheDefaultIsMeasuredOnceOnTheGpuThenReadBack) {
+TEST_F(TuningCuda, TheDefaultIsMeasuredOnceOnTheGpuThenReadBack) {
   GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
   const std::string dir = temporary_folder("tuning-cuda");
   scoped_cache_dir cache(dir);
@@ -263,8 +350,12 @@ TEST(TuningCuda, TheDefaultIsMeasuredOnceOnTheGpuThenReadBack) {
   EXPECT_EQ(again.chunk_bytes(), ex.chunk_bytes());
 }
 
-TEST(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
+TEST_F(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
   const std::vector<tuning_sample> good = {{4, 1 << 20, 1e9}, {8, 1 << 21, 2e9}};
+  EXPECT_STREQ(to_string(tuning::automatic), "auto");
+  for (tuning t : {tuning::automatic, tuning::measured, tuning::remeasure, tuning::fixed})
+    EXPECT_EQ(tuning_from_name(to_string(t)), t);
+  EXPECT_FALSE(tuning_from_name("measure").has_value());
   const auto back = detail::parse_tuning_entry(detail::tuning_entry_json(good));
   ASSERT_EQ(back.size(), 2u);
   EXPECT_EQ(back[1].lanes_per_device, 8);

@@ -54,7 +54,10 @@ struct pool_flags {
                    "how lanes and chunk size left at 0 are chosen: auto (measured on CUDA, "
                    "fixed on the CPU backend), measured, remeasure or fixed (default: "
                    "GPUPOOL_TUNING, else auto)")
-        ->check(CLI::IsMember({"auto", "measured", "remeasure", "fixed"}));
+        ->check(CLI::IsMember({gpupool::to_string(gpupool::tuning::automatic),
+                               gpupool::to_string(gpupool::tuning::measured),
+                               gpupool::to_string(gpupool::tuning::remeasure),
+                               gpupool::to_string(gpupool::tuning::fixed)}));
   }
 
   gpupool::executor_options options() const {
@@ -65,11 +68,7 @@ struct pool_flags {
     o.slots_per_lane = slots;
     o.cpu_devices = cpu_devices;
     o.chunk_bytes = chunk_bytes;
-    if (tuning == "measured") o.tuning = gpupool::tuning::measured;
-    if (tuning == "remeasure") o.tuning = gpupool::tuning::remeasure;
-    if (tuning == "fixed") o.tuning = gpupool::tuning::fixed;
-    // An explicit --tuning wins over GPUPOOL_TUNING, as the other flags win over theirs.
-    if (!tuning.empty()) ::unsetenv("GPUPOOL_TUNING");
+    if (auto t = gpupool::tuning_from_name(tuning)) o.tuning = *t;
     return o;
   }
 };
@@ -110,10 +109,10 @@ int run_info(const pool_flags& flags) {
   }
   const gpupool::executor_settings& settings = ex.settings();
   std::printf("lanes per device: %d (%d in all; %s)\n", ex.lanes_per_device(), ex.lane_count(),
-              gpupool::name_of(settings.lanes_from));
+              gpupool::to_string(settings.lanes_from));
   std::printf("slots per lane:   %d\n", ex.slots_per_lane());
   std::printf("chunk bytes:      %zu (%s)\n", ex.chunk_bytes(),
-              gpupool::name_of(settings.chunk_from));
+              gpupool::to_string(settings.chunk_from));
   if (!settings.samples.empty()) {
     std::printf(
         "tuning sweep:     lanes  chunk bytes  input GB/s (squares of float64, pageable)\n");
@@ -348,6 +347,9 @@ int main(int argc, char** argv) {
                              "PICTURE"));
 
   CLI11_PARSE(app, argc, argv);
+  // --tuning stands for GPUPOOL_TUNING in this command (the variable wins over the options, the
+  // flag over the variable), so what `info` prints is what ran.
+  if (!flags.tuning.empty()) ::setenv("GPUPOOL_TUNING", flags.tuning.c_str(), 1);
   try {
     if (info->parsed()) return run_info(flags);
     if (demo_cmd->parsed()) return run_demo(flags, demo);

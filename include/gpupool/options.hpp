@@ -4,6 +4,7 @@
 #include <cstddef>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "gpupool/types.hpp"
@@ -32,6 +33,11 @@ enum class tuning {
   /// backend, at most 8) and 8 MiB chunks.
   fixed,
 };
+
+/// The name of `t`: "auto", "measured", "remeasure" or "fixed" (as GPUPOOL_TUNING spells it).
+[[nodiscard]] const char* to_string(tuning t) noexcept;
+/// The mode a name of `to_string(tuning)` stands for; nothing for any other text.
+[[nodiscard]] std::optional<tuning> tuning_from_name(std::string_view name) noexcept;
 
 /// How an executor is set up. Every field has a sensible default; see docs/configuration.md.
 struct executor_options {
@@ -90,7 +96,7 @@ enum class setting_source {
 };
 
 /// The name of `s`: "given", "fixed", "measured" or "cached".
-[[nodiscard]] const char* name_of(setting_source s) noexcept;
+[[nodiscard]] const char* to_string(setting_source s) noexcept;
 
 /// One configuration a tuning sweep ran, and the input bandwidth it reached (bytes of input per
 /// second, the squares of 8-byte floats from pageable host memory, results checked).

@@ -25,7 +25,7 @@ from ._ext import (
     __version__,
 )
 from ._pinned import empty_pinned, is_pinned, pinned_array, zeros_pinned
-from ._ext import ElementwiseKernel, RawKernel
+from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 from ._ext import cuda_availability as _cuda_availability
 
 
@@ -80,6 +80,7 @@ __all__ = [
     "Trace",
     "__version__",
     "cuda_available",
+    "BuiltinKernel",
     "elementwise",
     "ElementwiseKernel",
     "raw_kernel",

@@ -430,26 +430,12 @@ nb::dict device_dict(const gpupool::device_info& d, int lanes) {
   return out;
 }
 
-const char* tuning_name(gpupool::tuning t) {
-  switch (t) {
-    case gpupool::tuning::automatic:
-      return "auto";
-    case gpupool::tuning::measured:
-      return "measured";
-    case gpupool::tuning::remeasure:
-      return "remeasure";
-    case gpupool::tuning::fixed:
-      return "fixed";
-  }
-  return "auto";
-}
-
 nb::dict settings_dict(const gpupool::executor_settings& s) {
   nb::dict out;
   out["threads_per_gpu"] = s.lanes_per_device;
   out["chunk_bytes"] = s.chunk_bytes;
-  out["threads_per_gpu_from"] = gpupool::name_of(s.lanes_from);
-  out["chunk_bytes_from"] = gpupool::name_of(s.chunk_from);
+  out["threads_per_gpu_from"] = gpupool::to_string(s.lanes_from);
+  out["chunk_bytes_from"] = gpupool::to_string(s.chunk_from);
   nb::list samples;
   for (const auto& sample : s.samples) {
     nb::dict d;
@@ -514,14 +500,14 @@ void bind_executor(nb::module_& m) {
           })
       .def_prop_rw(
           "tuning",
-          [](const gpupool::executor_options& o) -> std::string { return tuning_name(o.tuning); },
+          [](const gpupool::executor_options& o) -> std::string {
+            return gpupool::to_string(o.tuning);
+          },
           [](gpupool::executor_options& o, const std::string& mode) {
-            for (auto t : {gpupool::tuning::automatic, gpupool::tuning::measured,
-                           gpupool::tuning::remeasure, gpupool::tuning::fixed})
-              if (mode == tuning_name(t)) {
-                o.tuning = t;
-                return;
-              }
+            if (auto t = gpupool::tuning_from_name(mode)) {
+              o.tuning = *t;
+              return;
+            }
             throw nb::value_error(("gpupool: tuning must be 'auto', 'measured', 'remeasure' or "
                                    "'fixed', not '" +
                                    mode.substr(0, 64) + "'")

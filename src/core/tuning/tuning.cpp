@@ -1,16 +1,23 @@
 #include "core/tuning/tuning.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
 
+#include <fcntl.h>
+#include <pthread.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <nlohmann/json.hpp>
@@ -19,11 +26,32 @@
 #include "core/kernels/kernel_cache.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/executor.hpp"
+#include "gpupool/pinned.hpp"
 #include "gpupool/version.hpp"
 
 namespace gpupool {
 
-const char* name_of(setting_source s) noexcept {
+const char* to_string(tuning t) noexcept {
+  switch (t) {
+    case tuning::automatic:
+      return "auto";
+    case tuning::measured:
+      return "measured";
+    case tuning::remeasure:
+      return "remeasure";
+    case tuning::fixed:
+      return "fixed";
+  }
+  return "unknown";
+}
+
+std::optional<tuning> tuning_from_name(std::string_view name) noexcept {
+  for (tuning t : {tuning::automatic, tuning::measured, tuning::remeasure, tuning::fixed})
+    if (name == to_string(t)) return t;
+  return std::nullopt;
+}
+
+const char* to_string(setting_source s) noexcept {
   switch (s) {
     case setting_source::given:
       return "given";
@@ -94,16 +122,67 @@ std::string tuning_key(const executor_options& o, backend& b, const std::vector<
   return key;
 }
 
+// What this process knows of a key: a sweep's samples (empty if measuring failed), the cache
+// file, and what went wrong, if anything.
+struct memo_entry {
+  std::vector<tuning_sample> samples;
+  std::string cache_file;
+  std::string note;
+  bool measured_here = false;  // by this process (else read from the cache)
+};
+
 // One measurement at a time in this process (two at once would each measure half the machine),
-// and each key measured once per process.
+// and each key measured at most once per process, failures included.
 struct memo {
   std::mutex mutex;
-  std::map<std::string, std::pair<std::vector<tuning_sample>, std::string>> by_key;
+  std::map<std::string, memo_entry> by_key;
 };
+
+std::atomic<memo*> current_memo{nullptr};
+
+void fresh_memo_in_child() noexcept {
+  // fork() may have copied the mutex locked by a thread that is not in the child: the child
+  // starts with a memo of its own (the old one is left, never destroyed, like the first).
+  current_memo.store(new (std::nothrow) memo());
+}
+
 memo& the_memo() {
-  static memo* m = new memo();  // never destroyed: executors may be made during exit
+  static const bool registered = [] {
+    current_memo.store(new memo());  // never destroyed: executors may be made during exit
+    pthread_atfork(nullptr, nullptr, fresh_memo_in_child);
+    return true;
+  }();
+  (void)registered;
+  memo* m = current_memo.load();
+  if (m == nullptr) throw std::bad_alloc();
   return *m;
 }
+
+std::atomic<double> sweep_seconds{1.0};
+
+// Another process measuring the same key on the same machine would measure half of it: holds an
+// exclusive lock on `<entry>.lock` beside the entry while this process reads, measures and
+// writes it. Without a lock file (a read-only folder, say) it simply goes on unlocked.
+class entry_lock {
+ public:
+  explicit entry_lock(const std::string& entry) {
+    if (entry.empty()) return;
+    const std::string path = entry + ".lock";
+    fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_CLOEXEC, 0600);
+    if (fd_ >= 0 && ::flock(fd_, LOCK_EX) != 0) {
+      ::close(fd_);
+      fd_ = -1;
+    }
+  }
+  entry_lock(const entry_lock&) = delete;
+  entry_lock& operator=(const entry_lock&) = delete;
+  ~entry_lock() {
+    if (fd_ >= 0) ::close(fd_);  // closing releases the lock
+  }
+
+ private:
+  int fd_ = -1;
+};
 
 // A configuration that computed a wrong result: the whole sweep is void.
 class wrong_result : public error {
@@ -159,14 +238,20 @@ int default_lanes(backend_kind kind, std::size_t devices) {
 tuning tuning_mode(tuning requested) {
   const char* value = std::getenv("GPUPOOL_TUNING");
   if (value == nullptr || *value == '\0') return requested;
-  const std::string_view v(value);
-  if (v == "auto") return tuning::automatic;
-  if (v == "measured") return tuning::measured;
-  if (v == "remeasure") return tuning::remeasure;
-  if (v == "fixed") return tuning::fixed;
+  if (auto t = tuning_from_name(value)) return *t;
   throw std::invalid_argument(
       "gpupool: GPUPOOL_TUNING must be auto, measured, remeasure or fixed, not '" +
-      std::string(v.substr(0, 64)) + "'");
+      std::string(std::string_view(value).substr(0, 64)) + "'");
+}
+
+double set_sweep_seconds(double seconds) {
+  return sweep_seconds.exchange(seconds);
+}
+
+void forget_measurements() {
+  memo& m = the_memo();
+  std::lock_guard lock(m.mutex);
+  m.by_key.clear();
 }
 
 sweep_plan plan_for(const executor_options& options, backend_kind kind, std::size_t devices) {
@@ -189,10 +274,11 @@ sweep_plan plan_for(const executor_options& options, backend_kind kind, std::siz
   const std::size_t per_device =
       kind == backend_kind::cuda ? cuda_sweep_bytes_per_device : cpu_sweep_bytes_per_device;
   plan.bytes_per_device = std::min(per_device, most_sweep_bytes / devices);
+  plan.seconds = sweep_seconds.load();
   return plan;
 }
 
-std::vector<tuning_sample> run_sweep(const executor_options& options, const sweep_plan& plan) {
+sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) {
   if (plan.lanes.empty() || plan.chunks.empty())
     throw std::invalid_argument("gpupool: a tuning sweep needs lanes and chunk sizes to try");
   const std::size_t devices = std::max<std::size_t>(options.devices.size(), 1);
@@ -203,36 +289,41 @@ std::vector<tuning_sample> run_sweep(const executor_options& options, const swee
   // Squares exact in doubles, so the check compares exactly.
   for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<double>(i % 4096) * 0.25;
 
-  const auto deadline = std::chrono::steady_clock::now() +
-                        std::chrono::duration_cast<std::chrono::steady_clock::duration>(
-                            std::chrono::duration<double>(plan.seconds));
-  std::vector<tuning_sample> samples;
-  std::string first_failure;  // of a configuration that could not run (no memory, no thread)
+  sweep_result result;
+  result.planned = plan.lanes.size() + plan.chunks.size() - 1;
+  // The clock starts once the first configuration has run: it pays for what any executor pays
+  // once per process (the devices' contexts, the first pinned blocks), not for measuring.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
   auto run = [&](int lanes, std::size_t chunk) {
-    if (!samples.empty() && std::chrono::steady_clock::now() >= deadline) return false;
+    if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
     try {
-      samples.push_back(measure_one(options, lanes, chunk, in, out, plan.repeats));
+      result.samples.push_back(measure_one(options, lanes, chunk, in, out, plan.repeats));
     } catch (const wrong_result&) {
       throw;
     } catch (const std::exception& e) {
-      if (first_failure.empty()) first_failure = e.what();  // the other candidates may run
+      // The other candidates may run (this one asked for too much memory, say).
+      if (result.failure.empty()) result.failure = e.what();
     }
+    if (!deadline)
+      deadline = std::chrono::steady_clock::now() +
+                 std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                     std::chrono::duration<double>(plan.seconds));
     return true;
   };
   auto best_lanes_so_far = [&] {
-    if (samples.empty())
-      throw error("gpupool: no tuning configuration could run: " + first_failure);
-    return best_of(samples).lanes_per_device;
+    if (result.samples.empty())
+      throw error("gpupool: no tuning configuration could run: " + result.failure);
+    return best_of(result.samples).lanes_per_device;
   };
   // Lanes first, at the middle chunk size; then the chunk sizes at the best lane count.
   const std::size_t middle = plan.chunks[plan.chunks.size() / 2];
   for (int lanes : plan.lanes)
-    if (!run(lanes, middle)) return samples;
+    if (!run(lanes, middle)) return result;
   const int best_lanes = best_lanes_so_far();
   for (std::size_t chunk : plan.chunks)
-    if (chunk != middle && !run(best_lanes, chunk)) return samples;
+    if (chunk != middle && !run(best_lanes, chunk)) return result;
   (void)best_lanes_so_far();
-  return samples;
+  return result;
 }
 
 const tuning_sample& best_of(const std::vector<tuning_sample>& samples) {
@@ -278,6 +369,58 @@ std::vector<tuning_sample> parse_tuning_entry(const std::string& text) {
   return samples;
 }
 
+namespace {
+
+// Whether every sample is one `plan` could have produced (a cache entry from a different plan,
+// or edited by hand, is not used).
+bool fits_plan(const std::vector<tuning_sample>& samples, const sweep_plan& plan) {
+  const std::size_t largest = *std::max_element(plan.chunks.begin(), plan.chunks.end());
+  for (const auto& s : samples)
+    if (std::find(plan.lanes.begin(), plan.lanes.end(), s.lanes_per_device) == plan.lanes.end() ||
+        s.chunk_bytes > largest)
+      return false;
+  return true;
+}
+
+// Measures for `key` (the memo's lock held): the entry to remember, cached when the sweep was
+// whole.
+memo_entry measure(const executor_options& o, backend& b, const std::vector<int>& ordinals,
+                   const std::string& key, const std::string& file, const sweep_plan& plan) {
+  memo_entry entry;
+  entry.measured_here = true;
+  executor_options sweep = o;
+  sweep.backend = b.kind();
+  sweep.devices = ordinals;
+  sweep_result result;
+  try {
+    result = run_sweep(sweep, plan);
+  } catch (const std::exception& e) {
+    entry.note = std::string("measuring failed, fixed defaults used: ") + e.what();
+    if (!o.quiet) std::fprintf(stderr, "%s\n", entry.note.c_str());
+    return entry;
+  }
+  trim_pinned_cache();  // the sizes tried and not chosen: page-locked memory is scarce
+  entry.samples = std::move(result.samples);
+  if (entry.samples.size() < result.planned || !result.failure.empty()) {
+    // A partial sweep (cut short by its deadline, or a configuration that could not run) is
+    // used by this process but not kept for others.
+    entry.note = "not cached: " + std::to_string(entry.samples.size()) + " of " +
+                 std::to_string(result.planned) + " configurations ran" +
+                 (result.failure.empty() ? "" : " (" + result.failure + ")");
+    return entry;
+  }
+  if (file.empty()) return entry;
+  try {
+    store_entry(file, key, tuning_entry_json(entry.samples));
+    entry.cache_file = file;
+  } catch (const std::exception& e) {
+    entry.note = std::string("not cached: ") + e.what();
+  }
+  return entry;
+}
+
+}  // namespace
+
 executor_settings choose_settings(const executor_options& o, backend& b,
                                   const std::vector<int>& ordinals) {
   executor_settings s;
@@ -297,49 +440,50 @@ executor_settings choose_settings(const executor_options& o, backend& b,
     return s;
 
   const std::string key = tuning_key(o, b, ordinals);
+  const sweep_plan plan = plan_for(o, b.kind(), ordinals.size());
   std::string folder;
+  std::string file;
+  std::string folder_note;
   try {
     folder = cache_folder("tuning");
-    s.cache_file = folder + "/" + entry_file_name(key, ".json");
+    file = folder + "/" + entry_file_name(key, ".json");
   } catch (const std::exception& e) {
-    s.note = std::string("not cached: ") + e.what();
+    folder_note = std::string("not cached: ") + e.what();
   }
   memo& m = the_memo();
-  const std::string memo_key = key + "|" + folder;  // another cache folder, another entry
   std::lock_guard lock(m.mutex);
-  std::vector<tuning_sample> samples;
-  setting_source source = setting_source::cached;
-  if (mode == tuning::measured) {
-    if (auto hit = m.by_key.find(memo_key); hit != m.by_key.end()) {
-      samples = hit->second.first;
-      s.cache_file = hit->second.second;
-    } else if (!folder.empty()) {
-      if (auto image = load_entry(s.cache_file, key)) samples = parse_tuning_entry(*image);
-    }
+  // Once per process and key: a later executor (remeasure included) uses what the first found.
+  const std::string memo_key = key + "|" + folder;  // another cache folder, another entry
+  auto known = m.by_key.find(memo_key);
+  if (known != m.by_key.end() && mode == tuning::remeasure && !known->second.measured_here) {
+    m.by_key.erase(known);  // read from the cache: remeasure does measure, once
+    known = m.by_key.end();
   }
-  if (samples.empty()) {
-    source = setting_source::measured;
-    executor_options sweep = o;
-    sweep.backend = b.kind();
-    sweep.devices = ordinals;
-    try {
-      samples = run_sweep(sweep, plan_for(o, b.kind(), ordinals.size()));
-    } catch (const std::exception& e) {
-      s.note = std::string("measuring failed, fixed defaults used: ") + e.what();
-      s.cache_file.clear();
-      return s;
-    }
-    if (!folder.empty()) {
-      try {
-        store_entry(s.cache_file, key, tuning_entry_json(samples));
-      } catch (const std::exception& e) {
-        s.note = std::string("not cached: ") + e.what();
-        s.cache_file.clear();
+  setting_source source = setting_source::cached;
+  if (known == m.by_key.end()) {
+    entry_lock other_processes(file);
+    memo_entry entry;
+    if (mode == tuning::measured && !file.empty()) {
+      if (auto image = load_entry(file, key)) {
+        entry.samples = parse_tuning_entry(*image);
+        if (!entry.samples.empty() && fits_plan(entry.samples, plan))
+          entry.cache_file = file;
+        else
+          entry.samples.clear();
       }
     }
+    if (entry.samples.empty()) {
+      entry = measure(o, b, ordinals, key, file, plan);
+      source = setting_source::measured;
+    }
+    if (entry.note.empty()) entry.note = folder_note;
+    known = m.by_key.emplace(memo_key, std::move(entry)).first;
   }
-  m.by_key[memo_key] = {samples, s.cache_file};
-  const tuning_sample& best = best_of(samples);
+  const memo_entry& entry = known->second;
+  s.cache_file = entry.cache_file;
+  s.note = entry.note;
+  if (entry.samples.empty()) return s;  // measuring failed: the fixed defaults, and why
+  const tuning_sample& best = best_of(entry.samples);
   if (o.lanes_per_device == 0) {
     s.lanes_per_device = best.lanes_per_device;
     s.lanes_from = source;
@@ -348,7 +492,7 @@ executor_settings choose_settings(const executor_options& o, backend& b,
     s.chunk_bytes = best.chunk_bytes;
     s.chunk_from = source;
   }
-  s.samples = std::move(samples);
+  s.samples = entry.samples;
   return s;
 }
 

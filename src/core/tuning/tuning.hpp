@@ -19,8 +19,8 @@ inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
 /// The fixed default lanes per device for `kind` with `devices` devices.
 [[nodiscard]] int default_lanes(backend_kind kind, std::size_t devices);
 
-/// The effective tuning mode: `GPUPOOL_TUNING` (auto, measure, fixed) when set, else
-/// `requested`. @throw std::invalid_argument for any other value of the variable.
+/// The effective tuning mode: `GPUPOOL_TUNING` (auto, measured, remeasure, fixed) when set,
+/// else `requested`. @throw std::invalid_argument for any other value of the variable.
 [[nodiscard]] tuning tuning_mode(tuning requested);
 
 /// The settings an executor over `ordinals` of `b` runs with: the options' values where given,
@@ -36,9 +36,26 @@ struct sweep_plan {
   std::vector<int> lanes;           // candidates, in order
   std::vector<std::size_t> chunks;  // candidates, in order
   std::size_t bytes_per_device = 0;
-  double seconds = 1.0;  // no new configuration starts after this
-  int repeats = 3;       // timed passes per configuration (the median counts), after one warm-up
+  // No new configuration starts this long after the first one ended (the first pays for what
+  // every executor pays once per process: device contexts, the first pinned blocks).
+  double seconds = 1.0;
+  int repeats = 3;  // timed passes per configuration (the median counts), after one warm-up
 };
+
+/// What a sweep ran: its samples, how many configurations it planned, and why the first one
+/// that could not run did not ("" if every one ran).
+struct sweep_result {
+  std::vector<tuning_sample> samples;
+  std::size_t planned = 0;
+  std::string failure;
+};
+
+/// Sets the `seconds` of the plans plan_for makes from now on (1 by default; tests on slow
+/// builds lengthen it); returns the previous value.
+double set_sweep_seconds(double seconds);
+
+/// Forgets what this process measured or read (tests: the next executor reads the cache file).
+void forget_measurements();
 
 /// The plan for `kind` with `devices` devices (lanes and chunks the options give are the only
 /// candidates for that setting).
@@ -50,8 +67,7 @@ struct sweep_plan {
 /// the same pageable array of doubles and is checked before its time counts.
 /// A configuration whose executor cannot be made (no memory, no thread, a value out of range) is
 /// left out. @throw gpupool::error when a result is wrong, or when no configuration could run.
-[[nodiscard]] std::vector<tuning_sample> run_sweep(const executor_options& options,
-                                                   const sweep_plan& plan);
+[[nodiscard]] sweep_result run_sweep(const executor_options& options, const sweep_plan& plan);
 
 /// The best sample (highest bandwidth; the first of equals). `samples` must not be empty.
 [[nodiscard]] const tuning_sample& best_of(const std::vector<tuning_sample>& samples);
