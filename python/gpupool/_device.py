@@ -1,12 +1,18 @@
 """Arrays that already live on a GPU (CuPy, PyTorch, anything with the CUDA Array Interface or
 DLPack): built-in kernels run on them in place on the device, with no host round trip."""
 
+from __future__ import annotations
+
 import math
 import sys
+from concurrent.futures import Future
+from typing import (Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set,
+                    Tuple, Type, Union, cast)
 
 import numpy as np
 
 from . import _ext
+from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 
 #: The dtypes the C++ library computes with (its one dtype table), by NumPy's names.
 SUPPORTED = tuple(_ext.dtypes())
@@ -14,33 +20,58 @@ _EXPECTED = "expected " + ", ".join(SUPPORTED[:-1]) + " or " + SUPPORTED[-1]
 _DTYPE_NAMES = {np.dtype(name): name for name in SUPPORTED}
 _DLPACK_CUDA = 2  # kDLCUDA
 
+# CuPy and PyTorch carry no type annotations: their modules, arrays and streams are Any here.
+#: A CuPy stream to synchronize ("cupy", stream), or a stream handle a producer named ("cai", n).
+_Streams = Set[Tuple[str, Any]]
+#: What _describe tells of one device array: address, element count, dtype name, ordinal, shape.
+_Description = Tuple[int, int, str, int, Tuple[int, ...]]
 
-def is_device_array(obj) -> bool:
+
+class _CudaArray(Protocol):
+    """An object speaking the CUDA Array Interface (its dict's values are of several types)."""
+
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]: ...
+
+
+def is_device_array(obj: object) -> bool:
     if hasattr(obj, "__cuda_array_interface__"):
         return True
     dlpack_device = getattr(obj, "__dlpack_device__", None)
     if dlpack_device is None or isinstance(obj, np.ndarray):
         return False
     try:
-        return dlpack_device()[0] == _DLPACK_CUDA
+        device_type: object = dlpack_device()[0]
+        return device_type == _DLPACK_CUDA
     except Exception:  # noqa: BLE001 - a broken protocol means "not a device array"
         return False
 
 
-def _as_cuda_array_interface(obj, where):
+def _as_cuda_array_interface(obj: object, where: str) -> _CudaArray:
     """The object itself if it speaks the CUDA Array Interface, else a CuPy view of it."""
     if hasattr(obj, "__cuda_array_interface__"):
-        return obj
+        return cast(_CudaArray, obj)
     cupy = sys.modules.get("cupy")
     if cupy is None:
         raise TypeError(f"gpupool: {where} is a DLPack device array; import cupy to pass it")
-    return cupy.from_dlpack(obj)
+    view: _CudaArray = cupy.from_dlpack(obj)
+    return view
 
 
 class DeviceArray:
     """What gpupool needs to know of one device array, checked at the call."""
 
-    def __init__(self, obj, where):
+    obj: _CudaArray
+    pointer: int
+    shape: Tuple[int, ...]
+    dtype: np.dtype[Any]
+    #: The stream the producer may still be writing on (CAI v3), or None.
+    stream: Optional[int]
+    count: int
+    #: The ordinal of the device holding the memory (-1 for an empty array).
+    device: int
+
+    def __init__(self, obj: object, where: str) -> None:
         if not is_device_array(obj):
             raise TypeError(f"gpupool: {where} is not a device array while the first array is; "
                             "pass host arrays and device arrays in separate calls")
@@ -56,7 +87,7 @@ class DeviceArray:
                             + _EXPECTED)
         strides = cai.get("strides")
         if strides is not None and self.count > 1:
-            expected = []
+            expected: List[int] = []
             step = self.dtype.itemsize
             for n in reversed(self.shape):
                 expected.append(step)
@@ -67,7 +98,7 @@ class DeviceArray:
         if self.count and kind not in ("device", "managed"):
             raise TypeError(f"gpupool: {where} claims to be on a GPU, but its memory is {kind}")
 
-    def empty_like(self):
+    def empty_like(self) -> object:
         """A new array of the same kind, shape and dtype on the same device."""
         module = type(self.obj).__module__.split(".")[0]
         if module == "torch":
@@ -79,19 +110,21 @@ class DeviceArray:
         with cupy.cuda.Device(self.device if self.device >= 0 else None):
             return cupy.empty(self.shape, self.dtype)
 
-    def wait_for_producer(self):
+    def wait_for_producer(self) -> None:
         """Waits for the stream the array's producer says its data is ready on (CAI v3)."""
         if self.stream is not None and self.stream != 0:
             _ext.wait_for_stream(self.stream)
 
 
-def launch(core, kernel, xs, ys, future_type):
+def launch(core: _ext.Executor, kernel: BuiltinKernel, xs: Sequence[object],
+           ys: Optional[Sequence[object]],
+           future_type: Type[Future[Any]]) -> List[Future[Any]]:
     """Checks every array, then runs the kernel over each (pair) on its own device's lanes.
     Returns futures (of `future_type`) whose results are new device arrays of the inputs'
     kind."""
     if ys is not None and len(ys) != len(xs):
         raise ValueError("gpupool: the two input lists differ in length")
-    views = []
+    views: List[Tuple[DeviceArray, Optional[DeviceArray]]] = []
     for i, x in enumerate(xs):
         vx = DeviceArray(x, f"x[{i}]")
         vy = None
@@ -100,21 +133,22 @@ def launch(core, kernel, xs, ys, future_type):
             if vy.dtype != vx.dtype or vy.shape != vx.shape or vy.device != vx.device:
                 raise ValueError(f"gpupool: x[{i}] and y[{i}] differ in dtype, shape or device")
         views.append((vx, vy))
-    futures = []
+    futures: List[Future[Any]] = []
     for vx, vy in views:
         out = vx.empty_like()
         vout = DeviceArray(out, "result")
         for v in (vx, vy, vout):
             if v is not None:
                 v.wait_for_producer()
-        futures.append(core.launch_device(
+        # The extension makes the future with future_type (its stub says only "object").
+        futures.append(cast("Future[Any]", core.launch_device(
             kernel, vx.pointer, vy.pointer if vy is not None else 0, vout.pointer, vx.count,
             vx.dtype.name, vout.device if vx.count else 0, out,
-            (vx.obj, vy.obj if vy is not None else None), future_type))
+            (vx.obj, vy.obj if vy is not None else None), future_type)))
     return futures
 
 
-def _describe(obj, where, streams):
+def _describe(obj: object, where: str, streams: _Streams) -> _Description:
     """(address, element count, dtype name, ordinal, shape) of one device array; notes the
     stream its producer may still be writing on in `streams` (CuPy's current stream is the
     caller's to note, once for all arrays)."""
@@ -122,21 +156,22 @@ def _describe(obj, where, streams):
     if cupy is not None and type(obj) is cupy.ndarray:
         # The common case, kept cheap - thousands of small arrays are what this path is for:
         # CuPy's own attributes rather than its interface dict.
-        name = _DTYPE_NAMES.get(obj.dtype)
+        array: Any = obj  # a cupy.ndarray (CuPy has no type annotations)
+        name = _DTYPE_NAMES.get(array.dtype)
         if name is None:
-            raise TypeError(f"gpupool: {where} has unsupported dtype {obj.dtype}; "
+            raise TypeError(f"gpupool: {where} has unsupported dtype {array.dtype}; "
                             + _EXPECTED)
-        if not obj.flags.c_contiguous:
+        if not array.flags.c_contiguous:
             raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
-        memory = obj.data
-        return memory.ptr, obj.size, name, memory.device_id, obj.shape
+        memory = array.data
+        return memory.ptr, array.size, name, memory.device_id, array.shape
     view = DeviceArray(obj, where)
     if view.stream not in (None, 0):
         streams.add(("cai", view.stream))
     return view.pointer, view.count, view.dtype.name, view.device, view.shape
 
 
-def _wait_for(streams):
+def _wait_for(streams: Iterable[Tuple[str, Any]]) -> None:
     for kind, stream in streams:
         if kind == "cupy":
             stream.synchronize()
@@ -144,7 +179,7 @@ def _wait_for(streams):
             _ext.wait_for_stream(stream)
 
 
-def _allocate_flat(kind_of, ordinal, count, dtype):
+def _allocate_flat(kind_of: object, ordinal: int, count: int, dtype: str) -> Any:
     """One device buffer of `count` elements, of the same kind (CuPy or PyTorch) as `kind_of`."""
     module = type(kind_of).__module__.split(".")[0]
     if module == "torch":
@@ -162,11 +197,11 @@ class CompiledMap:
     """The outputs of a compiled kernel over device-array calls, and the futures of the
     per-device batches that fill them."""
 
-    def __init__(self, futures, outputs):
+    def __init__(self, futures: List[Future[Any]], outputs: List[object]) -> None:
         self.futures = futures
         self.outputs = outputs
 
-    def results(self, deadline):
+    def results(self, deadline: Optional[float]) -> Iterator[object]:
         import time
 
         try:
@@ -184,7 +219,9 @@ class CompiledMap:
         yield from self.outputs
 
 
-def map_compiled(core, kernel, calls, future_type, single=False):
+def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel],
+                 calls: List[List[object]], future_type: Type[Future[Any]],
+                 single: bool = False) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device, calls grouped by device, each group one batched map there. Every call is checked
     before anything runs. Outputs are new arrays of the first array's kind, shape and device
@@ -194,16 +231,16 @@ def map_compiled(core, kernel, calls, future_type, single=False):
     one future gives that call's output."""
     cupy = sys.modules.get("cupy")
     # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream.
-    streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()
+    streams: _Streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()
 
-    def describe_other(obj, where):
+    def describe_other(obj: object, where: str) -> _Description:
         if not is_device_array(obj):
             raise TypeError(f"gpupool: {where} is not a device array while others are; pass "
                             "host arrays and device arrays in separate maps")
         address, count, name, ordinal, shape = _describe(obj, where, streams)
         return address, count, name, ordinal, shape
 
-    def allocate_flat(anchor, ordinal, count, dtype):
+    def allocate_flat(anchor: object, ordinal: int, count: int, dtype: str) -> Tuple[Any, int]:
         flat = _allocate_flat(anchor, ordinal, count, dtype)
         base = flat.data.ptr if hasattr(flat, "data") and hasattr(flat.data, "ptr") \
             else flat.data_ptr()

@@ -15,8 +15,9 @@ from concurrent.futures._base import (CANCELLED as _CANCELLED,
                                       CANCELLED_AND_NOTIFIED as _CANCELLED_AND_NOTIFIED,
                                       FINISHED as _FINISHED, PENDING as _PENDING,
                                       RUNNING as _RUNNING)
-from typing import (Any, Callable, Iterable, Iterator, Literal, Optional, TypeVar, Union,
-                    overload)
+from types import ModuleType
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
+                    Tuple, TypeVar, Union, cast, overload)
 
 import numpy.typing as npt
 
@@ -26,6 +27,7 @@ from ._pinned import empty_pinned, is_pinned
 from ._timeline import Trace
 
 _T = TypeVar("_T")
+_R = TypeVar("_R")
 #: What runs in C++ over arrays: a built-in kernel, an elementwise or a raw kernel.
 AnyKernel = Union[BuiltinKernel, ElementwiseKernel, RawKernel]
 
@@ -85,7 +87,7 @@ class _Defaults:
     """The defaults of include/gpupool/options.hpp, read from the options the extension binds
     (as plain numbers: no extension object outlives the import)."""
 
-    def __init__(self, options):
+    def __init__(self, options: _ext.ExecutorOptions) -> None:
         self.slots_per_lane = options.slots_per_lane
         self.device_memory_budget = options.device_memory_budget
         self.cpu_devices = options.cpu_devices
@@ -96,7 +98,7 @@ class _Defaults:
 _DEFAULTS = _Defaults(_ext.ExecutorOptions())
 
 
-class _Future(_futures.Future):
+class _Future(_futures.Future[Any]):
     """The one concurrent.futures.Future of a task; the extension hands its outcome over (from
     the lane that ran a Python call, or in bulk once tasks end).
 
@@ -108,9 +110,9 @@ class _Future(_futures.Future):
 
     # A kernel's task in gpupool's queue (set by the extension): its cancel() is True if it had
     # not started and is now cancelled. None for Python calls.
-    _task = None
+    _task: Optional[_ext.QueuedTask] = None
 
-    def cancel(self):
+    def cancel(self) -> bool:
         with self._condition:
             if self._state in (_RUNNING, _FINISHED):
                 return False
@@ -122,17 +124,17 @@ class _Future(_futures.Future):
         self._notify_cancelled()
         return True
 
-    def result(self, timeout=None):
+    def result(self, timeout: Optional[float] = None) -> Any:
         if self._state == _FINISHED:  # the common case once a map's results are in
             return super().result(0)
         self._wait_in_slices(timeout)
         return super().result(timeout=0)
 
-    def exception(self, timeout=None):
+    def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         self._wait_in_slices(timeout)
         return super().exception(timeout=0)
 
-    def _wait_in_slices(self, timeout):
+    def _wait_in_slices(self, timeout: Optional[float]) -> None:
         # A signal (Ctrl-C) may be taken by any thread of the process, which does not wake a
         # main thread asleep on a lock: waking every slice lets Python run its handlers (and
         # raise KeyboardInterrupt) promptly.
@@ -146,13 +148,13 @@ class _Future(_futures.Future):
                         return
                 self._condition.wait(wait)
 
-    def set_running_or_notify_cancel(self):
+    def set_running_or_notify_cancel(self) -> bool:
         with self._condition:
             if self._state == _CANCELLED_AND_NOTIFIED:
                 return False  # notified at cancel(): the lane skips the call
             return super().set_running_or_notify_cancel()
 
-    def _notify_cancelled(self):
+    def _notify_cancelled(self) -> bool:
         """Ends the future as cancelled and notified; False if it had already ended."""
         with self._condition:
             if self._state not in (_PENDING, _CANCELLED):
@@ -163,19 +165,20 @@ class _Future(_futures.Future):
                 waiter.add_cancelled(self)
             self._condition.notify_all()
         if not callbacks_ran:
-            self._invoke_callbacks()
+            # Future's own (private) way to run the callbacks; typeshed leaves it out.
+            self._invoke_callbacks()  # type: ignore[attr-defined]
         return True
 
 
 # Every executor not yet shut down. At exit they are shut down (intake stopped, queued work run,
 # lanes joined) while the interpreter is still whole, as concurrent.futures does for its pools:
 # a lane must never reach for Python once the interpreter is finalizing.
-_live_executors = weakref.WeakSet()
+_live_executors: weakref.WeakSet[Executor] = weakref.WeakSet()
 _live_lock = threading.Lock()
 _exiting = False
 
 
-def _shut_down_at_exit():
+def _shut_down_at_exit() -> None:
     global _exiting
     with _live_lock:
         _exiting = True
@@ -195,7 +198,7 @@ else:  # pragma: no cover
     atexit.register(_shut_down_at_exit)
 
 
-def _after_fork_in_child():
+def _after_fork_in_child() -> None:
     # The lanes did not survive fork(): the child's copies take no work (the core refuses it with
     # a clear error) and must not wait for lanes at exit.
     with _live_lock:
@@ -433,10 +436,12 @@ class Executor(_futures.Executor):
                     if progress:
                         results = _with_progress(results, len(calls), fn.name)
                     return results
-                pending = []
+                pending: List[_futures.Future[Any]] = []
                 try:
                     for args in calls:
-                        pending.append(self._core.launch_compiled(fn, args, _Future))
+                        # The extension makes the future with _Future (its stub: "object").
+                        pending.append(cast(_Future, self._core.launch_compiled(fn, args,
+                                                                                 _Future)))
                 except BaseException:
                     for started in pending:
                         started.cancel()
@@ -474,7 +479,7 @@ class Executor(_futures.Executor):
                              name="gpupool-shutdown").start()
 
     # -- internals ------------------------------------------------------------------------------
-    def _check_open(self):
+    def _check_open(self) -> None:
         if self._forked:
             raise RuntimeError("gpupool: this Executor was created in the parent process; its "
                                "lanes did not survive fork(). Create a new Executor in the child")
@@ -483,7 +488,8 @@ class Executor(_futures.Executor):
         if _exiting:
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
-    def _kernel_futures(self, kernel, xs, ys):
+    def _kernel_futures(self, kernel: BuiltinKernel, xs: List[object],
+                        ys: Optional[List[object]]) -> List[_futures.Future[Any]]:
         """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""
         if xs and _device.is_device_array(xs[0]):
             if self.backend != "cuda":
@@ -491,7 +497,8 @@ class Executor(_futures.Executor):
             return _device.launch(self._core, kernel, xs, ys, _Future)
         return self._core.map_kernel(kernel, xs, ys, _Future)
 
-    def _submit(self, device, fn, args, kwargs):
+    def _submit(self, device: Optional[int], fn: object, args: Tuple[Any, ...],
+                kwargs: Dict[str, Any]) -> _futures.Future[Any]:
         if isinstance(fn, _KERNELS):
             return self._submit_kernel(device, fn, args, kwargs)
         future = _Future()
@@ -500,7 +507,8 @@ class Executor(_futures.Executor):
             self._core.submit_call(fn, args, kwargs, future, device)
         return future
 
-    def _submit_kernel(self, device, kernel, args, kwargs):
+    def _submit_kernel(self, device: Optional[int], kernel: AnyKernel, args: Tuple[Any, ...],
+                       kwargs: Dict[str, Any]) -> _futures.Future[Any]:
         if device is not None:
             raise TypeError("gpupool: kernels over arrays are spread over every device; "
                             "use submit() rather than submit_to()")
@@ -517,7 +525,8 @@ class Executor(_futures.Executor):
                         raise TypeError("gpupool: device arrays need the CUDA backend")
                     return _device.map_compiled(self._core, kernel, [arguments], _Future,
                                                 single=True).futures[0]
-                return self._core.launch_compiled(kernel, arguments, _Future)
+                # The extension makes the future with _Future; its stub says only "object".
+                return cast(_Future, self._core.launch_compiled(kernel, arguments, _Future))
             return self._kernel_futures(
                 kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
 
@@ -526,16 +535,18 @@ class _FrameworkStreams:
     """Runs Python calls on CUDA lanes with the lane's device and stream current for CuPy and
     PyTorch, where imported (one stream object per lane and framework, made at first use)."""
 
-    def __init__(self, ordinals):
+    def __init__(self, ordinals: List[int]) -> None:
         self._ordinals = ordinals
-        self._streams = {}
+        # Per lane index: its CuPy stream and its PyTorch stream (None where not imported).
+        self._streams: Dict[int, Tuple[Any, Any]] = {}
 
-    def run(self, fn, args, kwargs):
+    def run(self, fn: Callable[..., Any], args: Tuple[Any, ...],
+            kwargs: Optional[Dict[str, Any]]) -> Any:
         cupy = sys.modules.get("cupy")
         torch = sys.modules.get("torch")
         if cupy is None and torch is None:
             return fn(*args, **kwargs) if kwargs else fn(*args)
-        lane = _ext.current_lane()
+        lane = current_lane()  # the runner runs only on lanes
         ordinal = self._ordinals[lane.device]
         streams = self._streams.get(lane.index)
         if streams is None:
@@ -543,10 +554,10 @@ class _FrameworkStreams:
                 cupy, torch, lane.stream, ordinal)
         with contextlib.ExitStack() as stack:
             cupy_stream, torch_stream = streams
-            if cupy_stream is not None:
+            if cupy is not None and cupy_stream is not None:
                 stack.enter_context(cupy.cuda.Device(ordinal))
                 stack.enter_context(cupy_stream)
-            if torch_stream is not None:
+            if torch is not None and torch_stream is not None:
                 stack.enter_context(torch.cuda.device(ordinal))
                 stack.enter_context(torch.cuda.stream(torch_stream))
             return fn(*args, **kwargs) if kwargs else fn(*args)
@@ -555,14 +566,15 @@ class _FrameworkStreams:
 class _StreamHandle:
     """A bare CUDA stream handle speaking the ``__cuda_stream__`` protocol."""
 
-    def __init__(self, stream):
+    def __init__(self, stream: int) -> None:
         self._stream = stream
 
-    def __cuda_stream__(self):
+    def __cuda_stream__(self) -> Tuple[int, int]:
         return (0, self._stream)
 
 
-def _cupy_stream(cupy, stream, ordinal):
+# CuPy and PyTorch carry no type annotations: their stream objects are Any here.
+def _cupy_stream(cupy: ModuleType, stream: int, ordinal: int) -> Any:
     """A CuPy stream object for a stream gpupool owns."""
     from_external = getattr(cupy.cuda.Stream, "from_external", None)
     if from_external is not None:  # CuPy 14+: ExternalStream is deprecated
@@ -571,7 +583,8 @@ def _cupy_stream(cupy, stream, ordinal):
     return cupy.cuda.ExternalStream(stream, ordinal)
 
 
-def _framework_streams(cupy, torch, stream, ordinal):
+def _framework_streams(cupy: Optional[ModuleType], torch: Optional[ModuleType], stream: int,
+                       ordinal: int) -> Tuple[Any, Any]:
     cupy_stream = None
     torch_stream = None
     if cupy is not None:
@@ -594,12 +607,12 @@ def _as_number(value: Any) -> Any:
     return None
 
 
-def _elementwise_arguments(args):
+def _elementwise_arguments(args: Iterable[object]) -> List[object]:
     """One call's arguments: numbers as Python numbers, arrays as they are."""
     return [value if (number := _as_number(value)) is None else number for value in args]
 
 
-def _elementwise_calls(iterables):
+def _elementwise_calls(iterables: Sequence[Any]) -> List[List[object]]:
     """The argument lists of a map over an elementwise kernel: numbers are broadcast to every
     call, anything else is an iterable with one value (an array, or a number) per call."""
     columns = [None if _as_number(it) is not None else list(it) for it in iterables]
@@ -613,8 +626,9 @@ def _elementwise_calls(iterables):
             for i in range(count)]
 
 
-def _with_progress(results, total, label):
-    from tqdm import tqdm
+def _with_progress(results: Iterable[_R], total: int, label: object) -> Iterator[_R]:
+    # tqdm ships no type annotations (unused-ignore: where its stubs, types-tqdm, are installed).
+    from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
     with tqdm(total=total, desc=f"gpupool {label}", unit="task", disable=None) as bar:
         for result in results:
@@ -622,7 +636,7 @@ def _with_progress(results, total, label):
             yield result
 
 
-def _result_or_cancel(future, timeout=None):
+def _result_or_cancel(future: _futures.Future[_R], timeout: Optional[float] = None) -> _R:
     # Cancels a future left waiting (timeout, Ctrl-C) and keeps no reference to it or its result
     # once its result is handed on, as concurrent.futures does.
     try:
@@ -650,7 +664,7 @@ def _ordered_results(pending: list[_futures.Future[Any]],
             future.cancel()
 
 
-def _require_cupy(lane):
+def _require_cupy(lane: _ext.Lane) -> ModuleType:
     cupy = sys.modules.get("cupy")
     if lane.backend != "cuda" or cupy is None:
         raise RuntimeError("gpupool: Lane.upload/download need the CUDA backend and CuPy "
@@ -658,7 +672,8 @@ def _require_cupy(lane):
     return cupy
 
 
-def _lane_upload(self, array):
+# CuPy arrays are Any: CuPy carries no type annotations.
+def _lane_upload(self: _ext.Lane, array: npt.ArrayLike) -> Any:
     """Copies a host array to a new CuPy array on this lane's device, ordered on its stream
     (through the lane's pinned staging slot, or directly when ``array`` is pinned).
 
@@ -680,7 +695,8 @@ def _lane_upload(self, array):
     return device
 
 
-def _lane_download(self, device_array, out=None):
+def _lane_download(self: _ext.Lane, device_array: Any,
+                   out: Optional[npt.NDArray[Any]] = None) -> npt.NDArray[Any]:
     """Copies a CuPy array on this lane's device into ``out`` (or a new NumPy array in pinned
     memory from gpupool's cache, so the copy runs at full speed and no pageable memory is
     allocated per call), ordered on the lane's stream; returns once the data is on the host."""

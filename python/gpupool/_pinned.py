@@ -3,27 +3,32 @@
 import math
 import operator
 import sys
+from typing import Any, Iterable, Sequence, SupportsIndex, Tuple, Union, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from . import _ext
 
 
-def _checked_shape(shape, function):
+def _checked_shape(shape: object, function: str) -> Tuple[int, ...]:
     """`shape` as a tuple of non-negative Python ints (an int is a 1-d shape), as NumPy takes it;
     a bad one raises TypeError/ValueError naming the dimension."""
+    # `shape` is whatever the caller passed: operator.index and tuple() are the checks (their
+    # TypeError becomes a message naming the problem), so the casts only tell the type checker
+    # what they accept.
     try:
-        dims = (operator.index(shape),)
+        dims: Tuple[object, ...] = (operator.index(cast(SupportsIndex, shape)),)
     except TypeError:
         try:
-            dims = tuple(shape)
+            dims = tuple(cast(Iterable[object], shape))
         except TypeError:
             raise TypeError(f"gpupool: {function}: shape must be an int or a sequence of ints, "
                             f"not {type(shape).__name__}") from None
     checked = []
     for axis, dim in enumerate(dims):
         try:
-            n = operator.index(dim)
+            n = operator.index(cast(SupportsIndex, dim))
         except TypeError:
             raise TypeError(f"gpupool: {function}: dimension {axis} of shape {dims!r} is "
                             f"{dim!r}, not an int") from None
@@ -34,7 +39,8 @@ def _checked_shape(shape, function):
     return tuple(checked)
 
 
-def empty_pinned(shape, dtype=np.float64) -> np.ndarray:
+def empty_pinned(shape: Union[SupportsIndex, Sequence[SupportsIndex]],
+                 dtype: npt.DTypeLike = np.float64) -> npt.NDArray[Any]:
     """A NumPy array in pinned host memory, uninitialised. The memory is freed when the array
     (and every view of it) is gone. Pinning is slow: allocate once and reuse.
 
@@ -58,14 +64,15 @@ def empty_pinned(shape, dtype=np.float64) -> np.ndarray:
     return raw[: count * dtype.itemsize].view(dtype).reshape(shape)
 
 
-def zeros_pinned(shape, dtype=np.float64) -> np.ndarray:
+def zeros_pinned(shape: Union[SupportsIndex, Sequence[SupportsIndex]],
+                 dtype: npt.DTypeLike = np.float64) -> npt.NDArray[Any]:
     """Like empty_pinned, filled with zeros."""
     a = empty_pinned(shape, dtype)
     a[...] = 0
     return a
 
 
-def pinned_array(a) -> np.ndarray:
+def pinned_array(a: npt.ArrayLike) -> npt.NDArray[Any]:
     """A pinned copy of `a`."""
     a = np.asarray(a)
     out = empty_pinned(a.shape, a.dtype)
@@ -73,7 +80,7 @@ def pinned_array(a) -> np.ndarray:
     return out
 
 
-def is_pinned(a) -> bool:
+def is_pinned(a: npt.ArrayLike) -> bool:
     """True if the array's memory is pinned (gpupool's, or page-locked by CUDA)."""
     address = np.asarray(a).__array_interface__["data"][0]
     return bool(_ext.is_pinned(address))

@@ -15,12 +15,15 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Tuple
+
+if TYPE_CHECKING:
+    from ._workloads import Comparison
 
 __all__ = ["main", "parse_args", "run"]
 
 
-def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
+def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     from ._workloads import WORKLOADS
 
     parser = argparse.ArgumentParser(
@@ -68,13 +71,13 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     return args
 
 
-def run(args: argparse.Namespace):
+def run(args: argparse.Namespace) -> Tuple[Comparison, Dict[str, Any], Dict[str, Any]]:
     """Runs the comparison; returns (comparison, tables, JSON document)."""
     from . import _harness, _report
     from ._workloads import Comparison
 
     _harness.DEBUG = args.debug
-    def progress(line):
+    def progress(line: str) -> None:
         if not args.quiet:
             print(line, flush=True)
 
@@ -107,7 +110,7 @@ def run(args: argparse.Namespace):
     return comparison, tables, document
 
 
-def main(argv: Optional[list] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     """The command line: prints the table; writes --json and --plot. Returns 1 when any variant
     FAILED (a wrong result or an error), else 0."""
     from . import _report

@@ -13,7 +13,7 @@ import dataclasses
 import statistics
 import time
 import traceback
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 OK, SKIPPED, FAILED = "ok", "skipped", "FAILED"
 
@@ -44,12 +44,12 @@ class Result:
     status: str
     unit: str = ""
     figure: Optional[float] = None
-    repeats_s: list = dataclasses.field(default_factory=list)
+    repeats_s: List[float] = dataclasses.field(default_factory=list)
     reason: str = ""
-    settings: dict = dataclasses.field(default_factory=dict)
-    extra: dict = dataclasses.field(default_factory=dict)
+    settings: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    extra: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
-    def as_json(self) -> dict:
+    def as_json(self) -> Dict[str, Any]:
         return dataclasses.asdict(self)
 
 
@@ -73,7 +73,7 @@ def figure_from_seconds(unit: str, seconds: float, amount: float) -> float:
 
 def measure(workload: str, variant: str, kind: str, unit: str, amount: float,
             setup: Callable[[], Callable[[], Any]], check: Callable[[Any], None],
-            timing: Timing, settings: Optional[dict] = None,
+            timing: Timing, settings: Optional[Dict[str, Any]] = None,
             teardown: Optional[Callable[[], None]] = None) -> Result:
     """Runs one variant: ``setup()`` returns the function doing the workload once (or raises
     Skip); its output goes through ``check`` (which raises WrongResult) after the warm-up and
@@ -93,7 +93,7 @@ def measure(workload: str, variant: str, kind: str, unit: str, amount: float,
         except WrongResult as wrong:
             result.status, result.reason = FAILED, f"wrong result: {wrong}"
             return result
-        times = []
+        times: List[float] = []
         started = time.perf_counter()
         while len(times) < timing.repeat:
             t0 = time.perf_counter()
@@ -136,17 +136,20 @@ def skipped(workload: str, variant: str, kind: str, reason: str, unit: str = "")
     return Result(workload, variant, kind, SKIPPED, unit, reason=reason)
 
 
-def faster(unit: str, a: float, b: float) -> float:
-    """How many times better figure ``a`` is than ``b`` (above 1: ``a`` is better)."""
+def faster(unit: str, a: Optional[float], b: Optional[float]) -> float:
+    """How many times better figure ``a`` is than ``b`` (above 1: ``a`` is better); NaN where
+    either is missing or zero."""
     if not a or not b:
         return float("nan")
     return a / b if UNITS.get(unit, True) else b / a
 
 
-def best(results: list, kinds: tuple) -> Optional[Result]:
+def best(results: Sequence[Result], kinds: Tuple[str, ...]) -> Optional[Result]:
     """The best measured result of the given kinds (by figure, in the unit's direction)."""
-    measured = [r for r in results if r.kind in kinds and r.status == OK and r.figure]
+    measured = [(r.figure, r) for r in results
+                if r.kind in kinds and r.status == OK and r.figure]
     if not measured:
         return None
-    larger = UNITS.get(measured[0].unit, True)
-    return (max if larger else min)(measured, key=lambda r: r.figure)
+    larger = UNITS.get(measured[0][1].unit, True)
+    pick = max if larger else min
+    return pick(measured, key=lambda pair: pair[0])[1]

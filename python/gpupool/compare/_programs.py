@@ -11,7 +11,7 @@ import os
 import statistics
 import subprocess
 from pathlib import Path
-from typing import Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 from ._harness import FAILED, OK, SKIPPED, Result, figure_from_seconds
 
@@ -20,7 +20,7 @@ BASELINE = "gpupool_baseline_pipeline"
 _KINDS = {"anchor", "alternative", "gpupool", "limit"}
 
 
-def find_program(name: str, bench_dir: Optional[str]) -> tuple:
+def find_program(name: str, bench_dir: Optional[str]) -> Tuple[Optional[str], Optional[str]]:
     """(path, None) for the program, or (None, why not). Looks in ``bench_dir`` (--bench-dir),
     then $GPUPOOL_BENCH_DIR, then the build trees of a source checkout (build-gpu/bench,
     build/bench) under the current directory and above this file."""
@@ -43,7 +43,8 @@ def find_program(name: str, bench_dir: Optional[str]) -> tuple:
                   f"or set GPUPOOL_BENCH_DIR")
 
 
-def run_program(path: str, arguments: list, timeout: float) -> tuple:
+def run_program(path: str, arguments: List[str],
+                timeout: float) -> Tuple[List[Any], Optional[str]]:
     """Runs the program (no shell); returns (list of JSON objects, error text or None)."""
     try:
         done = subprocess.run([path, *arguments], capture_output=True, text=True,
@@ -66,7 +67,7 @@ def run_program(path: str, arguments: list, timeout: float) -> tuple:
     return rows, None
 
 
-def to_result(row: dict, prefix: str) -> Optional[Result]:
+def to_result(row: object, prefix: str) -> Optional[Result]:
     """A Result from one JSON line of a program; None for lines that are not measurements."""
     if not isinstance(row, dict) or "workload" not in row or "variant" not in row:
         return None

@@ -10,25 +10,30 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ._harness import ALTERNATIVE, ANCHOR, GPUPOOL, LIMIT, OK, UNITS, best, faster
+from ._harness import ALTERNATIVE, ANCHOR, GPUPOOL, LIMIT, OK, UNITS, Result, best, faster
+
+if TYPE_CHECKING:
+    from ._workloads import Comparison
 
 
-def workload_limit(workload: str, limits: dict, results: list, size: dict, gpus: int):
+def workload_limit(workload: str, limits: Dict[str, float], results: Sequence[Result],
+                   size: Dict[str, Any], gpus: int) -> Tuple[Optional[float], str]:
     """(value in the workload's unit, what it is) or (None, why none)."""
-    def rate(*keys):
+    def rate(*keys: str) -> Optional[Tuple[float, str]]:
+        """The lowest of the limits measured (non-zero) among ``keys``, with its key."""
         found = [(limits[k], k) for k in keys if limits.get(k)]
-        return min(found) if found else (None, None)
+        return min(found) if found else None
 
     pageable = rate("both_gb_s", "host_memcpy_gb_s")
     name = {"both_gb_s": "pinned copies both ways at once, one GPU",
             "host_memcpy_gb_s": "host memcpy, best thread count"}
-    if workload in ("W2", "W8@W2") and pageable[0]:
+    if workload in ("W2", "W8@W2") and pageable:
         return pageable[0], name[pageable[1]]
-    if workload == "W1" and pageable[0]:
+    if workload == "W1" and pageable:
         chunks, elements = size["W1"]
         return chunks * elements * 8 / 1e9 / pageable[0] * 1e3, \
             f"W1's bytes at {pageable[0]:.1f} GB/s ({name[pageable[1]]})"
@@ -48,10 +53,10 @@ def workload_limit(workload: str, limits: dict, results: list, size: dict, gpus:
     return None, "not measured in this run"
 
 
-def summarise(comparison) -> dict:
+def summarise(comparison: Comparison) -> Dict[str, Any]:
     """Per workload: its rows with the ratios the table shows."""
-    tables = {}
-    order = []
+    tables: Dict[str, Any] = {}
+    order: List[str] = []
     for r in comparison.results:
         if r.workload not in order:
             order.append(r.workload)
@@ -63,8 +68,8 @@ def summarise(comparison) -> dict:
                                            comparison.size, comparison.gpus)
         table = []
         for r in rows:
-            entry = {"variant": r.variant, "kind": r.kind, "status": r.status, "unit": r.unit,
-                     "figure": r.figure, "reason": r.reason}
+            entry: Dict[str, Any] = {"variant": r.variant, "kind": r.kind, "status": r.status,
+                                     "unit": r.unit, "figure": r.figure, "reason": r.reason}
             if r.status == OK and r.figure and workload != "limits":
                 entry["x_motivating"] = faster(r.unit, r.figure, anchor.figure) if anchor \
                     else None
@@ -79,7 +84,7 @@ def summarise(comparison) -> dict:
     return tables
 
 
-def _num(x, unit=""):
+def _num(x: Optional[float], unit: str = "") -> str:
     if x is None or (isinstance(x, float) and (math.isnan(x) or math.isinf(x))):
         return "-"
     if unit == "%":
@@ -89,7 +94,7 @@ def _num(x, unit=""):
     return f"{x:,.3g}" if abs(x) < 100 else f"{x:,.0f}"
 
 
-def table_text(tables: dict, describe) -> str:
+def table_text(tables: Dict[str, Any], describe: Callable[[str], str]) -> str:
     lines = []
     for workload, t in tables.items():
         unit = next((r["unit"] for r in t["rows"] if r["unit"]), "")
@@ -123,8 +128,8 @@ def table_text(tables: dict, describe) -> str:
     return "\n".join(lines)
 
 
-def machine() -> dict:
-    info = {"platform": platform.platform(), "python": sys.version.split()[0],
+def machine() -> Dict[str, Any]:
+    info: Dict[str, Any] = {"platform": platform.platform(), "python": sys.version.split()[0],
             "numpy": np.__version__, "cpu": _cpu_model(), "cpu_count": os.cpu_count()}
     try:
         import gpupool
@@ -140,13 +145,14 @@ def machine() -> dict:
         except Exception as error:
             info[module] = f"not available ({type(error).__name__})"
     try:
-        import torch
+        # Optional, and without annotations mypy can use where absent or untyped.
+        import torch  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         info["torch_cuda"] = torch.version.cuda
     except Exception:
         pass
     try:
-        import cupy
+        import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
         runtime = cupy.cuda.runtime
         info["cuda_driver"] = runtime.driverGetVersion()
@@ -165,7 +171,7 @@ def machine() -> dict:
     return info
 
 
-def _run(argv) -> Optional[str]:
+def _run(argv: List[str]) -> Optional[str]:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=20, check=False)
     except (OSError, subprocess.TimeoutExpired):
@@ -193,8 +199,8 @@ def _cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
-def write_json(path: str, document: dict) -> None:
-    def clean(x):
+def write_json(path: str, document: Dict[str, Any]) -> None:
+    def clean(x: object) -> object:
         if isinstance(x, float) and (math.isnan(x) or math.isinf(x)):
             return None
         if isinstance(x, dict):
@@ -211,13 +217,14 @@ def write_json(path: str, document: dict) -> None:
 COLOURS = {ANCHOR: "#d62728", ALTERNATIVE: "#7f7f7f", GPUPOOL: "#1f77b4", LIMIT: "#2ca02c"}
 
 
-def plot(tables: dict, path: str, title: str) -> None:
+def plot(tables: Dict[str, Any], path: str, title: str) -> None:
     """One figure: per workload, each measured variant's figure relative to the motivating
     program (or, where there is none, to the best alternative), limits drawn as a line."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.patches import Rectangle
 
     shown = {w: t for w, t in tables.items() if w != "limits" and
              any(r["status"] == OK and r.get("figure") for r in t["rows"])}
@@ -245,7 +252,7 @@ def plot(tables: dict, path: str, title: str) -> None:
         ax.tick_params(axis="x", labelsize=7)
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
-    handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
+    handles = [Rectangle((0, 0), 1, 1, color=c) for c in COLOURS.values()]
     fig.legend(handles, ["motivating program", "alternative", "gpupool", "limit / floor"],
                loc="upper right", fontsize=8)
     fig.suptitle(title, fontsize=10)

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
+import functools
 import time
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
+import numpy.typing as npt
 
 import gpupool
 
@@ -22,10 +27,21 @@ TINY = {"W1": (5, 20_000), "W2": (12, 50_000), "W4": (300, 1024), "W5": (24, 409
 WORKLOADS = ("W1", "W2", "W3", "W4", "W5", "W6", "W6c", "W8")
 FMA_A, FMA_B = np.float32(0.999), np.float32(0.001)
 
+# A variant's output is whatever it makes (NumPy or CuPy arrays, lists of them): Any.
+#: What a variant's setup appends to and is closed after it: pools, executors.
+Closers = List[Callable[[], None]]
+#: A variant's setup: given the closers, the function doing the work once.
+Setup = Callable[[Closers], Callable[[], Any]]
+#: A check of a variant's output (raises WrongResult).
+Check = Callable[[Any], None]
+Chunks = List[npt.NDArray[Any]]
+#: Per workload: (chunks, elements per chunk[, dependent FMAs per element]).
+Sizes = Dict[str, Tuple[int, ...]]
 
-def sizes(tiny: bool, scale: float) -> dict:
+
+def sizes(tiny: bool, scale: float) -> Sizes:
     """Workload sizes; ``scale`` multiplies the chunk counts (not W1's five)."""
-    chosen = dict(TINY if tiny else FULL)
+    chosen: Sizes = dict(TINY if tiny else FULL)
     for name, shape in chosen.items():
         if name != "W1" and scale != 1.0:
             chosen[name] = (max(2, int(round(shape[0] * scale))),) + shape[1:]
@@ -33,7 +49,7 @@ def sizes(tiny: bool, scale: float) -> dict:
     return chosen
 
 
-def describe(name: str, size: dict) -> str:
+def describe(name: str, size: Sizes) -> str:
     s = size
     return {
         "W1": f"{s['W1'][0]} x {s['W1'][1]:,} float64 squared, NumPy in and out (wall time)",
@@ -53,10 +69,10 @@ def describe(name: str, size: dict) -> str:
     }[name]
 
 
-def check_squares(data: list):
+def check_squares(data: Sequence[npt.NDArray[Any]]) -> Check:
     want = [d * d for d in data]
 
-    def check(out):
+    def check(out: Iterable[Any]) -> None:
         out = list(out)
         if len(out) != len(want):
             raise WrongResult(f"{len(out)} results for {len(want)} inputs")
@@ -68,7 +84,8 @@ def check_squares(data: list):
     return check
 
 
-def fma_reference(x: np.ndarray, fmas: int, add_input: bool = False) -> np.ndarray:
+def fma_reference(x: npt.NDArray[Any], fmas: int,
+                  add_input: bool = False) -> npt.NDArray[Any]:
     """The FMA chain in float64 with NumPy (the GPU fuses each step in float32; with a = 0.999
     rounding errors decay, and the two agree to about 1e-5 relative)."""
     v = x.astype(np.float64)
@@ -79,15 +96,15 @@ def fma_reference(x: np.ndarray, fmas: int, add_input: bool = False) -> np.ndarr
     return v
 
 
-def check_fma(chunks: list, fmas: int, samples_per_chunk: int, to_host=np.asarray,
-              add_input: bool = False):
+def check_fma(chunks: Sequence[npt.NDArray[Any]], fmas: int, samples_per_chunk: int,
+              to_host: Callable[[Any], Any] = np.asarray, add_input: bool = False) -> Check:
     """Checks sampled elements of every chunk's result against NumPy."""
     picks = [np.linspace(0, c.size - 1, min(c.size, samples_per_chunk)).astype(np.int64)
              for c in chunks]
     want = fma_reference(np.concatenate([np.asarray(to_host(c))[p] for c, p in
                                          zip(chunks, picks)]), fmas, add_input)
 
-    def check(out):
+    def check(out: Iterable[Any]) -> None:
         out = list(out)
         if len(out) != len(chunks):
             raise WrongResult(f"{len(out)} results for {len(chunks)} inputs")
@@ -104,18 +121,25 @@ def check_fma(chunks: list, fmas: int, samples_per_chunk: int, to_host=np.asarra
 class Comparison:
     """One comparison run: every workload's variants, the limits, the sweeps."""
 
-    def __init__(self, args, progress=print):
+    #: Per C++ program: (its path, None) or (None, why it is not there); set by all().
+    cpp: Dict[str, Tuple[Optional[str], Optional[str]]]
+    #: W2's and W4's inputs, kept for W3, W6 and W8 (set by w2 and w4, where they run).
+    w2_data: Chunks
+    w4_data: Chunks
+
+    def __init__(self, args: argparse.Namespace,
+                 progress: Callable[[str], None] = print) -> None:
         self.args = args
         self.size = sizes(args.tiny, args.scale)
         self.timing = Timing(args.repeat, min(args.min_repeat, args.repeat), args.seconds)
         self.sweep_timing = Timing(max(1, min(3, args.repeat)), 1, args.seconds / 4)
-        self.results: list = []
-        self.sweeps: dict = {}
-        self.limits: dict = {}
-        self.best_settings: dict = {}
+        self.results: List[Result] = []
+        self.sweeps: Dict[str, List[Dict[str, Any]]] = {}
+        self.limits: Dict[str, float] = {}
+        self.best_settings: Dict[str, Dict[str, Any]] = {}
         self.progress = progress
         self.rng = np.random.default_rng(2026)
-        self.backend = args.backend
+        self.backend: str = args.backend
         with gpupool.Executor(backend=args.backend) as probe:
             self.backend = probe.backend
             self.gpus = len(probe.devices) if probe.backend == "cuda" else 0
@@ -138,13 +162,14 @@ class Comparison:
         self.progress(f"  [{result.workload}] {result.variant}: {shown}")
         return result
 
-    def run(self, workload, variant, kind, unit, amount, setup, check, settings=None,
-            timing=None, add=True):
+    def run(self, workload: str, variant: str, kind: str, unit: str, amount: float, setup: Setup,
+            check: Check, settings: Optional[Dict[str, Any]] = None,
+            timing: Optional[Timing] = None, add: bool = True) -> Result:
         """Measures one variant; ``setup(closers)`` returns the function doing the work once and
         appends to ``closers`` what must be closed afterwards (pools, executors)."""
-        closers = []
+        closers: Closers = []
 
-        def close():
+        def close() -> None:
             while closers:
                 closers.pop()()
 
@@ -152,8 +177,9 @@ class Comparison:
                          timing or self.timing, settings, close)
         return self.add(result) if add else result
 
-    def executor(self, closers, lanes=None, chunk=None, devices=None):
-        options = {"backend": self.backend}
+    def executor(self, closers: Closers, lanes: Optional[int] = None, chunk: Optional[int] = None,
+                 devices: Optional[List[int]] = None) -> gpupool.Executor:
+        options: Dict[str, Any] = {"backend": self.backend}
         if lanes:
             options["threads_per_gpu"] = lanes
         if chunk:
@@ -164,23 +190,24 @@ class Comparison:
         closers.append(ex.shutdown)
         return ex
 
-    def settings_label(self, lanes, chunk):
+    def settings_label(self, lanes: Optional[int], chunk: Optional[int]) -> str:
         if not lanes and not chunk:
             return (f"defaults ({self.default_source}: {self.default_lanes} lanes x "
                     f"{_bytes(self.default_chunk)})")
         return f"{lanes or self.default_lanes} lanes x {_bytes(chunk or self.default_chunk)}"
 
     # -- data -------------------------------------------------------------------------------
-    def float64_chunks(self, chunks, size):
+    def float64_chunks(self, chunks: int, size: int) -> Chunks:
         return [self.rng.uniform(-10, 10, size) for _ in range(chunks)]
 
     # -- the runs ---------------------------------------------------------------------------
-    def all(self, workloads, bench_dir=None):
+    def all(self, workloads: Sequence[str], bench_dir: Optional[str] = None) -> None:
         started = time.perf_counter()
         self.cpp = {}
         for name in (_programs.GPUPOOL_CPP, _programs.BASELINE):
             self.cpp[name] = _programs.find_program(name, bench_dir)
-        steps = [("limits", self.limits_run)] + [(w, getattr(self, w.lower())) for w in workloads]
+        steps: List[Tuple[str, Callable[[], None]]] = [("limits", self.limits_run)] + [
+            (w, getattr(self, w.lower())) for w in workloads]
         for name, step in steps:
             self.progress(f"== {name}: {describe(name, self.size) if name in DESCRIBED else ''}"
                           f"  [{time.perf_counter() - started:.0f} s]")
@@ -188,7 +215,7 @@ class Comparison:
         self.progress(f"== done in {time.perf_counter() - started:.0f} s")
 
     # limits -------------------------------------------------------------------------------
-    def limits_run(self):
+    def limits_run(self) -> None:
         total = (8 << 20) if self.args.tiny else (512 << 20)
         source = self.rng.integers(0, 255, total, dtype=np.uint8)
         counts = sorted({1, 2, 4, 8, 16, 32, 64} & set(range(1, (_cpu_count() or 1) + 1)))
@@ -198,34 +225,36 @@ class Comparison:
             parts_out = np.array_split(target, threads)
             pool = ThreadPoolExecutor(max_workers=threads)
 
-            def setup(closers, pool=pool, parts_in=parts_in, parts_out=parts_out, target=target):
+            def setup(closers: Closers, pool: ThreadPoolExecutor = pool,
+                      parts_in: Chunks = parts_in, parts_out: Chunks = parts_out,
+                      target: npt.NDArray[Any] = target) -> Callable[[], npt.NDArray[Any]]:
                 closers.append(lambda: pool.shutdown(wait=True))
                 return lambda: (list(pool.map(np.copyto, parts_out, parts_in)), target)[1]
 
-            def check(out, source=source):
+            def check(out: Any, source: npt.NDArray[Any] = source) -> None:
                 if not np.array_equal(out, source):
                     raise WrongResult("the copy differs from its source")
 
             r = self.run("limits", f"host memcpy (NumPy copyto), {_threads(threads)}", LIMIT,
                          "GB/s", total / 1e9, setup, check, {"threads": threads})
-            if r.status == OK:
+            if r.status == OK and r.figure is not None:  # measured: it has a figure
                 self.limits["host_memcpy_gb_s"] = max(self.limits.get("host_memcpy_gb_s", 0),
                                                       r.figure)
         self.baseline_rows("limits", "limits")
 
     # W1, W2, W3 ---------------------------------------------------------------------------
-    def w1(self):
+    def w1(self) -> None:
         chunks, size = self.size["W1"]
         self.square_workload("W1", self.float64_chunks(chunks, size), "ms",
                              motivating=(5, 16), careful=(1, 5), numpy_threads=(5,))
 
-    def w2(self):
+    def w2(self) -> None:
         chunks, size = self.size["W2"]
         self.w2_data = self.float64_chunks(chunks, size)
         self.square_workload("W2", self.w2_data, "GB/s", motivating=(5, 16),
                              careful=(4, 8, 16), numpy_threads=(16,))
 
-    def w3(self):
+    def w3(self) -> None:
         data = getattr(self, "w2_data", None)
         if data is None:
             chunks, size = self.size["W3"]
@@ -234,13 +263,14 @@ class Comparison:
         self.square_workload("W3", pinned, "GB/s", motivating=(5,), careful=(1, 4, 8),
                              numpy_threads=(), pinned_outputs=True)
 
-    def square_workload(self, name, data, unit, motivating, careful, numpy_threads,
-                        pinned_outputs=False):
+    def square_workload(self, name: str, data: Chunks, unit: str, motivating: Tuple[int, ...],
+                        careful: Tuple[int, ...], numpy_threads: Tuple[int, ...],
+                        pinned_outputs: bool = False) -> None:
         gigabytes = sum(d.nbytes for d in data) / 1e9
         amount = gigabytes if unit == "GB/s" else float(len(data))
         check = check_squares(data)
 
-        def outputs():
+        def outputs() -> Chunks:
             outs = [gpupool.empty_pinned(d.shape, d.dtype) for d in data]
             for o in outs:
                 o.fill(np.nan)  # a variant that writes nothing cannot pass the check
@@ -248,21 +278,21 @@ class Comparison:
 
         for threads in motivating:
             self.run(name, f"motivating program, {_threads(threads)}", ANCHOR, unit, amount,
-                     lambda c, t=threads: fw.make_motivating(t, data, c), check)
+                     functools.partial(fw.make_motivating, threads, data), check)
         for threads in careful:
             self.run(name, f"careful CuPy, {_threads(threads)}", ALTERNATIVE, unit, amount,
-                     lambda c, t=threads: fw.make_careful_cupy(
-                         t, data, c, outputs if pinned_outputs else None), check,
+                     functools.partial(fw.make_careful_cupy, threads, data,
+                                       make_outputs=outputs if pinned_outputs else None), check,
                      {"threads": threads})
         for threads in careful:
             self.run(name, f"careful PyTorch, {_threads(threads)}", ALTERNATIVE, unit, amount,
-                     lambda c, t=threads: fw.make_careful_torch(
-                         t, data, c, outputs if pinned_outputs else None), check,
+                     functools.partial(fw.make_careful_torch, threads, data,
+                                       make_outputs=outputs if pinned_outputs else None), check,
                      {"threads": threads})
         self.run(name, "NumPy on the CPU, 1 thread", ALTERNATIVE, unit, amount,
                  lambda c: (lambda: [np.square(d) for d in data]), check)
         for threads in numpy_threads:
-            def numpy_pool(closers, t=threads):
+            def numpy_pool(closers: Closers, t: int = threads) -> Callable[[], Chunks]:
                 pool = ThreadPoolExecutor(max_workers=t)
                 closers.append(lambda: pool.shutdown(wait=True))
                 return lambda: list(pool.map(np.square, data))
@@ -274,23 +304,25 @@ class Comparison:
                             sweep_chunks=True)
         self.cpp_rows(name)
 
-    def gpupool_python(self, name, unit, amount, check, work, sweep_chunks, label="map",
-                       devices=None):
+    def gpupool_python(self, name: str, unit: str, amount: float, check: Check,
+                       work: Callable[[gpupool.Executor], Any], sweep_chunks: bool,
+                       label: str = "map", devices: Optional[List[int]] = None) -> None:
         """gpupool from Python with the defaults, then a lanes x chunk_bytes sweep (lanes only
         where pieces never split) and the best point of it measured like every variant."""
         what = f"gpupool (Python) {label}"
 
-        def setup(closers, lanes=None, chunk=None):
+        def setup(closers: Closers, lanes: Optional[int] = None,
+                  chunk: Optional[int] = None) -> Callable[[], Any]:
             ex = self.executor(closers, lanes, chunk, devices)
             return lambda: work(ex)
 
         self.run(name, f"{what}, {self.settings_label(None, None)}", GPUPOOL, unit, amount,
                  setup, check, {"lanes": None, "chunk_bytes": None})
-        points = []
+        points: List[Result] = []
         for lanes in self.lanes_list:
             for chunk in (self.chunk_list if sweep_chunks else [None]):
                 r = self.run(name, f"{what}, {self.settings_label(lanes, chunk)}", GPUPOOL, unit,
-                             amount, lambda c, l=lanes, ch=chunk: setup(c, l, ch), check,
+                             amount, functools.partial(setup, lanes=lanes, chunk=chunk), check,
                              {"lanes": lanes, "chunk_bytes": chunk}, self.sweep_timing,
                              add=False)
                 points.append(r)
@@ -311,7 +343,7 @@ class Comparison:
                  {"lanes": lanes, "chunk_bytes": chunk, "chosen_by": "sweep"})
 
     # W4 -----------------------------------------------------------------------------------
-    def w4(self):
+    def w4(self) -> None:
         tasks, size = self.size["W4"]
         self.w4_data = data = self.float64_chunks(tasks, size)
         check = check_squares(data)
@@ -319,13 +351,13 @@ class Comparison:
         unit = "tasks/s"
         for threads in (5, 16):
             self.run("W4", f"motivating program, {_threads(threads)}", ANCHOR, unit, amount,
-                     lambda c, t=threads: fw.make_motivating(t, data, c), check)
+                     functools.partial(fw.make_motivating, threads, data), check)
 
-        def noop(x):
+        def noop(x: object) -> object:
             return x
 
         for threads in (1, 8):
-            def floor(closers, t=threads):
+            def floor(closers: Closers, t: int = threads) -> Callable[[], List[object]]:
                 pool = ThreadPoolExecutor(max_workers=t)
                 closers.append(lambda: pool.shutdown(wait=True))
                 return lambda: list(pool.map(noop, data))
@@ -335,11 +367,11 @@ class Comparison:
                      LIMIT, unit, amount, floor, lambda out: None, {"threads": threads})
         for threads in (1, 8):
             self.run("W4", f"careful CuPy, {_threads(threads)}", ALTERNATIVE, unit, amount,
-                     lambda c, t=threads: fw.make_careful_cupy(t, data, c), check,
+                     functools.partial(fw.make_careful_cupy, threads, data), check,
                      {"threads": threads})
         for threads in (1, 8):
             self.run("W4", f"careful PyTorch, {_threads(threads)}", ALTERNATIVE, unit, amount,
-                     lambda c, t=threads: fw.make_careful_torch(t, data, c), check,
+                     functools.partial(fw.make_careful_torch, threads, data), check,
                      {"threads": threads})
         self.run("W4", "NumPy on the CPU, 1 thread", ALTERNATIVE, unit, amount,
                  lambda c: (lambda: [np.square(d) for d in data]), check)
@@ -347,10 +379,10 @@ class Comparison:
                             lambda ex: list(ex.map(gpupool.kernels.square, data)),
                             sweep_chunks=False)
 
-        def submit_loop(closers):
+        def submit_loop(closers: Closers) -> Callable[[], Chunks]:
             ex = self.executor(closers)
 
-            def run():
+            def run() -> Chunks:
                 futures = [ex.submit(gpupool.kernels.square, d) for d in data]
                 return [f.result() for f in futures]
 
@@ -361,14 +393,14 @@ class Comparison:
         self.cpp_rows("W4")
 
     # W5 -----------------------------------------------------------------------------------
-    def w5(self):
+    def w5(self) -> None:
         chunks, size, fmas = self.size["W5"]
         host = self.rng.uniform(-1, 1, chunks * size).astype(np.float32)
         host_chunks = [host[i * size:(i + 1) * size] for i in range(chunks)]
         unit = "ms"
         kernel = gpupool.elementwise("float32 x, float32 a, float32 b", "float32 y",
                                      fw.fma_body(fmas), f"compare_w5_{fmas}")
-        cp = None
+        cp: Optional[ModuleType] = None
         if self.backend == "cuda":
             try:
                 cp = fw.need_cupy()
@@ -400,7 +432,9 @@ class Comparison:
                          unit))
         self.cpp_rows("W5")
 
-    def w5_cupy(self, cp, host, host_chunks, size, fmas, kernel):
+    # CuPy carries no type annotations: its arrays, streams and kernels are Any here.
+    def w5_cupy(self, cp: ModuleType, host: npt.NDArray[Any], host_chunks: Chunks, size: int,
+                fmas: int, kernel: gpupool.ElementwiseKernel) -> None:
         chunks = len(host_chunks)
         data = cp.asarray(host)
         device_chunks = [data[i * size:(i + 1) * size] for i in range(chunks)]
@@ -413,8 +447,8 @@ class Comparison:
         sync = cp.cuda.runtime.deviceSynchronize
         unit, amount = "ms", float(chunks)
 
-        def one_launch(closers):
-            def run():
+        def one_launch(closers: Closers) -> Callable[[], List[Any]]:
+            def run() -> List[Any]:
                 ck(data, a, b, out)
                 sync()
                 return [o for o in out_chunks]
@@ -423,11 +457,11 @@ class Comparison:
         self.run("W5", "CuPy one launch over all the data (limit)", LIMIT, unit, amount,
                  one_launch, check)
         for threads in (5, 16):
-            def motivating(closers, t=threads):
+            def motivating(closers: Closers, t: int = threads) -> Callable[[], List[Any]]:
                 pool = ThreadPoolExecutor(max_workers=t)
                 closers.append(lambda: pool.shutdown(wait=True))
 
-                def run():
+                def run() -> List[Any]:
                     results = list(pool.map(lambda x: ck(x, a, b), device_chunks))
                     sync()
                     return results
@@ -436,8 +470,8 @@ class Comparison:
             self.run("W5", f"CuPy kernel per chunk in ThreadPoolExecutor, {_threads(threads)}",
                      ANCHOR, unit, amount, motivating, check)
 
-        def loop(closers):
-            def run():
+        def loop(closers: Closers) -> Callable[[], List[Any]]:
+            def run() -> List[Any]:
                 for x, o in zip(device_chunks, out_chunks):
                     ck(x, a, b, o)
                 sync()
@@ -447,17 +481,17 @@ class Comparison:
         self.run("W5", "CuPy's own per-chunk loop, one stream", ALTERNATIVE, unit, amount, loop,
                  check)
 
-        def careful(closers, threads=4):
+        def careful(closers: Closers, threads: int = 4) -> Callable[[], List[Any]]:
             pool = fw.Pool(threads, lambda: cp.cuda.Stream(non_blocking=True))
             closers.append(pool.close)
 
-            def work(i):
+            def work(i: int) -> None:
                 stream = pool.state()
                 with stream:
                     ck(device_chunks[i], a, b, out_chunks[i])
                 stream.synchronize()
 
-            def run():
+            def run() -> List[Any]:
                 pool.map(work, range(chunks))
                 return out_chunks
             return run
@@ -469,14 +503,16 @@ class Comparison:
                             sweep_chunks=False, label="map of a compiled kernel over CuPy arrays")
 
     # W6, W6c ------------------------------------------------------------------------------
-    def many_gpus(self, name) -> bool:
+    def many_gpus(self, name: str) -> bool:
         if self.gpus >= 2:
             return True
         self.add(skipped(name, "every variant", GPUPOOL,
                          f"needs two or more GPUs; this run has {self.gpus}", "x"))
         return False
 
-    def speedup(self, name, variant, kind, amount, make, check, settings):
+    def speedup(self, name: str, variant: str, kind: str, amount: float,
+                make: Callable[[Closers, Optional[List[int]]], Callable[[], Any]], check: Check,
+                settings: Dict[str, Any]) -> Result:
         """Measures the same work on every GPU and on the first, as one speed-up row."""
         every = self.run(name, variant, kind, "GB/s", amount, lambda c: make(c, None), check,
                          settings, add=False)
@@ -487,13 +523,14 @@ class Comparison:
         if result.status != OK:
             result.reason = every.reason or one.reason
         else:
+            assert every.figure is not None and one.figure is not None  # measured: both are set
             result.figure = every.figure / one.figure
             result.repeats_s = every.repeats_s
             result.extra = {"gb_per_s_every_gpu": every.figure, "gb_per_s_one_gpu": one.figure,
                             "repeats_s_one_gpu": one.repeats_s, "devices": self.gpus}
         return self.add(result)
 
-    def w6(self):
+    def w6(self) -> None:
         if not self.many_gpus("W6"):
             return
         data = getattr(self, "w2_data", None) or self.float64_chunks(*self.size["W2"])
@@ -501,7 +538,8 @@ class Comparison:
         amount = sum(d.nbytes for d in data) / 1e9
         chosen = self.best_settings.get("W2", {})
         for lanes, chunk in ((None, None), (chosen.get("lanes"), chosen.get("chunk_bytes"))):
-            def make(closers, devices, l=lanes, c=chunk):
+            def make(closers: Closers, devices: Optional[List[int]], l: Optional[int] = lanes,
+                     c: Optional[int] = chunk) -> Callable[[], Chunks]:
                 ex = self.executor(closers, l, c, devices)
                 return lambda: list(ex.map(gpupool.kernels.square, data))
 
@@ -511,7 +549,7 @@ class Comparison:
                 break
         self.cpp_rows("W6")
 
-    def w6c(self):
+    def w6c(self) -> None:
         if not self.many_gpus("W6c"):
             return
         chunks, size, fmas = self.size["W6c"]
@@ -521,7 +559,7 @@ class Comparison:
                                      fw.fma_body(fmas, addend="x"), f"compare_w6c_{fmas}")
         amount = sum(d.nbytes for d in data) / 1e9
 
-        def make(closers, devices):
+        def make(closers: Closers, devices: Optional[List[int]]) -> Callable[[], Chunks]:
             ex = self.executor(closers, None, None, devices)
             return lambda: list(ex.map(kernel, data, float(FMA_A)))
 
@@ -530,7 +568,7 @@ class Comparison:
         self.cpp_rows("W6c")
 
     # W8 -----------------------------------------------------------------------------------
-    def w8(self):
+    def w8(self) -> None:
         for size_of, data_name in (("W2", "w2_data"), ("W4", "w4_data")):
             name = f"W8@{size_of}"
             data = getattr(self, data_name, None)
@@ -551,7 +589,7 @@ class Comparison:
                                      "variant": r.variant + f" (measured in {size_of})"})
                     self.results.append(copy)
 
-            def unchanged(closers, lanes):
+            def unchanged(closers: Closers, lanes: int) -> Callable[[], Chunks]:
                 fw.need_cupy()
                 ex = self.executor(closers, lanes)
                 return lambda: list(ex.map(fw.motivating_square, data))
@@ -561,7 +599,7 @@ class Comparison:
                      f"{self.settings_label(5, None)}", GPUPOOL, unit, amount,
                      lambda c: unchanged(c, 5), check, {"lanes": 5})
 
-            def through_lane(closers):
+            def through_lane(closers: Closers) -> Callable[[], List[object]]:
                 fw.need_cupy()
                 ex = self.executor(closers)
                 return lambda: list(ex.map(lane_square, data))
@@ -571,15 +609,16 @@ class Comparison:
                      check)
 
     # C++ programs -------------------------------------------------------------------------
-    def cpp_rows(self, workload):
+    def cpp_rows(self, workload: str) -> None:
         self.gpupool_cpp_rows(workload)
         self.baseline_rows(workload, workload)
 
-    def _program(self, name):
+    def _program(self, name: str) -> Tuple[Optional[str], str]:
+        """(path, "") of a C++ program, or (None, why it is not there)."""
         path, why = self.cpp[name]
-        return path, why
+        return path, why or ""
 
-    def gpupool_cpp_rows(self, workload):
+    def gpupool_cpp_rows(self, workload: str) -> None:
         if workload not in ("W1", "W2", "W3", "W4", "W5", "W6", "W6c"):
             return
         path, why = self._program(_programs.GPUPOOL_CPP)
@@ -593,7 +632,7 @@ class Comparison:
             "--chunk-list", ",".join(str(x) for x in self.chunk_list)]
         self.program_rows(workload, path, arguments, label + " ")
 
-    def baseline_rows(self, workload, table):
+    def baseline_rows(self, workload: str, table: str) -> None:
         path, why = self._program(_programs.BASELINE)
         label = "hand-written C++ pipeline" if workload != "limits" else "copy limits and launch"
         if path is None:
@@ -609,10 +648,10 @@ class Comparison:
         if workload == "limits":
             for r in rows:
                 key = r.settings.get("limit")
-                if r.status == OK and key:
+                if r.status == OK and key and r.figure is not None:  # measured: it has one
                     self.limits[key] = r.figure
 
-    def program_arguments(self, workload):
+    def program_arguments(self, workload: str) -> List[str]:
         arguments = ["--workload", workload, "--repeat", str(self.timing.repeat),
                      "--min-repeat", str(self.timing.min_repeat),
                      "--seconds", str(self.timing.seconds)]
@@ -627,10 +666,11 @@ class Comparison:
             arguments += ["--size", str((8 << 20) if self.args.tiny else (256 << 20))]
         return arguments
 
-    def program_rows(self, workload, path, arguments, prefix):
+    def program_rows(self, workload: str, path: str, arguments: List[str],
+                     prefix: str) -> List[Result]:
         rows, error = _programs.run_program(path, arguments, self.args.program_timeout)
-        results = []
-        sweep = []
+        results: List[Result] = []
+        sweep: List[Result] = []
         for row in rows:
             r = _programs.to_result(row, prefix)
             if r is None:
@@ -650,14 +690,14 @@ class Comparison:
                                            FAILED, reason=error)))
         return results
 
-    def cupy_limits(self):
+    def cupy_limits(self) -> None:
         """Copy limits of the first GPU through CuPy, when the C++ baseline is not built."""
         try:
             cp = fw.need_cupy()
         except Skip as why:
             self.add(skipped("limits", "copy limits through CuPy", LIMIT, str(why), "GB/s"))
             return
-        import cupyx
+        import cupyx  # type: ignore[import-not-found, import-untyped, unused-ignore]  # untyped
 
         nbytes = (8 << 20) if self.args.tiny else (256 << 20)
         host_in = cupyx.empty_pinned(nbytes, np.uint8)
@@ -667,7 +707,7 @@ class Comparison:
         up, down = cp.cuda.Stream(non_blocking=True), cp.cuda.Stream(non_blocking=True)
         rounds = 5
 
-        def timed(copy_in, copy_out):
+        def timed(copy_in: bool, copy_out: bool) -> float:
             copy_in and dev_in.set(host_in, stream=up)
             copy_out and dev_out.get(stream=down, out=host_out, blocking=False)
             up.synchronize(), down.synchronize()
@@ -687,14 +727,14 @@ class Comparison:
                             "GB/s", self.limits[key], extra={"direct": True}))
 
 
-def lane_square(chunk):
+def lane_square(chunk: npt.NDArray[Any]) -> object:
     """W8 (b): the motivating function's math on the lane's stream, through its pinned slot."""
     lane = gpupool.current_lane()
-    device = lane.upload(chunk)
+    device: Any = lane.upload(chunk)  # a CuPy array (CuPy carries no type annotations)
     return lane.download(device * device)
 
 
-def _numpy_fma(x, fmas):
+def _numpy_fma(x: npt.NDArray[Any], fmas: int) -> npt.NDArray[Any]:
     v = x.copy()
     for _ in range(fmas):
         v *= FMA_A
@@ -702,17 +742,17 @@ def _numpy_fma(x, fmas):
     return v
 
 
-def _program_name(path):
+def _program_name(path: str) -> str:
     from pathlib import Path
 
     return Path(path).name
 
 
-def _threads(n):
+def _threads(n: int) -> str:
     return f"{n} thread" if n == 1 else f"{n} threads"
 
 
-def _cpu_count():
+def _cpu_count() -> Optional[int]:
     import os
 
     try:
@@ -721,12 +761,12 @@ def _cpu_count():
         return os.cpu_count()
 
 
-def _ints(text):
+def _ints(text: Optional[str]) -> List[int]:
     return [int(x) for x in text.split(",") if x.strip()] if text else []
 
 
-def _sizes(text):
-    out = []
+def _sizes(text: Optional[str]) -> List[int]:
+    out: List[int] = []
     for part in (text or "").split(","):
         part = part.strip().upper()
         if not part:
@@ -739,7 +779,7 @@ def _sizes(text):
     return out
 
 
-def _bytes(n):
+def _bytes(n: Optional[int]) -> str:
     if not n:
         return "default pieces"
     for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
