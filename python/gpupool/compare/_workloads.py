@@ -390,7 +390,45 @@ class Comparison:
 
         self.run("W4", f"gpupool (Python) submit loop, {self.settings_label(None, None)}",
                  GPUPOOL, unit, amount, submit_loop, check)
+        self.w4_one_at_a_time(data, noop)
         self.cpp_rows("W4")
+
+    def w4_one_at_a_time(self, data: Chunks, noop: Callable[[object], object]) -> None:
+        """The per-task cost of a Python API, one task in flight: ``submit(f, x).result()`` in a
+        loop, gpupool beside the standard library's pool doing the same (a quarter of W4's
+        tasks: each waits for the one before); and no-op tasks through ``map`` beside the
+        ThreadPoolExecutor floor above."""
+        each = data[:max(1, len(data) // 4)]
+        check = check_squares(each)
+        unit = "tasks/s"
+
+        def gpupool_each(closers: Closers) -> Callable[[], Chunks]:
+            ex = self.executor(closers)
+            return lambda: [ex.submit(gpupool.kernels.square, d).result() for d in each]
+
+        def threadpool_each(closers: Closers) -> Callable[[], Chunks]:
+            pool = ThreadPoolExecutor(max_workers=8)
+            closers.append(lambda: pool.shutdown(wait=True))
+            return lambda: [pool.submit(np.square, d).result() for d in each]
+
+        self.run("W4", "ThreadPoolExecutor, numpy.square, submit then result, one at a time, "
+                 "8 threads", ALTERNATIVE, unit, float(len(each)), threadpool_each, check,
+                 {"threads": 8})
+        self.run("W4", f"gpupool (Python) submit then result, one at a time, "
+                 f"{self.settings_label(None, None)}", GPUPOOL, unit, float(len(each)),
+                 gpupool_each, check)
+
+        def gpupool_noop(closers: Closers) -> Callable[[], List[object]]:
+            ex = self.executor(closers)
+            return lambda: list(ex.map(noop, data))
+
+        def each_input_back(out: Iterable[Any]) -> None:
+            got = list(out)
+            if len(got) != len(data) or any(g is not d for g, d in zip(got, data)):
+                raise WrongResult("the no-op did not return each input, in order")
+
+        self.run("W4", f"gpupool (Python) map of a no-op, {self.settings_label(None, None)}",
+                 GPUPOOL, unit, float(len(data)), gpupool_noop, each_input_back)
 
     # W5 -----------------------------------------------------------------------------------
     def w5(self) -> None:
