@@ -9,7 +9,8 @@ C++ (GIL released): NumPy inputs are read in place and results come back as NumP
 This module holds one name per built-in of the C++ library's table (``BUILTINS``, from
 ``gpupool._ext.builtin_kernels()``): a BuiltinKernel for those without a parameter, a factory
 taking ``alpha`` for the others. The list is at the end of this text. ``Kernel`` is the old name
-of ``BuiltinKernel`` (the same class), kept so that code written against it still runs.
+of ``BuiltinKernel`` (the same class), kept so that code written against it still runs; using it
+warns (DeprecationWarning).
 
 Inputs: C-contiguous arrays of any shape of the dtypes in ``DTYPES``; results keep the input's
 shape and dtype.
@@ -22,9 +23,10 @@ OverflowError; nothing is converted out of range.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, Callable, Dict, List, Union
 
-from ._ext import BuiltinKernel, Kernel, builtin_kernels, dtypes
+from ._ext import BuiltinKernel, builtin_kernels, dtypes
 
 #: The built-in kernels as the C++ library declares them: name, arity, takes_alpha, formula.
 BUILTINS: List[Dict[str, Any]] = list(builtin_kernels())
@@ -57,7 +59,16 @@ __doc__ = (__doc__ or "") + "\nThe built-in kernels:\n\n" + "".join(
     f"    {k['name']}{'(alpha)' if k['takes_alpha'] else ''}: {k['arity']} array(s), "
     f"out = {k['formula']}\n" for k in BUILTINS)
 
-__all__ = ["BUILTINS", "DTYPES", "BuiltinKernel", "Kernel", *(k["name"] for k in BUILTINS)]
+__all__ = ["BUILTINS", "DTYPES", "BuiltinKernel", *(k["name"] for k in BUILTINS)]
+
+
+def __getattr__(name: str) -> Any:
+    """``Kernel``, the old name of BuiltinKernel: the same class, with a DeprecationWarning."""
+    if name == "Kernel":
+        warnings.warn("gpupool.kernels.Kernel is now gpupool.kernels.BuiltinKernel (the same "
+                      "class); the old name will go", DeprecationWarning, stacklevel=2)
+        return BuiltinKernel
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 # Type checkers read kernels.pyi, which declares the same names statically (a test keeps the two
 # equal), so that a misspelt kernel name is flagged.

@@ -6,7 +6,8 @@
 from typing import Any, Dict, List
 
 from ._ext import BuiltinKernel as BuiltinKernel
-# The old name of BuiltinKernel (the same class), kept for code written against it.
+# The old name of BuiltinKernel (the same class), kept for code written against it (using it
+# warns at run time).
 from ._ext import Kernel as Kernel
 
 #: The built-in kernels as the C++ library declares them: name, arity, takes_alpha, formula.
@@ -22,4 +23,4 @@ add: BuiltinKernel
 def scale(alpha: float) -> BuiltinKernel: ...
 def axpy(alpha: float) -> BuiltinKernel: ...
 
-__all__ = ["BUILTINS", "DTYPES", "BuiltinKernel", "Kernel", "square", "scale", "add", "axpy"]
+__all__ = ["BUILTINS", "DTYPES", "BuiltinKernel", "square", "scale", "add", "axpy"]

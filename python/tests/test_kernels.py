@@ -196,7 +196,10 @@ def test_the_built_ins_are_builtin_kernels_and_kernel_is_the_old_name_of_that_cl
     assert type(gpupool.kernels.square).__name__ == "BuiltinKernel"
     assert gpupool.kernels.BuiltinKernel is gpupool._ext.BuiltinKernel
     assert gpupool._ext.Kernel is gpupool._ext.BuiltinKernel
-    assert gpupool.kernels.Kernel is gpupool.kernels.BuiltinKernel
+    with pytest.warns(DeprecationWarning, match="BuiltinKernel"):
+        assert gpupool.kernels.Kernel is gpupool.kernels.BuiltinKernel
+    with pytest.raises(AttributeError, match="sqaure"):
+        gpupool.kernels.sqaure
     assert isinstance(gpupool._ext.Kernel.square(), gpupool.kernels.BuiltinKernel)
 
 
