@@ -112,6 +112,8 @@ class state_base {
 
  private:
   std::uint32_t load() const noexcept;
+  // Sleeps until the state is final, or until `*deadline` unless it is null; true if final.
+  bool wait_final(const std::chrono::steady_clock::time_point* deadline) const;
   // Moves the status bits from `from` to `to`, keeping the flags. False if they were not `from`.
   bool transition(std::uint32_t from, std::uint32_t to) noexcept;
   void wake_and_call(std::uint32_t before) noexcept;

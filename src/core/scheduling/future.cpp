@@ -205,29 +205,28 @@ bool state_base::done() const noexcept {
 }
 
 void state_base::wait() const {
-  if (is_final(load())) return;
-  std::unique_lock lock(mutex_);
-  std::uint32_t word = load();
-  while (!is_final(word)) {
-    if ((word & waiters_flag) == 0 &&
-        !word_.compare_exchange_weak(word, word | waiters_flag, std::memory_order_acq_rel,
-                                     std::memory_order_acquire))
-      continue;  // the word changed: look again
-    cv_.wait(lock);
-    word = load();
-  }
+  (void)wait_final(nullptr);
 }
 
 bool state_base::wait_until(std::chrono::steady_clock::time_point deadline) const {
+  return wait_final(&deadline);
+}
+
+bool state_base::wait_final(const std::chrono::steady_clock::time_point* deadline) const {
   if (is_final(load())) return true;
   std::unique_lock lock(mutex_);
   std::uint32_t word = load();
   while (!is_final(word)) {
+    // The flag tells a completing thread to notify; set under the lock, so that it either sees
+    // the flag or completed before this look.
     if ((word & waiters_flag) == 0 &&
         !word_.compare_exchange_weak(word, word | waiters_flag, std::memory_order_acq_rel,
                                      std::memory_order_acquire))
-      continue;
-    if (cv_.wait_until(lock, deadline) == std::cv_status::timeout) return is_final(load());
+      continue;  // the word changed: look again
+    if (deadline == nullptr)
+      cv_.wait(lock);
+    else if (cv_.wait_until(lock, *deadline) == std::cv_status::timeout)
+      return is_final(load());
     word = load();
   }
   return true;
