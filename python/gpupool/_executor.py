@@ -166,7 +166,7 @@ class _Future(_futures.Future[Any]):
             self._condition.notify_all()
         if not callbacks_ran:
             # Future's own (private) way to run the callbacks; typeshed leaves it out.
-            self._invoke_callbacks()  # type: ignore[attr-defined]
+            self._invoke_callbacks()  # type: ignore[attr-defined, unused-ignore]
         return True
 
 
