@@ -416,6 +416,27 @@ class Comparison:
         self.run("W4", "gpupool (Python) one at a time (submit, result)", GPUPOOL, unit,
                  float(len(each)), gpupool_each, check)
 
+        # The same loop over a no-op: what one Python task costs, with nothing to do, beside the
+        # standard library's pool (floors: no ratio to the rows that square).
+        def noop_each(closers: Closers, stdlib: bool) -> Callable[[], List[object]]:
+            if stdlib:
+                pool = ThreadPoolExecutor(max_workers=8)
+                closers.append(lambda: pool.shutdown(wait=True))
+                return lambda: [pool.submit(noop, d).result() for d in each]
+            ex = self.executor(closers)
+            return lambda: [ex.submit(noop, d).result() for d in each]
+
+        def each_back(out: Iterable[Any]) -> None:
+            got = list(out)
+            if len(got) != len(each) or any(g is not d for g, d in zip(got, each)):
+                raise WrongResult("the no-op did not return each input, in order")
+
+        self.run("W4", "ThreadPoolExecutor, no-op, one at a time, 8 threads (floor)", LIMIT,
+                 unit, float(len(each)), functools.partial(noop_each, stdlib=True), each_back,
+                 {"threads": 8})
+        self.run("W4", "gpupool (Python) no-op, one at a time (floor)", LIMIT, unit,
+                 float(len(each)), functools.partial(noop_each, stdlib=False), each_back)
+
         def gpupool_noop(closers: Closers) -> Callable[[], List[object]]:
             ex = self.executor(closers)
             return lambda: list(ex.map(noop, data))
