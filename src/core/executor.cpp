@@ -36,8 +36,8 @@ namespace {
 constexpr const char* shut_down_message =
     "gpupool: the executor is shut down and takes no more work";
 constexpr std::size_t chunk_alignment = 256;
-constexpr std::size_t smallest_chunk = 4096;
-constexpr int most_lanes_per_device = 256;
+using detail::most_lanes_per_device;
+using detail::smallest_chunk;
 // Lane threads of one executor, all devices together: far beyond any useful count, and low
 // enough that a mistaken option fails at once instead of exhausting the process's threads.
 constexpr int most_lanes = 4096;

@@ -81,13 +81,11 @@ constexpr std::size_t mib = std::size_t{1} << 20;
 constexpr std::size_t cuda_sweep_bytes_per_device = 128 * mib;
 constexpr std::size_t cpu_sweep_bytes_per_device = 32 * mib;
 constexpr std::size_t most_sweep_bytes = 512 * mib;
-// Limits a cache entry's values must respect (the executor's own limits, and a sane size).
-constexpr int most_lanes_per_device = 256;
-constexpr std::size_t smallest_chunk = 4096;
+// Beyond the executor's own limits (tuning.hpp), a sane size for a cache entry's chunks.
 constexpr std::size_t largest_chunk = std::size_t{1} << 34;
 constexpr std::size_t most_samples = 64;
 
-std::string host_identity() {
+std::string read_host_identity() {
   std::string id;
   char name[256] = {};
   if (gethostname(name, sizeof name - 1) == 0) id += name;
@@ -104,8 +102,14 @@ std::string host_identity() {
   return id;
 }
 
-// Everything the choice depends on: the machine, the devices (model and number, not which
-// ones), gpupool's version, and the settings that constrain the sweep.
+// Read once per process: each executor that tunes builds its key from it.
+const std::string& host_identity() {
+  static const std::string id = read_host_identity();
+  return id;
+}
+
+// Everything the choice depends on: the machine, the devices (their descriptions and number,
+// not their ordinals), gpupool's version, and the settings that constrain the sweep.
 std::string tuning_key(const executor_options& o, backend& b, const std::vector<int>& ordinals) {
   std::string key = std::string(entry_format) + "|gpupool " GPUPOOL_VERSION_STRING "|" +
                     to_string(b.kind()) + "|" + host_identity() +
@@ -433,11 +437,7 @@ executor_settings choose_settings(const executor_options& o, backend& b,
   if (o.lanes_per_device != 0 && o.chunk_bytes != 0) return s;
   if (mode == tuning::automatic)
     mode = b.kind() == backend_kind::cuda ? tuning::measured : tuning::fixed;
-  // Values the executor will refuse are refused before anything is measured.
-  if (mode == tuning::fixed || o.lanes_per_device < 0 ||
-      o.lanes_per_device > most_lanes_per_device ||
-      (o.chunk_bytes != 0 && o.chunk_bytes < smallest_chunk))
-    return s;
+  if (mode == tuning::fixed) return s;
 
   const std::string key = tuning_key(o, b, ordinals);
   const sweep_plan plan = plan_for(o, b.kind(), ordinals.size());

@@ -15,6 +15,10 @@ class backend;
 
 /// The fixed default chunk size (8 MiB: W2's 8 MB arrays in one piece each).
 inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
+/// The executor's limits on the two settings (it refuses values outside them; a cache entry
+/// outside them is not used).
+inline constexpr int most_lanes_per_device = 256;
+inline constexpr std::size_t smallest_chunk = 4096;
 
 /// The fixed default lanes per device for `kind` with `devices` devices.
 [[nodiscard]] int default_lanes(backend_kind kind, std::size_t devices);
@@ -26,8 +30,8 @@ inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
 /// The settings an executor over `ordinals` of `b` runs with: the options' values where given,
 /// else measured (or read back from an earlier measurement) where the mode calls for it, else the
 /// fixed defaults. A measurement that fails leaves the fixed defaults and says why in `note`;
-/// it never fails the executor. Values are not yet checked against the limits (the executor does
-/// that, for given and chosen values alike).
+/// it never fails the executor. The executor checks given values against the limits before it
+/// calls this (nothing is measured for values it refuses), and the chosen ones after.
 [[nodiscard]] executor_settings choose_settings(const executor_options& options, backend& b,
                                                 const std::vector<int>& ordinals);
 
