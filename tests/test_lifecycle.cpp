@@ -123,6 +123,39 @@ TEST(Lifecycle, AForkedChildIsRefusedClearly) {
   EXPECT_EQ(ex.submit([](lane&) { return 3; }).get(), 3);  // the parent's executor is untouched
 }
 
+// The child starts a pinned cache of its own: the parent's blocks may come from a backend that
+// cannot run there (CUDA's pinned memory, after fork()), so they are neither reused nor given
+// back in the child, and a fresh executor there stages through new blocks.
+TEST(Lifecycle, AForkedChildHasPinnedMemoryOfItsOwn) {
+  void* held = allocate_pinned(1 << 20);
+  ASSERT_GE(pinned_bytes_in_use(), std::size_t{1} << 20);
+  const pid_t child = ::fork();
+  ASSERT_NE(child, -1);
+  if (child == 0) {
+    ::alarm(20);
+    int code = 0;
+    try {
+      if (pinned_bytes_in_use() != 0) code = 20;  // the parent's cache was carried over
+      deallocate_pinned(held, 1 << 20);           // the parent's block: left alone here
+      executor fresh(cpu_options(1));
+      const std::vector<std::vector<double>> xs(4, std::vector<double>(1000, 3.0));
+      for (auto& result : fresh.map(builtin_kernel::square(), xs))
+        for (double v : result.get())
+          if (v != 9.0) code = code ? code : 21;
+      fresh.shutdown();
+    } catch (...) {
+      code = code ? code : 22;
+    }
+    ::_exit(code);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0);
+  deallocate_pinned(held, 1 << 20);
+}
+
 TEST(Lifecycle, LanesLeaveAsynchronousSignalsToTheApplication) {
   executor ex(cpu_options(1));
   const bool lane_blocks_sigint = ex.submit([](lane&) {

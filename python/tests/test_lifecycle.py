@@ -296,7 +296,7 @@ def test_a_child_forked_while_results_wait_for_the_gil_gets_results_of_its_own()
     # for it to hand results over, then forks. The child's own executor must still deliver: the
     # parent's half-done handover is not the child's.
     code = textwrap.dedent("""
-        import os, signal, sys, time
+        import os, signal, sys, time, traceback
         import numpy as np
         import gpupool
         ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
@@ -314,6 +314,9 @@ def test_a_child_forked_while_results_wait_for_the_gil_gets_results_of_its_own()
                 with gpupool.Executor(threads_per_gpu=1, backend="cpu") as fresh:
                     got = fresh.submit(gpupool.kernels.square, np.full(10, 3.0)).result(timeout=5)
                     status = 0 if got[0] == 9.0 else 2
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
             finally:
                 os._exit(status)
         sys.setswitchinterval(0.005)
@@ -326,6 +329,49 @@ def test_a_child_forked_while_results_wait_for_the_gil_gets_results_of_its_own()
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "child 0", proc.stdout + proc.stderr
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no fork() here")
+def test_a_child_forked_after_cuda_started_is_told_so_and_runs_on_the_cpu():
+    # CUDA does not survive fork(): in the child of a process that used the GPU, asking for CUDA
+    # is a clear error naming the cause, and the default executor (pinned blocks included) runs
+    # on the CPU backend instead of failing in the driver.
+    code = textwrap.dedent("""
+        import os, signal, sys, traceback
+        import numpy as np
+        import gpupool
+        with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+            assert ex.submit(gpupool.kernels.square, np.full(1000, 2.0)).result(30)[0] == 4.0
+        pid = os.fork()
+        if pid == 0:
+            signal.alarm(60)
+            status = 1
+            try:
+                try:
+                    gpupool.Executor(backend="cuda")
+                    print("cuda accepted", flush=True)
+                except gpupool.BackendUnavailableError as e:
+                    print("cuda refused:", e, flush=True)
+                with gpupool.Executor(threads_per_gpu=1) as fresh:
+                    got = fresh.submit(gpupool.kernels.square, np.full(10, 3.0)).result(timeout=10)
+                    print("default", fresh.backend, got[0], flush=True)
+                    status = 0
+            except BaseException:
+                traceback.print_exc()
+                sys.stderr.flush()
+            finally:
+                os._exit(status)
+        _, status = os.waitpid(pid, 0)
+        print("child", os.waitstatus_to_exitcode(status), flush=True)
+    """)
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().split("\n")
+    assert lines[0].startswith("cuda refused:") and "fork()" in lines[0], proc.stdout + proc.stderr
+    assert lines[1] == "default cpu 9.0", proc.stdout + proc.stderr
+    assert lines[2] == "child 0", proc.stdout + proc.stderr
 
 
 # -- tracing memory ---------------------------------------------------------------------------

@@ -1,4 +1,7 @@
 // Choosing a backend: the caller's wish, then GPUPOOL_BACKEND, then whatever can run here.
+#include <pthread.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -81,25 +84,43 @@ bool can_run(const backend_registration& r) noexcept {
   }
 }
 
+host_memory& choose_host_memory() noexcept {
+  std::optional<backend_kind> named;
+  try {
+    named = backend_from_environment();
+  } catch (const std::invalid_argument&) {
+    // A bad value is refused when an executor is made; pinned memory does not wait for one.
+  }
+  const auto usable = [](const backend_registration* r) {
+    return r->host != nullptr && can_run(*r);
+  };
+  for (const backend_registration* r : registrations)
+    if (named == r->kind && usable(r)) return r->host();
+  for (const backend_registration* r : registrations)
+    if (usable(r)) return r->host();
+  return cpu_backend_registration.host();  // runs everywhere
+}
+
+// The choice, made at the first use. A fork()ed child chooses again: the parent's backend may not
+// run there (CUDA does not survive fork(); its probe then says so and the CPU's memory is chosen).
+std::atomic<host_memory*> chosen_host_memory{nullptr};
+
+void forget_host_memory_in_child() noexcept {
+  chosen_host_memory.store(nullptr, std::memory_order_relaxed);  // lock-free: safe in a child
+}
+
 }  // namespace
 
 host_memory& process_host_memory() noexcept {
-  static host_memory& chosen = []() noexcept -> host_memory& {
-    std::optional<backend_kind> named;
-    try {
-      named = backend_from_environment();
-    } catch (const std::invalid_argument&) {
-      // A bad value is refused when an executor is made; pinned memory does not wait for one.
-    }
-    const auto usable = [](const backend_registration* r) {
-      return r->host != nullptr && can_run(*r);
-    };
-    for (const backend_registration* r : registrations)
-      if (named == r->kind && usable(r)) return r->host();
-    for (const backend_registration* r : registrations)
-      if (usable(r)) return r->host();
-    return cpu_backend_registration.host();  // runs everywhere
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, forget_host_memory_in_child);
+    return true;
   }();
+  static_cast<void>(registered);
+  if (host_memory* known = chosen_host_memory.load(std::memory_order_acquire)) return *known;
+  // Racing first users choose the same (each backend's host memory is one object per process).
+  host_memory& chosen = choose_host_memory();
+  chosen_host_memory.store(&chosen, std::memory_order_release);
   return chosen;
 }
 

@@ -3,7 +3,10 @@
 // or GPU still starts; its probe then reports why and the CPU backend takes over.
 #include <cuda_runtime_api.h>
 
+#include <pthread.h>
+
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -444,8 +447,18 @@ class cuda_host_memory final : public host_memory {
   cuda_pinned_resource pinned_;
 };
 
+// Set in a child process forked after this process asked CUDA anything: the driver the parent
+// started is not the child's, and every CUDA call there fails (CUDA does not survive fork()).
+std::atomic<bool> forked_after_cuda_started{false};
+
+void note_fork_in_child() noexcept {
+  forked_after_cuda_started.store(true, std::memory_order_relaxed);  // lock-free: safe in a child
+}
+
 backend_probe probe() {
   static const backend_probe result = [] {
+    // The probe's first call below starts the driver; from then on a forked child cannot use it.
+    pthread_atfork(nullptr, nullptr, note_fork_in_child);
     // More busy streams than this share hardware queues and falsely serialise. The driver reads
     // it when a context is created, so set it (unless the user did) before the first CUDA call.
     ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
@@ -466,6 +479,13 @@ backend_probe probe() {
     p.devices = count;
     return p;
   }();
+  if (forked_after_cuda_started.load(std::memory_order_relaxed)) {
+    backend_probe forked;
+    forked.reason =
+        "CUDA was started in the parent process before fork(), and a forked child cannot use it "
+        "(start worker processes with the 'spawn' or 'forkserver' method)";
+    return forked;
+  }
   return result;
 }
 

@@ -53,7 +53,8 @@ class host_memory {
 
 /// The host memory this process uses: the one of the backend GPUPOOL_BACKEND names when that
 /// backend can run, else the one of the first backend that can run (CUDA, then the CPU). Chosen
-/// once per process, before the first pinned block; never throws.
+/// once per process, before the first pinned block, and once more in a fork()ed child (where CUDA
+/// started by the parent cannot run); never throws.
 [[nodiscard]] host_memory& process_host_memory() noexcept;
 
 }  // namespace gpupool::detail

@@ -2,11 +2,14 @@
 // from the process's host memory (page-locked by CUDA with a usable GPU; otherwise ordinary
 // aligned memory that gpupool still tracks, so the CPU backend takes the same "already pinned,
 // skip staging" paths that the CUDA backend does).
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <limits>
+#include <memory>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -307,9 +310,34 @@ bool is_pinned(const void* p, const pinned_cache& cache, const host_memory& memo
   return memory.describe(p).kind == memory_kind::pinned_host;
 }
 
+namespace {
+
+// Made at the first use, never destroyed. A fork()ed child starts a cache of its own: the
+// parent's blocks came from a backend that may not run there (CUDA's pinned memory is not even
+// mapped in a child), and a parent's thread may have held a shard's lock at the fork. The parent's
+// cache is left alone (leaked): what it holds is never handed out, or given back, in the child.
+std::atomic<pinned_cache*> the_pinned_cache{nullptr};
+
+void forget_pinned_cache_in_child() noexcept {
+  the_pinned_cache.store(nullptr, std::memory_order_relaxed);  // lock-free: safe in a child
+}
+
+}  // namespace
+
 pinned_cache& process_pinned_cache() {
-  static auto* cache = new pinned_cache(process_host_memory().pinned(), default_cache_limit());
-  return *cache;
+  static const bool registered = [] {
+    pthread_atfork(nullptr, nullptr, forget_pinned_cache_in_child);
+    return true;
+  }();
+  static_cast<void>(registered);
+  if (pinned_cache* known = the_pinned_cache.load(std::memory_order_acquire)) return *known;
+  auto fresh =
+      std::make_unique<pinned_cache>(process_host_memory().pinned(), default_cache_limit());
+  pinned_cache* expected = nullptr;
+  // Racing first users: one cache wins, the others' (still empty) are dropped.
+  if (the_pinned_cache.compare_exchange_strong(expected, fresh.get(), std::memory_order_acq_rel))
+    return *fresh.release();
+  return *expected;
 }
 
 }  // namespace detail

@@ -129,7 +129,8 @@ class pinned_cache {
                                             const host_memory& memory) noexcept;
 
 /// The process's pinned cache, over process_host_memory()'s pinned resource. Never destroyed:
-/// blocks may be released by static destructors after main returns.
+/// blocks may be released by static destructors after main returns. A fork()ed child gets a new,
+/// empty one at its first use (the parent's blocks are not given back, nor handed out, there).
 [[nodiscard]] pinned_cache& process_pinned_cache();
 
 }  // namespace gpupool::detail
