@@ -51,6 +51,33 @@ TEST_P(TraceTest, OffByDefaultAndRecordsOnlyWhileOn) {
   EXPECT_TRUE(ex.trace().records().empty());
 }
 
+// A call too small to give every lane two pieces of chunk_bytes is cut finer when the chunk size
+// was left to the executor (down to 1 MiB pieces), and never when it was given.
+TEST_P(TraceTest, ASmallCallIsCutSoThatEveryLaneWorksUnlessTheChunkSizeWasGiven) {
+  const auto x = testing::random_vector<double>(std::size_t{1} << 20, 3);  // 8 MiB
+  const std::vector<std::vector<double>> inputs(2, x);                     // 16 MiB in all
+  auto pieces_of = [&](executor_options o) {
+    executor ex(o);
+    ex.set_tracing(true);
+    auto results = ex.map(builtin_kernel::square(), inputs).get();
+    EXPECT_EQ(results[1][12345], x[12345] * x[12345]);
+    return ex.trace().records().size();
+  };
+  executor_options o = options();
+  o.lanes_per_device = 2;
+  o.chunk_bytes = 0;  // left to the executor: 8 MiB with fixed tuning
+  o.tuning = tuning::fixed;
+  const auto lanes = static_cast<std::size_t>(executor(o).lane_count());  // over every device
+  // 16 MiB over 2 pieces per lane, 8 MiB at most and 1 MiB at least per piece.
+  const std::size_t piece = std::clamp<std::size_t>(
+      ((16u << 20) / (2 * lanes) + (64u << 10) - 1) / (64u << 10) * (64u << 10), 1u << 20,
+      8u << 20);
+  EXPECT_EQ(pieces_of(o), 2 * (((8u << 20) + piece - 1) / piece)) << lanes << " lanes";
+  EXPECT_GT(pieces_of(o), 2u);
+  o.chunk_bytes = 8 << 20;  // given: pieces of exactly that
+  EXPECT_EQ(pieces_of(o), 2u);
+}
+
 TEST_P(TraceTest, EveryPieceHasAConsistentJourney) {
   executor ex(options());
   ex.set_tracing(true);

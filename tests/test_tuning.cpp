@@ -175,7 +175,7 @@ TEST_F(Tuning, ACachedEntryOutsideWhatASweepCouldMeasureIsMeasuredAgain) {
   const std::size_t length_at = bytes.find('\n', bytes.find('\n') + 1) + 1;
   const std::size_t key_at = bytes.find('\n', length_at) + 1;
   key = bytes.substr(key_at, std::stoul(bytes.substr(length_at, key_at - 1 - length_at)));
-  ASSERT_EQ(key.rfind("gpupool-tuning 1|", 0), 0u) << key;
+  ASSERT_EQ(key.rfind(std::string(detail::tuning_entry_format) + "|", 0), 0u) << key;
   detail::store_entry(file, key, detail::tuning_entry_json({{200, std::size_t{1} << 20, 1e12}}));
   detail::forget_measurements();
   executor ex(cpu_options(tuning::measured));
@@ -303,6 +303,22 @@ TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   EXPECT_THROW((void)detail::run_sweep(o, plan), std::invalid_argument);
 }
 
+// Every lane runs several pieces in each configuration, so a big chunk is measured in its steady
+// state, not in the ramp of a lane's first piece or two (which once made the sweep choose chunks
+// that run W2 a quarter slower than the best).
+TEST_F(Tuning, TheLargestConfigurationStillGivesEveryLaneSeveralPieces) {
+  for (std::size_t devices : {1, 2}) {
+    const auto plan = detail::plan_for(executor_options{}, backend_kind::cuda, devices);
+    const std::size_t largest = *std::max_element(plan.chunks.begin(), plan.chunks.end());
+    const int most_lanes = *std::max_element(plan.lanes.begin(), plan.lanes.end());
+    EXPECT_GE(plan.pieces_per_lane, 4u);
+    EXPECT_GE(plan.most_bytes_per_device * devices,
+              static_cast<std::size_t>(most_lanes) * largest * 4)
+        << devices << " device(s)";
+    EXPECT_LE(plan.most_bytes_per_device * devices, std::size_t{1} << 30) << "host memory";
+  }
+}
+
 TEST_F(Tuning, ASweepCutShortIsUsedButNotCached) {
   const std::string dir = temporary_folder("tuning-short");
   scoped_cache_dir cache(dir);
@@ -363,7 +379,8 @@ TEST_F(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
   EXPECT_EQ(back[1].bytes_per_second, 2e9);
   EXPECT_EQ(detail::best_of(back).lanes_per_device, 8);
 
-  const std::string sample_of = R"({"format":"gpupool-tuning 1","samples":[%]})";
+  const std::string sample_of =
+      std::string(R"({"format":")") + detail::tuning_entry_format + R"(","samples":[%]})";
   auto with = [&](const std::string& sample) {
     std::string text = sample_of;
     text.replace(text.find('%'), 1, sample);
@@ -383,10 +400,15 @@ TEST_F(Tuning, CacheEntriesOutsideTheLimitsOrMalformedAreRefused) {
            R"([4, 1048576, 1])",
        })
     EXPECT_TRUE(with(bad).empty()) << bad;
-  for (const std::string& bad : {std::string(""), std::string("{"), std::string("null"),
-                                 std::string(R"({"format":"gpupool-tuning 2","samples":[]})"),
-                                 std::string(R"({"format":"gpupool-tuning 1","samples":[]})"),
-                                 std::string(R"({"format":"gpupool-tuning 1"})")})
+  // An entry of another format is a miss, even with samples that would do (format 1 sized its
+  // configurations differently).
+  const std::string good_sample =
+      R"({"lanes_per_device":4,"chunk_bytes":1048576,"bytes_per_second":1})";
+  for (const std::string& bad :
+       {std::string(""), std::string("{"), std::string("null"),
+        std::string(R"({"format":")") + detail::tuning_entry_format + R"(","samples":[]})",
+        std::string(R"({"format":"gpupool-tuning 1","samples":[)") + good_sample + "]}",
+        std::string(R"({"format":"gpupool-tuning 1"})")})
     EXPECT_TRUE(detail::parse_tuning_entry(bad).empty()) << bad;
 }
 

@@ -42,6 +42,11 @@ using detail::smallest_chunk;
 // enough that a mistaken option fails at once instead of exhausting the process's threads.
 constexpr int most_lanes = 4096;
 constexpr int most_slots_per_lane = 64;
+// A call cut finer than chunk_bytes to keep every lane busy (executor::impl::piece_bytes) is cut
+// into pieces of whole multiples of this, and never below the floor: smaller pieces cost more in
+// per-piece overhead than the lanes they bring in gain.
+constexpr std::size_t piece_alignment = std::size_t{64} << 10;
+constexpr std::size_t adaptive_piece_floor = std::size_t{1} << 20;
 // Two device buffers per slot: two-input kernels stage both inputs.
 constexpr std::size_t device_buffers_per_slot = 2;
 
@@ -423,12 +428,32 @@ struct executor::impl {
     item.submitted_us = detail::clock_us(epoch);
   }
 
-  // Splits `job` over `count` elements into pieces of at most chunk_bytes of its widest array
+  // The most bytes of its widest array a piece of a call moving `total` bytes takes. chunk_bytes,
+  // unless that leaves lanes idle: when the chunk size was not given, a call too small to give
+  // every lane two pieces is cut finer (down to adaptive_piece_floor), so that all lanes copy at
+  // once. On one H200, W1 (5 x 8 MB) takes 1.64 ms in 2 MiB pieces and 1.9 ms in 4 MiB ones,
+  // while W2 (200 x 8 MB) runs a quarter faster in 4 MiB pieces than in 2 MiB ones.
+  [[nodiscard]] std::size_t piece_bytes(std::size_t total) const noexcept {
+    if (settings.chunk_from == setting_source::given) return chunk_bytes;
+    const std::size_t lanes_in_all = std::max<std::size_t>(lanes.size(), 1);
+    const std::size_t share = total / (2 * lanes_in_all);
+    const std::size_t rounded = (share + piece_alignment - 1) / piece_alignment * piece_alignment;
+    return std::clamp(rounded, std::min(adaptive_piece_floor, chunk_bytes), chunk_bytes);
+  }
+
+  // Elements per piece (all pieces but the last of an array are this long) of `element`-byte
+  // elements, pieces of at most `most_bytes`.
+  [[nodiscard]] static std::size_t per_piece(std::size_t element, std::size_t most_bytes) noexcept {
+    return std::max<std::size_t>(most_bytes / element, 1);
+  }
+
+  // Splits `job` over `count` elements into pieces of at most piece_bytes of its widest array
   // and queues them for every lane.
   template <class Piece, class Job, class... Extra>
   void enqueue_pieces(const std::shared_ptr<Job>& job, std::size_t count,
                       std::size_t widest_element, Extra... extra) {
-    const std::size_t per_piece = chunk_bytes / widest_element;
+    const std::size_t per_piece =
+        impl::per_piece(widest_element, piece_bytes(count * widest_element));
     const std::size_t pieces = (count + per_piece - 1) / per_piece;
     job->set_piece_count(pieces);
     std::vector<detail::work_item_ptr> items;
@@ -617,8 +642,11 @@ void executor::enqueue_elementwise_all(
   if (jobs.empty()) return;
   std::vector<detail::work_item_ptr> items;
   items.reserve(jobs.size());
+  std::size_t total = 0;
+  for (const auto& job : jobs) total += job->count() * size_of(job->type());
+  const std::size_t most_bytes = impl_->piece_bytes(total);
   for (auto& job : jobs) {
-    const std::size_t per_piece = impl_->chunk_bytes / size_of(job->type());
+    const std::size_t per_piece = impl::per_piece(size_of(job->type()), most_bytes);
     const std::size_t pieces = (job->count() + per_piece - 1) / per_piece;
     job->set_piece_count(pieces);
     for (std::size_t p = 0; p < pieces; ++p) {

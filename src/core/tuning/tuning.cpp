@@ -68,19 +68,23 @@ const char* to_string(setting_source s) noexcept {
 namespace detail {
 namespace {
 
-// The format of a cache entry's JSON; a different one is a miss.
-constexpr const char* entry_format = "gpupool-tuning 1";
 // W1 on an H200 (5 x 8 MB): 8 lanes beat 4 (4.4 vs 5.3 ms) and 16 (9.6 ms); see
 // docs/performance.md.
 constexpr int cuda_default_lanes = 8;
 constexpr int cpu_most_default_lanes = 8;
 constexpr std::size_t mib = std::size_t{1} << 20;
-// A sweep squares this much per device, and no more than `most_sweep_bytes` in all: enough for
-// the copies to reach their steady rate (128 MiB is ~3.5 ms at 38 GB/s), little enough that the
-// whole sweep stays under its second.
+// A configuration squares enough per device for each lane to run sweep_pieces_per_lane pieces,
+// and at least the first figure below, at most the second (and never more than
+// `most_sweep_bytes` over all devices): with fewer pieces a lane never reaches its steady state,
+// and bigger chunks looked worse than they run (on one H200, 128 MiB per configuration chose
+// 2 MiB chunks, 32 GB/s on W2, where 4 MiB gives 41). The largest, 16 lanes x 8 MiB x 8, is
+// ~30 ms at 38 GB/s: the whole sweep stays within its second.
+constexpr std::size_t sweep_pieces_per_lane = 8;
 constexpr std::size_t cuda_sweep_bytes_per_device = 128 * mib;
+constexpr std::size_t cuda_most_sweep_bytes_per_device = 1024 * mib;
 constexpr std::size_t cpu_sweep_bytes_per_device = 32 * mib;
-constexpr std::size_t most_sweep_bytes = 512 * mib;
+constexpr std::size_t cpu_most_sweep_bytes_per_device = 128 * mib;
+constexpr std::size_t most_sweep_bytes = 1024 * mib;
 // Beyond the executor's own limits (tuning.hpp), a sane size for a cache entry's chunks.
 constexpr std::size_t largest_chunk = std::size_t{1} << 34;
 constexpr std::size_t most_samples = 64;
@@ -111,7 +115,7 @@ const std::string& host_identity() {
 // Everything the choice depends on: the machine, the devices (their descriptions and number,
 // not their ordinals), gpupool's version, and the settings that constrain the sweep.
 std::string tuning_key(const executor_options& o, backend& b, const std::vector<int>& ordinals) {
-  std::string key = std::string(entry_format) + "|gpupool " GPUPOOL_VERSION_STRING "|" +
+  std::string key = std::string(tuning_entry_format) + "|gpupool " GPUPOOL_VERSION_STRING "|" +
                     to_string(b.kind()) + "|" + host_identity() +
                     "|devices=" + std::to_string(ordinals.size());
   for (int ordinal : ordinals) {
@@ -199,19 +203,23 @@ double median(std::vector<double> v) {
   return v[v.size() / 2];
 }
 
+// Squares `count` elements of `in` into `out` with `lanes` and `chunk`: the median of `repeats`
+// timed passes after one warm-up, checked.
 tuning_sample measure_one(const executor_options& base, int lanes, std::size_t chunk,
-                          const std::vector<double>& in, std::vector<double>& out, int repeats) {
+                          const std::vector<double>& in, std::vector<double>& out,
+                          std::size_t count, int repeats) {
   executor_options o = base;
   o.lanes_per_device = lanes;
   o.chunk_bytes = chunk;
   o.tuning = tuning::fixed;
   o.quiet = true;
   executor ex(o);
-  const std::span<const double> input(in);
-  const std::span<double> output(out);
+  count = std::min({count, in.size(), out.size()});
+  const std::span<const double> input(in.data(), count);
+  const std::span<double> output(out.data(), count);
   ex.transform(builtin_kernel::square(), input, output).get();  // warm-up: streams, pools, pages
   // Every timed pass writes every element: a wrong value left after them is a wrong result.
-  std::fill(out.begin(), out.end(), -1.0);
+  std::fill(output.begin(), output.end(), -1.0);
   std::vector<double> seconds;
   for (int r = 0; r < std::max(1, repeats); ++r) {
     const auto start = std::chrono::steady_clock::now();
@@ -219,7 +227,7 @@ tuning_sample measure_one(const executor_options& base, int lanes, std::size_t c
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
-  for (std::size_t i = 0; i < in.size(); ++i)
+  for (std::size_t i = 0; i < count; ++i)
     if (out[i] != in[i] * in[i])
       throw wrong_result("gpupool: tuning with " + std::to_string(lanes) + " lanes and " +
                          std::to_string(chunk) + "-byte chunks computed " + std::to_string(out[i]) +
@@ -227,7 +235,7 @@ tuning_sample measure_one(const executor_options& base, int lanes, std::size_t c
                          std::to_string(in[i] * in[i]) + "); nothing measured is used");
   const double t = median(std::move(seconds));
   return {ex.lanes_per_device(), ex.chunk_bytes(),
-          static_cast<double>(in.size() * sizeof(double)) / std::max(t, 1e-9)};
+          static_cast<double>(count * sizeof(double)) / std::max(t, 1e-9)};
 }
 
 }  // namespace
@@ -275,9 +283,13 @@ sweep_plan plan_for(const executor_options& options, backend_kind kind, std::siz
     plan.chunks = {options.chunk_bytes};
   else
     plan.chunks = {1 * mib, 2 * mib, 4 * mib, 8 * mib};
-  const std::size_t per_device =
-      kind == backend_kind::cuda ? cuda_sweep_bytes_per_device : cpu_sweep_bytes_per_device;
-  plan.bytes_per_device = std::min(per_device, most_sweep_bytes / devices);
+  const bool cuda = kind == backend_kind::cuda;
+  plan.bytes_per_device = std::min(cuda ? cuda_sweep_bytes_per_device : cpu_sweep_bytes_per_device,
+                                   most_sweep_bytes / devices);
+  plan.most_bytes_per_device =
+      std::min(cuda ? cuda_most_sweep_bytes_per_device : cpu_most_sweep_bytes_per_device,
+               most_sweep_bytes / devices);
+  plan.pieces_per_lane = sweep_pieces_per_lane;
   plan.seconds = sweep_seconds.load();
   return plan;
 }
@@ -286,12 +298,24 @@ sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) 
   if (plan.lanes.empty() || plan.chunks.empty())
     throw std::invalid_argument("gpupool: a tuning sweep needs lanes and chunk sizes to try");
   const std::size_t devices = std::max<std::size_t>(options.devices.size(), 1);
-  const std::size_t count =
-      std::max<std::size_t>(plan.bytes_per_device * devices / sizeof(double), 1);
+  const std::size_t most_per_device = std::max(plan.bytes_per_device, plan.most_bytes_per_device);
+  // Elements one configuration squares over all devices.
+  auto elements_for = [&](int lanes, std::size_t chunk) {
+    const std::size_t wanted = static_cast<std::size_t>(lanes) * chunk * plan.pieces_per_lane;
+    const std::size_t per_device = std::clamp(wanted, plan.bytes_per_device, most_per_device);
+    return std::max<std::size_t>(per_device * devices / sizeof(double), 1);
+  };
+  std::size_t count = 0;
+  for (int lanes : plan.lanes)
+    for (std::size_t chunk : plan.chunks) count = std::max(count, elements_for(lanes, chunk));
   std::vector<double> in(count);
   std::vector<double> out(count);
-  // Squares exact in doubles, so the check compares exactly.
-  for (std::size_t i = 0; i < count; ++i) in[i] = static_cast<double>(i % 4096) * 0.25;
+  // Squares exact in doubles, so the check compares exactly. Writing `out` here too takes its
+  // first-touch page faults out of the measurements.
+  for (std::size_t i = 0; i < count; ++i) {
+    in[i] = static_cast<double>(i % 4096) * 0.25;
+    out[i] = 0.0;
+  }
 
   sweep_result result;
   result.planned = plan.lanes.size() + plan.chunks.size() - 1;
@@ -301,7 +325,8 @@ sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) 
   auto run = [&](int lanes, std::size_t chunk) {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
     try {
-      result.samples.push_back(measure_one(options, lanes, chunk, in, out, plan.repeats));
+      result.samples.push_back(
+          measure_one(options, lanes, chunk, in, out, elements_for(lanes, chunk), plan.repeats));
     } catch (const wrong_result&) {
       throw;
     } catch (const std::exception& e) {
@@ -339,7 +364,7 @@ const tuning_sample& best_of(const std::vector<tuning_sample>& samples) {
 }
 
 std::string tuning_entry_json(const std::vector<tuning_sample>& samples) {
-  nlohmann::json entry = {{"format", entry_format}, {"samples", nlohmann::json::array()}};
+  nlohmann::json entry = {{"format", tuning_entry_format}, {"samples", nlohmann::json::array()}};
   for (const auto& s : samples)
     entry["samples"].push_back({{"lanes_per_device", s.lanes_per_device},
                                 {"chunk_bytes", s.chunk_bytes},
@@ -349,7 +374,8 @@ std::string tuning_entry_json(const std::vector<tuning_sample>& samples) {
 
 std::vector<tuning_sample> parse_tuning_entry(const std::string& text) {
   const nlohmann::json entry = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-  if (!entry.is_object() || entry.value("format", nlohmann::json()) != entry_format) return {};
+  if (!entry.is_object() || entry.value("format", nlohmann::json()) != tuning_entry_format)
+    return {};
   const auto found = entry.find("samples");
   if (found == entry.end() || !found->is_array() || found->empty() || found->size() > most_samples)
     return {};

@@ -17,6 +17,9 @@ class backend;
 inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
 /// The executor's limits on the two settings (it refuses values outside them; a cache entry
 /// outside them is not used).
+/// The format of a tuning cache entry (and the start of its key); a different one is a miss.
+/// 2: configurations sized by lanes x chunk (format 1's fixed 128 MiB favoured small chunks).
+inline constexpr const char* tuning_entry_format = "gpupool-tuning 2";
 inline constexpr int most_lanes_per_device = 256;
 inline constexpr std::size_t smallest_chunk = 4096;
 
@@ -39,7 +42,12 @@ inline constexpr std::size_t smallest_chunk = 4096;
 struct sweep_plan {
   std::vector<int> lanes;           // candidates, in order
   std::vector<std::size_t> chunks;  // candidates, in order
+  // Each configuration squares lanes x chunk x pieces_per_lane bytes per device (so that every
+  // lane runs that many pieces: a steady state, not the ramp of a few), at least
+  // bytes_per_device and at most most_bytes_per_device (0: bytes_per_device).
   std::size_t bytes_per_device = 0;
+  std::size_t most_bytes_per_device = 0;
+  std::size_t pieces_per_lane = 8;
   // No new configuration starts this long after the first one ended (the first pays for what
   // every executor pays once per process: device contexts, the first pinned blocks).
   double seconds = 1.0;
