@@ -9,6 +9,7 @@ from gpupool import (
     BackendUnavailableError as BackendUnavailableError,
     CompileError as CompileError,
     CudaError as CudaError,
+    DeviceFaultError as DeviceFaultError,
     GpupoolError as GpupoolError,
     OutOfMemoryError as OutOfMemoryError
 )

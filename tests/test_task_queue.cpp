@@ -254,6 +254,53 @@ TEST(TaskQueue, CloseWakesEveryWaitingLaneAndRefusesWork) {
   EXPECT_EQ(q.size(), 0u);
 }
 
+TEST(TaskQueue, ARetiredDeviceGivesBackWhatItHeldTakesNothingMoreAndItsLanesLeave) {
+  task_queue q(2);
+  ASSERT_TRUE(q.push(item(2), 1));
+  ASSERT_TRUE(q.push(item(3), 1));
+  std::vector<work_item_ptr> batch = items(10, 4);
+  ASSERT_TRUE(q.push_all(batch));  // dealt over both devices: 10, 11 on one, 12, 13 on the other
+  const std::size_t before = q.size();
+  auto taken = q.retire(1);
+  ASSERT_NE(taken, nullptr);
+  EXPECT_EQ(q.retire(1), nullptr);  // once
+  EXPECT_TRUE(q.retired(1));
+  EXPECT_FALSE(q.retired(0));
+  EXPECT_EQ(q.live_devices(), 1);
+  ASSERT_EQ(taken->pinned.size(), 2u);
+  EXPECT_EQ(id_of(taken->pinned[0]), 2);
+  EXPECT_EQ(id_of(taken->pinned[1]), 3);
+  EXPECT_EQ(taken->shared.size(), 2u);
+  EXPECT_EQ(q.size(), before - 4);
+
+  // Nothing more for device 1; work for any device goes to device 0 alone.
+  EXPECT_FALSE(q.push(item(4), 1));
+  std::vector<work_item_ptr> pinned = items(5, 2);
+  EXPECT_FALSE(q.push_all(pinned, 1));
+  EXPECT_EQ(pinned.size(), 2u);  // left with the caller
+  EXPECT_TRUE(q.push_all(taken->shared));
+  for (int i = 0; i < 8; ++i) ASSERT_TRUE(q.push(item(20 + i), std::nullopt));
+  EXPECT_EQ(q.pop(1, /*block=*/true), nullptr);  // its lanes take nothing, and do not wait
+  std::vector<work_item_ptr> none;
+  EXPECT_EQ(q.pop_some(1, 8, none, /*block=*/true), 0u);
+  std::set<int> on_zero;
+  while (auto it = q.pop(0, /*block=*/false)) on_zero.insert(id_of(it));
+  EXPECT_EQ(on_zero.size(), 12u);  // 10..13 and 20..27
+  EXPECT_EQ(q.size(), 0u);
+
+  // With no device left, nothing is queued.
+  std::thread last([&] { EXPECT_EQ(q.pop(0, /*block=*/true), nullptr); });
+  ASSERT_TRUE(eventually([&] { return q.idle_lanes(0) == 1; }));
+  ASSERT_NE(q.retire(0), nullptr);
+  last.join();  // its waiting lane was woken and left
+  EXPECT_EQ(q.live_devices(), 0);
+  EXPECT_FALSE(q.push(item(30), std::nullopt));
+  std::vector<work_item_ptr> rest = items(31, 3);
+  EXPECT_FALSE(q.push_all(rest));
+  EXPECT_EQ(rest.size(), 3u);
+  EXPECT_FALSE(q.closed());
+}
+
 TEST(TaskQueue, AClosedQueueStillHandsOutWhatItHolds) {
   task_queue q(2);
   std::vector<work_item_ptr> shared = items(0, 4);

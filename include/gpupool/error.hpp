@@ -42,6 +42,15 @@ class out_of_memory : public error {
   using error::error;
 };
 
+/// A device can run nothing more: a fault that ends its context (an illegal address, say, which
+/// a CUDA device keeps reporting until the process ends). A task may throw it to take its device
+/// out of service; gpupool raises it for work that only that device could have run. Either way
+/// the executor goes on with the devices left (see the README's "Guarantees").
+class device_fault : public error {
+ public:
+  using error::error;
+};
+
 /// Thrown by `future::get()` for a task that was cancelled before it started.
 class cancelled_error : public error {
  public:

@@ -15,6 +15,7 @@ PyObject* cuda_error_type = nullptr;
 PyObject* out_of_memory_type = nullptr;
 PyObject* backend_unavailable_type = nullptr;
 PyObject* compile_error_type = nullptr;
+PyObject* device_fault_type = nullptr;
 PyObject* cancelled_type = nullptr;  // concurrent.futures.CancelledError
 
 void translate_exceptions(const std::exception_ptr& p, void* /*payload*/);
@@ -65,6 +66,8 @@ void translate_exceptions(const std::exception_ptr& p, void* /*payload*/) {
     PyErr_SetString(out_of_memory_type, e.what());
   } catch (const gpupool::cancelled_error& e) {
     PyErr_SetString(cancelled_type, e.what());
+  } catch (const gpupool::device_fault& e) {
+    PyErr_SetString(device_fault_type, e.what());
   } catch (const gpupool::backend_unavailable& e) {
     PyErr_SetString(backend_unavailable_type, e.what());
   } catch (const gpupool::argument_kind_error& e) {
@@ -101,6 +104,12 @@ void bind_errors(nb::module_& m) {
       "A run-time compiled kernel did not compile. Attributes: log (the compiler's output), "
       "line (the body's line of the first error, 0 if unknown).",
       error_type, nullptr);
+  device_fault_type = PyErr_NewExceptionWithDoc(
+      "gpupool.DeviceFaultError",
+      "A device can run nothing more (a fault such as an illegal address ended its context): "
+      "it was taken out of service and the executor goes on with the devices left. Raised for "
+      "work only that device could run, and for new work when no device is left.",
+      error_type, nullptr);
   cancelled_type =
       nb::module_::import_("concurrent.futures").attr("CancelledError").inc_ref().ptr();
   m.attr("GpupoolError") = nb::handle(error_type);
@@ -108,6 +117,7 @@ void bind_errors(nb::module_& m) {
   m.attr("OutOfMemoryError") = nb::handle(out_of_memory_type);
   m.attr("BackendUnavailableError") = nb::handle(backend_unavailable_type);
   m.attr("CompileError") = nb::handle(compile_error_type);
+  m.attr("DeviceFaultError") = nb::handle(device_fault_type);
   nb::register_exception_translator(translate_exceptions);
 }
 

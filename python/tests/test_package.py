@@ -46,3 +46,14 @@ def test_shipped_stubs_are_what_stubgen_makes_of_the_module(tmp_path):
                           cwd=tmp_path)
     assert done.returncode == 0, done.stderr
     assert made.read_text() + "\n__version__: str\n" == shipped.read_text()
+
+
+def test_errors_form_one_family_under_gpupool_error():
+    # One `except gpupool.GpupoolError` catches every error of gpupool's own; each keeps the
+    # standard base a caller may catch instead.
+    for name in ("CudaError", "OutOfMemoryError", "BackendUnavailableError", "CompileError",
+                 "DeviceFaultError"):
+        assert issubclass(getattr(gpupool, name), gpupool.GpupoolError), name
+    assert issubclass(gpupool.GpupoolError, RuntimeError)
+    assert issubclass(gpupool.OutOfMemoryError, MemoryError)
+    assert "device" in (gpupool.DeviceFaultError.__doc__ or "")

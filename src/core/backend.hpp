@@ -6,12 +6,14 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "gpupool/elementwise.hpp"
+#include "gpupool/error.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool::detail {
@@ -116,6 +118,12 @@ class backend {
   /// @throw compile_error; backend_unavailable where CUDA kernels cannot run.
   [[nodiscard]] virtual std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k,
                                                                        int ordinal) = 0;
+  /// Whether `e`, a task's failure on one of this backend's devices, leaves that device unable
+  /// to run anything more (CUDA: a sticky error such as an illegal address). A device_fault
+  /// always does.
+  [[nodiscard]] virtual bool is_device_fault(const std::exception& e) const noexcept {
+    return dynamic_cast<const device_fault*>(&e) != nullptr;
+  }
 };
 
 /// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else the first

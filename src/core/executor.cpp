@@ -27,6 +27,7 @@
 #include "core/lanes/elementwise_piece.hpp"
 #include "core/lanes/lane_worker.hpp"
 #include "core/lanes/user_kernel_piece.hpp"
+#include "core/scheduling/device_health.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/tuning/tuning.hpp"
 
@@ -263,6 +264,10 @@ struct executor::impl {
     }
     gate = std::make_unique<in_flight_gate>(choose_in_flight_budget(options, devices),
                                             options.when_full);
+    std::vector<std::string> names;
+    for (const device_info& info : devices) names.push_back(info.name);
+    health =
+        std::make_unique<detail::device_health>(*owner, queue, std::move(names), options.quiet);
     start_lanes();
   }
 
@@ -292,6 +297,7 @@ struct executor::impl {
           setup.tracing = &tracing;
           setup.epoch = epoch;
           setup.coalescing = &coalescing;
+          setup.health = health.get();
           lanes.push_back(std::make_unique<detail::lane_worker>(setup));
           try {
             if (setup.index == fault_at)
@@ -375,6 +381,7 @@ struct executor::impl {
   std::vector<device_info> devices;
   std::vector<std::unique_ptr<detail::device_memory>> memory;
   std::unique_ptr<in_flight_gate> gate;
+  std::unique_ptr<detail::device_health> health;
   std::vector<std::unique_ptr<detail::lane_worker>> lanes;
   std::atomic<bool> accepting{true};
   std::mutex shutdown_mutex;
@@ -392,6 +399,14 @@ struct executor::impl {
           "(pid " +
           std::to_string(getpid()) + "), so it takes no work here. Make a new executor in it");
     if (!accepting.load()) throw std::runtime_error(shut_down_message);
+  }
+
+  // Throws why work for `device` (nullopt: any device) was not queued: shut down, forked, or no
+  // device that may run it is in service.
+  [[noreturn]] void refuse(std::optional<int> device) const {
+    require_accepting();
+    if (queue.closed()) throw std::runtime_error(shut_down_message);
+    throw health->refusal(queue.live_devices() > 0 ? device : std::nullopt);
   }
 
   // The future of work with nothing to do: already succeeded.
@@ -465,9 +480,10 @@ struct executor::impl {
       stamp(*items.back());
     }
     if (!queue.push_all(items)) {
-      // Shut down meanwhile: ended, so that the future's callbacks give back its bytes.
+      // Shut down meanwhile (or no device left): ended, so that the future's callbacks give back
+      // its bytes.
       for (auto& item : items) (void)item->cancel();
-      throw std::runtime_error(shut_down_message);
+      refuse(std::nullopt);
     }
   }
 };
@@ -634,7 +650,7 @@ void executor::require_same_size(std::size_t a, std::size_t b) {
 void executor::enqueue(detail::work_item_ptr item, std::optional<int> device) {
   require_open();
   impl_->stamp(*item);
-  if (!impl_->queue.push(std::move(item), device)) throw std::runtime_error(shut_down_message);
+  if (!impl_->queue.push(std::move(item), device)) impl_->refuse(device);
 }
 
 void executor::enqueue_elementwise_all(
@@ -661,8 +677,7 @@ void executor::enqueue_elementwise_all(
   if (impl_->forked() || !impl_->accepting.load() || !impl_->queue.push_all(items)) {
     // Ended, so that their futures' callbacks give back the bytes they were admitted with.
     for (auto& item : items) (void)item->cancel();
-    require_open();  // throws the reason: a fork()ed child, or shut down
-    throw std::runtime_error(shut_down_message);
+    impl_->refuse(std::nullopt);  // a fork()ed child, shut down, or no device left
   }
 }
 
@@ -772,7 +787,10 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
     stamp(*items.back());
   }
   job->set_piece_count(items.size());
-  if (!queue.push_all(items, device)) throw std::runtime_error(shut_down_message);
+  if (!queue.push_all(items, device)) {
+    for (auto& item : items) (void)item->cancel();
+    refuse(device);
+  }
   return future<void>(std::move(state));
 }
 

@@ -386,6 +386,29 @@ class cuda_backend final : public backend {
     return {major, minor};
   }
 
+  // The errors after which the device's context is lost for the rest of the process (CUDA's
+  // "sticky" errors: every later call on that device returns them too).
+  bool is_device_fault(const std::exception& e) const noexcept override {
+    if (backend::is_device_fault(e)) return true;
+    const auto* failure = dynamic_cast<const cuda_error*>(&e);
+    if (failure == nullptr) return false;
+    switch (static_cast<cudaError_t>(failure->code())) {
+      case cudaErrorIllegalAddress:
+      case cudaErrorLaunchFailure:
+      case cudaErrorLaunchTimeout:
+      case cudaErrorHardwareStackError:
+      case cudaErrorIllegalInstruction:
+      case cudaErrorMisalignedAddress:
+      case cudaErrorInvalidAddressSpace:
+      case cudaErrorInvalidPc:
+      case cudaErrorAssert:
+      case cudaErrorECCUncorrectable:
+        return true;
+      default:
+        return false;
+    }
+  }
+
   std::size_t free_memory(int ordinal) const override {
     device_scope scope(ordinal);
     std::size_t free = 0, total = 0;

@@ -142,6 +142,7 @@ void lane_worker::run(std::promise<void> ready) {
         } catch (...) {
           tracer_.end(next_slot, *item, /*failed=*/true);
           item->fail(std::current_exception());
+          report_failure(std::current_exception());
           recover();
         }
         continue;
@@ -176,10 +177,16 @@ bool lane_worker::complete_oldest(std::deque<in_flight>& window, bool block) {
   } catch (...) {
     tracer_.end(oldest.slot, *oldest.item, /*failed=*/true);
     oldest.item->fail(std::current_exception());
+    report_failure(std::current_exception());
     recover();
   }
   window.pop_front();
   return true;
+}
+
+void lane_worker::report_failure(const std::exception_ptr& failure) noexcept {
+  // A fault that ends the device takes it out of service: this lane then takes nothing more.
+  if (setup_.health != nullptr) setup_.health->report(setup_.device, failure);
 }
 
 void lane_worker::recover() noexcept {

@@ -21,6 +21,7 @@
 #include "core/fault_injection.hpp"
 #include "core/lanes/slot_buffers.hpp"
 #include "core/lanes/slot_context.hpp"
+#include "core/scheduling/device_health.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/tracing/lane_tracer.hpp"
 #include "gpupool/lane.hpp"
@@ -60,6 +61,7 @@ struct lane_setup {
   const std::atomic<bool>* tracing = nullptr;     // the executor's switch
   std::chrono::steady_clock::time_point epoch{};  // zero of the executor's clock
   coalescing_counters* coalescing = nullptr;      // the executor's counts of batches run
+  device_health* health = nullptr;  // told of every failure (a device fault retires the device)
 };
 
 /// True if the calling thread is a lane taking work from `queue`.
@@ -108,6 +110,8 @@ class lane_worker final : public lane {
   bool complete_oldest(std::deque<in_flight>& window, bool block);
   /// After a failure: wait out whatever the stream still holds so slots can be reused.
   void recover() noexcept;
+  /// Tells the executor's device_health of a task's failure on this lane.
+  void report_failure(const std::exception_ptr& failure) noexcept;
   /// The staging buffer used by upload/download inside a user task; waits out its last use.
   void* acquire_staging();
 

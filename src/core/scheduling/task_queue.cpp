@@ -35,7 +35,8 @@ class ordered_locks {
 
 task_queue::task_queue(int devices)
     : count_(devices > 0 ? static_cast<std::size_t>(devices) : 0),
-      queues_(std::make_unique<device_queue[]>(count_)) {
+      queues_(std::make_unique<device_queue[]>(count_)),
+      live_(devices > 0 ? devices : 0) {
   if (devices < 1)
     throw std::invalid_argument("gpupool: a task queue needs at least one device, not " +
                                 std::to_string(devices));
@@ -109,7 +110,7 @@ void task_queue::wake_idle(std::size_t items, std::size_t first, wake_rule rule)
   for (std::size_t i = 0; i < count_ && items > 0; ++i) {
     if (idle_total_.load() == 0) return;
     device_queue& q = queues_[(first + i) % count_];
-    if (q.idle.load() == 0) continue;
+    if (q.idle.load() == 0 || q.retired.load()) continue;
     std::pair<int, bool> woken;
     {
       std::lock_guard lock(q.mutex);
@@ -124,20 +125,24 @@ void task_queue::wake_idle(std::size_t items, std::size_t first, wake_rule rule)
 }
 
 std::size_t task_queue::shared_target() {
-  if (count_ == 1) return 0;
+  if (count_ == 1) return queues_[0].retired.load() ? count_ : 0;
   // Each producing thread deals its items out in turn, from a start of its own, so that
   // producers do not all begin at device 0 (and share no counter).
   thread_local std::size_t turn = std::hash<std::thread::id>{}(std::this_thread::get_id());
   if (idle_total_.load() > 0) {
     for (std::size_t i = 0; i < count_; ++i) {
       const std::size_t d = (turn + i) % count_;
-      if (queues_[d].idle.load() > 0) {
+      if (queues_[d].idle.load() > 0 && !queues_[d].retired.load()) {
         turn = d + 1;
         return d;
       }
     }
   }
-  return turn++ % count_;
+  for (std::size_t i = 0; i < count_; ++i) {
+    const std::size_t d = turn++ % count_;
+    if (!queues_[d].retired.load()) return d;
+  }
+  return count_;
 }
 
 bool task_queue::push(work_item_ptr item, std::optional<int> device) {
@@ -148,21 +153,28 @@ bool task_queue::push(work_item_ptr item, std::optional<int> device) {
 bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
   const bool pinned = device.has_value();
   if (pinned) (void)at(*device);  // throws for an unknown device
-  const std::size_t target = pinned ? static_cast<std::size_t>(*device) : shared_target();
-  device_queue& q = queues_[target];
+  std::size_t target = 0;
   std::pair<int, bool> woken;
   bool every_lane_busy = false;
-  {
+  for (bool queued = false; !queued;) {
+    target = pinned ? static_cast<std::size_t>(*device) : shared_target();
+    if (target >= count_) return false;  // no device in service
+    device_queue& q = queues_[target];
     std::lock_guard lock(q.mutex);
     if (closed_.load()) return false;
+    if (q.retired.load()) {
+      if (pinned) return false;
+      continue;  // taken out of service since it was chosen: choose again
+    }
     // Coalescing only while every lane of the device is busy: an idle one takes the item now.
     const bool may_absorb = q.sleeping - q.signalled == 0;
     if (!append_locked(pinned ? q.pinned : q.shared, item, may_absorb)) return true;  // absorbed
     (pinned ? q.pinned_count : q.shared_count).fetch_add(1);
     woken = signal_locked(q, 1, wake_rule::one_in_transit);
     every_lane_busy = q.sleeping == 0;
+    queued = true;
   }
-  notify(q, woken);
+  notify(queues_[target], woken);
   // No lane of that device waits: a waiting lane of another device may steal an unpinned item.
   if (!pinned && every_lane_busy) wake_idle(1, target + 1, wake_rule::one_in_transit);
   return true;
@@ -183,7 +195,7 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     std::pair<int, bool> woken;
     {
       std::lock_guard lock(q.mutex);
-      if (closed_.load()) return false;
+      if (closed_.load() || q.retired.load()) return false;
       const std::size_t queued = append_run_locked(q, q.pinned, items, 0, items.size());
       q.pinned_count.fetch_add(queued);
       woken = signal_locked(q, queued, wake_rule::every_item);
@@ -193,33 +205,43 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     return true;
   }
 
-  // Items for any device: cut into consecutive runs, one per device (fewer if there are fewer
-  // items), so each device works through its run in order and runs stay coalescible. Every
-  // target's lock is held at once so that the batch is queued whole or not at all.
+  // Items for any device: cut into consecutive runs, one per device in service (fewer if there
+  // are fewer items), so each device works through its run in order and runs stay coalescible.
+  // Every target's lock is held at once so that the batch is queued whole or not at all.
   const std::size_t n = items.size();
-  const std::size_t runs = std::min(n, count_);
-  if (runs == 0) return !closed_.load();
-  const std::size_t first = shared_target();
-  std::vector<std::pair<int, bool>> woken(runs);
-  std::size_t unserved = 0;  // items queued for which the target device had no idle lane
-  {
-    ordered_locks<device_queue> locks(runs);
-    for (std::size_t d = 0; d < count_; ++d)
-      if ((d + count_ - first) % count_ < runs) locks.lock(queues_[d]);
-    if (closed_.load()) return false;
-    for (std::size_t r = 0; r < runs; ++r) {
-      device_queue& q = queues_[(first + r) % count_];
-      const std::size_t queued =
-          append_run_locked(q, q.shared, items, n * r / runs, n * (r + 1) / runs);
-      q.shared_count.fetch_add(queued);
-      woken[r] = signal_locked(q, queued, wake_rule::every_item);
-      unserved += queued - static_cast<std::size_t>(woken[r].first);
+  if (n == 0) return !closed_.load();
+  for (;;) {
+    const std::size_t first = shared_target();
+    if (first >= count_) return false;  // no device in service
+    std::vector<std::size_t> targets;   // in service, from `first` on
+    targets.reserve(count_);
+    for (std::size_t i = 0; i < count_ && targets.size() < n; ++i)
+      if (!queues_[(first + i) % count_].retired.load()) targets.push_back((first + i) % count_);
+    const std::size_t runs = targets.size();
+    std::vector<std::pair<int, bool>> woken(runs);
+    std::size_t unserved = 0;  // items queued for which the target device had no idle lane
+    {
+      ordered_locks<device_queue> locks(runs);
+      for (std::size_t d = 0; d < count_; ++d)
+        if (std::find(targets.begin(), targets.end(), d) != targets.end()) locks.lock(queues_[d]);
+      if (closed_.load()) return false;
+      if (std::any_of(targets.begin(), targets.end(),
+                      [&](std::size_t d) { return queues_[d].retired.load(); }))
+        continue;  // one was taken out of service meanwhile: choose again
+      for (std::size_t r = 0; r < runs; ++r) {
+        device_queue& q = queues_[targets[r]];
+        const std::size_t queued =
+            append_run_locked(q, q.shared, items, n * r / runs, n * (r + 1) / runs);
+        q.shared_count.fetch_add(queued);
+        woken[r] = signal_locked(q, queued, wake_rule::every_item);
+        unserved += queued - static_cast<std::size_t>(woken[r].first);
+      }
     }
+    items.clear();
+    for (std::size_t r = 0; r < runs; ++r) notify(queues_[targets[r]], woken[r]);
+    if (unserved > 0) wake_idle(unserved, first, wake_rule::every_item);
+    return true;
   }
-  items.clear();
-  for (std::size_t r = 0; r < runs; ++r) notify(queues_[(first + r) % count_], woken[r]);
-  if (unserved > 0) wake_idle(unserved, first, wake_rule::every_item);
-  return true;
 }
 
 std::size_t task_queue::append_run_locked(device_queue& q, std::deque<work_item_ptr>& deque,
@@ -270,7 +292,7 @@ work_item_ptr task_queue::steal(int device) {
   const auto own = static_cast<std::size_t>(device);
   for (std::size_t i = 1; i < count_; ++i) {
     device_queue& q = queues_[(own + i) % count_];
-    if (q.shared_count.load() == 0) continue;
+    if (q.shared_count.load() == 0 || q.retired.load()) continue;
     work_item_ptr item;
     bool more = false;
     {
@@ -291,6 +313,7 @@ work_item_ptr task_queue::steal(int device) {
 bool task_queue::wait_for_work(int device, bool& woken_for_item) {
   device_queue& q = queues_[static_cast<std::size_t>(device)];
   std::unique_lock lock(q.mutex);
+  if (q.retired.load()) return false;  // out of service: its lanes take nothing more
   if (!q.pinned.empty() || !q.shared.empty()) return true;
   // Closed: a lane leaves once nothing it may run is left (other devices' shared items it helps
   // with; their pinned ones are theirs).
@@ -320,6 +343,10 @@ work_item_ptr task_queue::pop(int device, bool block) {
   device_queue& q = at(device);
   bool woken_for_item = false;
   for (;;) {
+    if (q.retired.load()) {
+      leave_retired(q, woken_for_item);
+      return nullptr;
+    }
     // Empty by the lock-free counts: skip the lock (a blocking pop looks again under it), unless
     // this lane was dispatched to an item and must say that it has looked.
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
@@ -349,6 +376,10 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
   device_queue& q = at(device);
   bool woken_for_item = false;
   for (;;) {
+    if (q.retired.load()) {
+      leave_retired(q, woken_for_item);
+      return 0;
+    }
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       std::size_t take = 0;
       std::pair<int, bool> woken;
@@ -380,6 +411,38 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
     }
     if (!block || !wait_for_work(device, woken_for_item)) return 0;
   }
+}
+
+void task_queue::leave_retired(device_queue& q, bool& woken_for_item) {
+  if (!std::exchange(woken_for_item, false)) return;
+  std::lock_guard lock(q.mutex);
+  --q.dispatched;  // it looked: nothing is there for it any more
+}
+
+std::unique_ptr<task_queue::retired_items> task_queue::retire(int device) {
+  device_queue& q = at(device);
+  auto taken = std::make_unique<retired_items>();
+  {
+    std::lock_guard lock(q.mutex);
+    if (q.retired.load()) return nullptr;
+    // Room first, so that nothing below throws once items leave their deques.
+    taken->pinned.reserve(q.pinned.size());
+    taken->shared.reserve(q.shared.size());
+    q.retired.store(true);
+    for (auto& item : q.pinned) taken->pinned.push_back(std::move(item));
+    for (auto& item : q.shared) taken->shared.push_back(std::move(item));
+    q.pinned.clear();
+    q.shared.clear();
+    q.pinned_count.store(0);
+    q.shared_count.store(0);
+    live_.fetch_sub(1);
+  }
+  q.wake.notify_all();  // its waiting lanes find it out of service and leave
+  return taken;
+}
+
+bool task_queue::retired(int device) const {
+  return at(device).retired.load();
 }
 
 void task_queue::close() {

@@ -1,7 +1,8 @@
 // The executor's queue: one small queue per device, each behind its own lock. Items for any
 // device are spread over the devices' queues and stolen by lanes of a device that runs dry;
 // items pinned to a device stay in that device's queue. Lanes sleep per device and are woken
-// one per queued item, only where an item can run.
+// one per queued item, only where an item can run. A device taken out of service (retire) queues
+// nothing more and its lanes leave.
 #pragma once
 
 #include <atomic>
@@ -26,15 +27,16 @@ class task_queue {
   task_queue& operator=(const task_queue&) = delete;
   ~task_queue();
 
-  /// Queues `item` for any device, or for `device` alone. False if the queue is closed. An item
+  /// Queues `item` for any device, or for `device` alone. False if the queue is closed, or if no
+  /// device that may run it is in service (see `retire`). An item
   /// the last queued item of the same device queue absorbs (`work_item::absorb`) is not queued
   /// on its own and not counted by `size()`.
   /// @throw std::out_of_range for a device this queue does not have.
   bool push(work_item_ptr item, std::optional<int> device);
   /// Queues several items at once, for any device or for `device` alone, taking each device's
   /// lock once and waking at most one waiting lane per item (a single item is queued as `push`
-  /// queues it). False (nothing queued, `items`
-  /// left as they were) if closed; otherwise `items` is left empty.
+  /// queues it). False (nothing queued, `items` left as they were) if closed or if no device
+  /// that may run them is in service; otherwise `items` is left empty.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
   /// Takes the next item for a lane of `device`: that device's pinned items first, then the
@@ -50,6 +52,19 @@ class task_queue {
 
   /// Stops accepting work and wakes every waiting lane.
   void close();
+  /// What a device held when it was taken out of service.
+  struct retired_items {
+    std::vector<work_item_ptr> pinned;  // only that device could run these
+    std::vector<work_item_ptr> shared;  // for any device: queue them again elsewhere
+  };
+  /// Takes `device` out of service: nothing is queued for it from now on, its lanes' pops return
+  /// nothing (so they leave once their work in flight ends), and what it held is returned, in
+  /// order. Null if it was out of service already.
+  std::unique_ptr<retired_items> retire(int device);
+  /// Whether `device` was taken out of service.
+  [[nodiscard]] bool retired(int device) const;
+  /// Devices still in service.
+  [[nodiscard]] int live_devices() const noexcept { return live_.load(); }
   /// Removes and returns everything still queued, each with the device it was queued for
   /// (nullopt: any device). Pinned items come first, by device; the others in submission order
   /// (`work_item::trace_id`).
@@ -85,6 +100,9 @@ class task_queue {
     // `mutex`): with `signalled`, the work a cancelling shutdown leaves to them.
     int dispatched = 0;
     std::atomic<int> idle{0};  // sleeping - signalled, readable without the lock
+    // Out of service (set under `mutex`, never cleared): nothing is queued here any more, and
+    // this device's lanes take nothing.
+    std::atomic<bool> retired{false};
   };
 
   device_queue& at(int device) const;
@@ -131,19 +149,23 @@ class task_queue {
   void wake_idle(std::size_t items, std::size_t first, wake_rule rule);
   // Under q's lock, after `sleeping` or `signalled` changed: q's idle count and the total.
   void refresh_idle_locked(device_queue& q);
-  // Where the next items for any device go: a device with idle lanes if there is one, else the
-  // next in turn.
+  // Where the next items for any device go: a device in service with idle lanes if there is one,
+  // else the next in service in turn (count_ if none is in service).
   std::size_t shared_target();
   // The blocking part of pop/pop_some: waits until something may be there. False once closed
   // and nothing is left that `device` may run.
   // `woken_for_item` is set when an item's signal woke the lane (it then counts as dispatched
   // until its next look under the lock: see device_queue::dispatched).
   bool wait_for_work(int device, bool& woken_for_item);
+  // A lane of the out-of-service `q` leaves: if an item's signal woke it, it no longer counts as
+  // on its way.
+  static void leave_retired(device_queue& q, bool& woken_for_item);
 
   std::size_t count_;
   std::unique_ptr<device_queue[]> queues_;
   alignas(64) std::atomic<int> idle_total_{0};  // the sum of every device's `idle`
   std::atomic<bool> closed_{false};
+  std::atomic<int> live_;  // devices in service
   std::atomic<std::size_t> wakeups_{0};
 };
 

@@ -1,0 +1,84 @@
+#include "core/scheduling/device_health.hpp"
+
+#include <cstdio>
+#include <utility>
+
+namespace gpupool::detail {
+namespace {
+
+// Ends `item` with `error` unless it was cancelled (then it is done with already).
+void fail_queued(work_item& item, const std::exception_ptr& error) noexcept {
+  try {
+    if (item.claim()) item.fail(error);
+  } catch (...) {
+    item.fail(error);
+  }
+}
+
+}  // namespace
+
+device_health::device_health(const backend& owner, task_queue& queue,
+                             std::vector<std::string> names, bool quiet)
+    : owner_(owner),
+      queue_(queue),
+      names_(std::move(names)),
+      quiet_(quiet),
+      faults_(names_.size()) {}
+
+void device_health::report(int device, const std::exception_ptr& failure) noexcept {
+  if (!failure || device < 0 || static_cast<std::size_t>(device) >= names_.size()) return;
+  std::string what;
+  try {
+    std::rethrow_exception(failure);
+  } catch (const std::exception& e) {
+    if (!owner_.is_device_fault(e)) return;
+    what = e.what();
+  } catch (...) {
+    return;
+  }
+  try {
+    std::unique_ptr<task_queue::retired_items> taken = queue_.retire(device);
+    if (!taken) return;  // out of service already: said once
+    const std::string message = "gpupool: device " + std::to_string(device) + " (" +
+                                names_[static_cast<std::size_t>(device)] +
+                                ") is out of service after a fault: " + what;
+    {
+      std::lock_guard lock(mutex_);
+      faults_[static_cast<std::size_t>(device)] = message;
+    }
+    const bool others = queue_.live_devices() > 0;
+    if (!quiet_)
+      std::fprintf(stderr, "%s; %s\n", message.c_str(),
+                   others ? "the other devices take its queued work"
+                          : "no device is left, so everything queued fails");
+    const auto error = std::make_exception_ptr(device_fault(message));
+    for (auto& item : taken->pinned) fail_queued(*item, error);
+    // Work for any device goes to the devices left, or fails with the fault if none is.
+    if (!taken->shared.empty() && !queue_.push_all(taken->shared))
+      for (auto& item : taken->shared) fail_queued(*item, error);
+  } catch (...) {
+    // Out of memory for the message: the device stays in service, and its tasks keep failing
+    // with their own errors, as they would without this.
+  }
+}
+
+std::optional<std::string> device_health::fault(int device) const {
+  std::lock_guard lock(mutex_);
+  if (device < 0 || static_cast<std::size_t>(device) >= faults_.size() ||
+      faults_[static_cast<std::size_t>(device)].empty())
+    return std::nullopt;
+  return faults_[static_cast<std::size_t>(device)];
+}
+
+device_fault device_health::refusal(std::optional<int> device) const {
+  if (device) {
+    if (auto why = fault(*device)) return device_fault(*why);
+    return device_fault("gpupool: device " + std::to_string(*device) + " is out of service");
+  }
+  std::lock_guard lock(mutex_);
+  for (const auto& why : faults_)
+    if (!why.empty()) return device_fault("gpupool: every device is out of service; " + why);
+  return device_fault("gpupool: every device is out of service");
+}
+
+}  // namespace gpupool::detail

@@ -1,0 +1,123 @@
+// A kernel that writes to an illegal address on the last GPU, while a W2-sized map runs over
+// every GPU: that device is taken out of service (its context is lost for good), the map's work
+// finishes on the others with every result checked, work only that device could run fails with
+// device_fault, and new work for it is refused. With one GPU, no device is left: everything
+// queued fails with device_fault and new work is refused. Its own process (ctest
+// cuda.device_fault), since the fault ends the device's context for the rest of the process.
+// Exit 0: as described; 1: it was not; 77: no usable GPU (ctest reports the test skipped).
+#include <cstdio>
+#include <exception>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gpupool/gpupool.hpp"
+
+namespace {
+
+int failures = 0;
+
+void check(bool ok, const std::string& what) {
+  std::printf("%s: %s\n", ok ? "ok" : "FAIL", what.c_str());
+  if (!ok) ++failures;
+}
+
+// "device_fault: ..." for a device fault, "error: ..." for another failure, "" for success.
+template <class F>
+std::string outcome(F&& wait) {
+  try {
+    wait();
+    return "";
+  } catch (const gpupool::device_fault& e) {
+    return std::string("device_fault: ") + e.what();
+  } catch (const std::exception& e) {
+    return std::string("error: ") + e.what();
+  }
+}
+
+}  // namespace
+
+int main() {
+  const auto cuda = gpupool::cuda_availability();
+  if (!cuda.usable) {
+    std::printf("no usable GPU (%s): skipped\n", cuda.reason.c_str());
+    return 77;
+  }
+  gpupool::executor_options options;
+  options.backend = gpupool::backend_kind::cuda;
+  options.lanes_per_device = 4;
+  options.chunk_bytes = 4 << 20;
+  options.tuning = gpupool::tuning::fixed;
+  gpupool::executor ex(options);
+  const int devices = static_cast<int>(ex.devices().size());
+  const int faulty = devices - 1;
+  std::printf("%d GPU(s); a wild write on device %d\n", devices, faulty);
+
+  const gpupool::raw_kernel wild_write(R"(
+extern "C" __global__ void wild_write(const float* x, float* out, unsigned long long n) {
+  const unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;
+  if (i < n) out[i] = x[i];
+  if (i == 0) *(volatile float*)(0x10) = x[0];  // no allocation is there: an illegal address
+}
+)",
+                                       "wild_write", "float32* x", "float32* out");
+  std::vector<float> small(1024, 1.0f);
+  auto fault = ex.submit_to(faulty, [&](gpupool::lane& l) {
+    auto x = l.upload(std::span<const float>(small));
+    auto out = l.allocate<float>(small.size());
+    l.run(wild_write, {x}, out);
+    l.synchronize();
+  });
+  // W2's shape: 200 x 1M float64, for any device.
+  std::vector<std::vector<double>> inputs(200, std::vector<double>(1 << 20));
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    for (std::size_t j = 0; j < inputs[i].size(); ++j)
+      inputs[i][j] = static_cast<double>((i + j) % 1000) * 0.5;
+  auto squares = ex.map(gpupool::builtin_kernel::square(), inputs);
+
+  const std::string faulted = outcome([&] { fault.get(); });
+  check(faulted.find("cudaErrorIllegalAddress") != std::string::npos,
+        "the faulting task failed with the fault: " + faulted);
+
+  std::size_t right = 0, wrong = 0, refused = 0, other = 0;
+  for (std::size_t i = 0; i < squares.size(); ++i) {
+    std::string why = outcome([&] {
+      const auto out = squares[i].get();
+      for (std::size_t j = 0; j < out.size(); ++j)
+        if (out[j] != inputs[i][j] * inputs[i][j]) {
+          ++wrong;
+          return;
+        }
+      ++right;
+    });
+    if (why.rfind("device_fault: ", 0) == 0)
+      ++refused;
+    else if (!why.empty() && ++other == 1)
+      std::printf("  first other failure: %s\n", why.c_str());
+  }
+  std::printf("map: %zu right, %zu wrong, %zu device_fault, %zu other failures\n", right, wrong,
+              refused, other);
+  check(wrong == 0, "no result of the map is wrong");
+  const std::string later = outcome([&] { ex.submit_to(faulty, [](gpupool::lane&) {}).get(); });
+  check(later.rfind("device_fault: ", 0) == 0 && later.find("out of service") != std::string::npos,
+        "new work for the faulted device is refused: " + later);
+  if (devices > 1) {
+    // The map's pieces that were in flight on the faulted device when it broke fail with the
+    // fault; everything else ran on the other devices.
+    check(right + refused + other == inputs.size() && right >= inputs.size() / 2,
+          "most of the map ran on the devices left");
+    const std::string after = outcome([&] {
+      if (ex.submit([](gpupool::lane& l) { return l.device(); }).get() == faulty)
+        throw std::runtime_error("ran on the faulted device");
+    });
+    check(after.empty(), "new work runs on the devices left " + after);
+  } else {
+    check(right + refused + other == inputs.size(), "every task of the map ended");
+    const std::string none = outcome([&] { ex.submit([](gpupool::lane&) {}).get(); });
+    check(none.find("every device is out of service") != std::string::npos,
+          "with no device left, new work is refused: " + none);
+  }
+  ex.shutdown();
+  std::printf("%s\n", failures == 0 ? "device fault contained" : "FAILED");
+  return failures == 0 ? 0 : 1;
+}
