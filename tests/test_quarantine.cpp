@@ -149,9 +149,19 @@ TEST(Quarantine, TheFaultIsSaidOnceOnStderrUnlessQuiet) {
   o.quiet = false;
   executor ex(o);
   ::testing::internal::CaptureStderr();
+  // Both lanes of device 1 fault, after both have started (else the second could be refused).
+  std::promise<void> go;
+  const std::shared_future<void> gate = go.get_future().share();
+  std::atomic<int> started{0};
   std::vector<future<void>> faults;
   for (int i = 0; i < 2; ++i)
-    faults.push_back(ex.submit_to(1, [](lane&) { throw device_fault("injected twice"); }));
+    faults.push_back(ex.submit_to(1, [&](lane&) {
+      started.fetch_add(1);
+      gate.wait();
+      throw device_fault("injected twice");
+    }));
+  while (started.load() < 2) std::this_thread::sleep_for(1ms);
+  go.set_value();
   for (auto& f : faults) EXPECT_EQ(failure_of(f).rfind("device_fault: ", 0), 0u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(ex.submit([i](lane&) { return i; }).get(), i);
   const std::string said = ::testing::internal::GetCapturedStderr();
