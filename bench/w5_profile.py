@@ -1,0 +1,85 @@
+"""Where the time of W5 from Python goes: Executor.map of a compiled FMA kernel over 2,000 CuPy
+arrays of 16,384 float32 (as `gpupool compare` runs it), split into the map call (describing the
+arrays and queueing the batches), the wait for the results, and a cProfile of the whole, beside
+CuPy's one launch over all the data. Results are checked against CuPy's own kernel first.
+
+    python bench/w5_profile.py [--chunks 2000] [--size 16384] [--fmas 2048] [--repeat 5]
+"""
+
+import argparse
+import cProfile
+import io
+import pstats
+import statistics
+import time
+
+import gpupool
+from gpupool.compare import _frameworks as fw
+
+A, B = 0.999, 0.001
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--chunks", type=int, default=2000)
+    parser.add_argument("--size", type=int, default=16384)
+    parser.add_argument("--fmas", type=int, default=2048)
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    import cupy as cp
+
+    data = cp.random.uniform(-1, 1, args.chunks * args.size, dtype=cp.float32)
+    chunks = [data[i * args.size:(i + 1) * args.size] for i in range(args.chunks)]
+    kernel = gpupool.elementwise("float32 x, float32 a, float32 b", "float32 y",
+                                 fw.fma_body(args.fmas), f"w5_profile_{args.fmas}")
+    reference = cp.empty_like(data)
+    cupy_kernel = fw.cupy_fma_kernel(args.fmas)
+
+    def one_launch() -> None:
+        cupy_kernel(data, A, B, reference)
+        cp.cuda.runtime.deviceSynchronize()
+
+    with gpupool.Executor() as ex:
+        got = list(ex.map(kernel, chunks, A, B))
+        one_launch()
+        for i in (0, args.chunks // 2, args.chunks - 1):
+            if not bool(cp.allclose(got[i], reference[i * args.size:(i + 1) * args.size],
+                                    rtol=1e-5, atol=1e-6)):
+                raise SystemExit(f"FAIL: chunk {i} differs from CuPy's kernel")
+        del got
+        launch, calls, waits, wholes = [], [], [], []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            one_launch()
+            launch.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            results = ex.map(kernel, chunks, A, B)
+            t1 = time.perf_counter()
+            got = list(results)
+            cp.cuda.runtime.deviceSynchronize()
+            t2 = time.perf_counter()
+            calls.append(t1 - t0)
+            waits.append(t2 - t1)
+            wholes.append(t2 - t0)
+            del got, results
+        ms = lambda v: 1e3 * statistics.median(v)  # noqa: E731
+        print(f"W5 from Python: {args.chunks} x {args.size} float32, {args.fmas} FMAs, "
+              f"{ex.threads_per_gpu} lanes per GPU, {len(ex.devices)} GPU(s); medians of "
+              f"{args.repeat}, results checked")
+        print(f"  CuPy one launch        {ms(launch):8.2f} ms")
+        print(f"  gpupool map, whole     {ms(wholes):8.2f} ms  ({ms(wholes) / ms(launch):.2f}x one launch)")
+        print(f"    the map call         {ms(calls):8.2f} ms  ({1e3 * ms(calls) / args.chunks:.1f} us per array)")
+        print(f"    results and wait     {ms(waits):8.2f} ms")
+        profile = cProfile.Profile()
+        profile.enable()
+        got = list(ex.map(kernel, chunks, A, B))
+        cp.cuda.runtime.deviceSynchronize()
+        profile.disable()
+        del got
+        text = io.StringIO()
+        pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(20)
+        print(text.getvalue())
+
+
+if __name__ == "__main__":
+    main()
