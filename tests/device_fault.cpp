@@ -35,14 +35,9 @@ std::string outcome(F&& wait) {
   }
 }
 
-}  // namespace
-
-int main() {
-  const auto cuda = gpupool::cuda_availability();
-  if (!cuda.usable) {
-    std::printf("no usable GPU (%s): skipped\n", cuda.reason.c_str());
-    return 77;
-  }
+// Runs the scenario; the executor (with the faulted device's lanes and memory) is gone when it
+// returns, so a failure to shut down or to free shows before the verdict.
+void run() {
   gpupool::executor_options options;
   options.backend = gpupool::backend_kind::cuda;
   options.lanes_per_device = 4;
@@ -118,6 +113,22 @@ extern "C" __global__ void wild_write(const float* x, float* out, unsigned long 
           "with no device left, new work is refused: " + none);
   }
   ex.shutdown();
+}
+
+}  // namespace
+
+int main() {
+  const auto cuda = gpupool::cuda_availability();
+  if (!cuda.usable) {
+    std::printf("no usable GPU (%s): skipped\n", cuda.reason.c_str());
+    return 77;
+  }
+  try {
+    run();
+  } catch (const std::exception& e) {
+    std::printf("FAIL: %s\n", e.what());
+    ++failures;
+  }
   std::printf("%s\n", failures == 0 ? "device fault contained" : "FAILED");
   return failures == 0 ? 0 : 1;
 }

@@ -348,7 +348,10 @@ struct executor::impl {
       // Tasks not started are cancelled; pieces of a task that has started go back to the queue
       // and run, so that task ends normally, like every running one.
       for (auto& [item, device] : queue.drain(/*spare_woken=*/true))
-        if (!item->cancel()) queue.push(std::move(item), device);
+        if (!item->cancel() && !queue.offer(item, device))
+          // Its device was taken out of service meanwhile, and no other may run it.
+          item->fail(std::make_exception_ptr(
+              health->refusal(queue.live_devices() > 0 ? device : std::nullopt)));
     }
     queue.close();
     for (auto& l : lanes) l->join();
@@ -444,13 +447,18 @@ struct executor::impl {
   }
 
   // The most bytes of its widest array a piece of a call moving `total` bytes takes. chunk_bytes,
-  // unless that leaves lanes idle: when the chunk size was not given, a call too small to give
-  // every lane two pieces is cut finer (down to adaptive_piece_floor), so that all lanes copy at
-  // once. On one H200, W1 (5 x 8 MB) takes 1.64 ms in 2 MiB pieces and 1.9 ms in 4 MiB ones,
-  // while W2 (200 x 8 MB) runs a quarter faster in 4 MiB pieces than in 2 MiB ones.
+  // unless that leaves lanes idle: when the chunk size was not given and less is queued than
+  // there are lanes, a call too small to give every lane two pieces is cut finer (down to
+  // adaptive_piece_floor), so that all lanes copy at once. On one H200, W1 (5 x 8 MB) takes
+  // 1.64 ms in 2 MiB pieces and 1.9 ms in 4 MiB ones, while W2 (200 x 8 MB) runs a quarter
+  // faster in 4 MiB pieces than in 2 MiB ones. With a backlog the lanes are busy anyway, and
+  // smaller pieces would only add per-piece cost.
   [[nodiscard]] std::size_t piece_bytes(std::size_t total) const noexcept {
     if (settings.chunk_from == setting_source::given) return chunk_bytes;
-    const std::size_t lanes_in_all = std::max<std::size_t>(lanes.size(), 1);
+    const std::size_t lanes_in_all = std::max<std::size_t>(
+        static_cast<std::size_t>(queue.live_devices()) * static_cast<std::size_t>(lanes_per_device),
+        1);
+    if (queue.size() >= lanes_in_all) return chunk_bytes;
     const std::size_t share = total / (2 * lanes_in_all);
     const std::size_t rounded = (share + piece_alignment - 1) / piece_alignment * piece_alignment;
     return std::clamp(rounded, std::min(adaptive_piece_floor, chunk_bytes), chunk_bytes);

@@ -141,8 +141,10 @@ void lane_worker::run(std::promise<void> ready) {
           next_slot = (next_slot + 1) % buffers_.count();
         } catch (...) {
           tracer_.end(next_slot, *item, /*failed=*/true);
-          item->fail(std::current_exception());
+          // A device fault retires the device before the task's future ends, so that whoever
+          // reacts to that future finds the device out of service.
           report_failure(std::current_exception());
+          item->fail(std::current_exception());
           recover();
         }
         continue;
@@ -176,8 +178,8 @@ bool lane_worker::complete_oldest(std::deque<in_flight>& window, bool block) {
     oldest.item->complete();
   } catch (...) {
     tracer_.end(oldest.slot, *oldest.item, /*failed=*/true);
+    report_failure(std::current_exception());  // before the future ends, as in run()
     oldest.item->fail(std::current_exception());
-    report_failure(std::current_exception());
     recover();
   }
   window.pop_front();

@@ -27,39 +27,58 @@ device_health::device_health(const backend& owner, task_queue& queue,
 
 void device_health::report(int device, const std::exception_ptr& failure) noexcept {
   if (!failure || device < 0 || static_cast<std::size_t>(device) >= names_.size()) return;
-  std::string what;
+  std::string message;
+  std::exception_ptr error;
   try {
-    std::rethrow_exception(failure);
-  } catch (const std::exception& e) {
-    if (!owner_.is_device_fault(e)) return;
-    what = e.what();
+    try {
+      std::rethrow_exception(failure);
+    } catch (const std::exception& e) {
+      if (!owner_.is_device_fault(e)) return;
+      message = "gpupool: device " + std::to_string(device) + " (" +
+                names_[static_cast<std::size_t>(device)] +
+                ") is out of service after a fault: " + e.what();
+    } catch (...) {
+      return;
+    }
+    error = std::make_exception_ptr(device_fault(message));
   } catch (...) {
+    // No memory for the message: the device stays in service (its tasks keep failing with their
+    // own errors, as they would without this).
     return;
   }
+  // From here nothing is allowed to leave an item unended: whatever is taken out of the queue
+  // is queued again or failed.
+  std::unique_ptr<task_queue::retired_items> taken;
   try {
-    std::unique_ptr<task_queue::retired_items> taken = queue_.retire(device);
-    if (!taken) return;  // out of service already: said once
-    const std::string message = "gpupool: device " + std::to_string(device) + " (" +
-                                names_[static_cast<std::size_t>(device)] +
-                                ") is out of service after a fault: " + what;
-    {
-      std::lock_guard lock(mutex_);
-      faults_[static_cast<std::size_t>(device)] = message;
-    }
-    const bool others = queue_.live_devices() > 0;
-    if (!quiet_)
-      std::fprintf(stderr, "%s; %s\n", message.c_str(),
-                   others ? "the other devices take its queued work"
-                          : "no device is left, so everything queued fails");
-    const auto error = std::make_exception_ptr(device_fault(message));
-    for (auto& item : taken->pinned) fail_queued(*item, error);
-    // Work for any device goes to the devices left, or fails with the fault if none is.
-    if (!taken->shared.empty() && !queue_.push_all(taken->shared))
-      for (auto& item : taken->shared) fail_queued(*item, error);
+    taken = queue_.retire(device);
   } catch (...) {
-    // Out of memory for the message: the device stays in service, and its tasks keep failing
-    // with their own errors, as they would without this.
+    return;  // nothing was taken: it stays in service
   }
+  if (!taken) return;  // out of service already: said once
+  try {
+    std::lock_guard lock(mutex_);
+    faults_[static_cast<std::size_t>(device)] = message;
+  } catch (...) {
+    // refusal() then names the device without the fault.
+  }
+  const bool others = queue_.live_devices() > 0;
+  if (!quiet_)
+    std::fprintf(stderr, "%s; %s\n", message.c_str(),
+                 others ? "the other devices take its queued work"
+                        : "no device is left, so everything queued fails");
+  for (auto& item : taken->pinned) fail_queued(*item, error);
+  // Work for any device goes to the devices left. It fails with the fault where none is left, or
+  // where the queue is closed (a shutdown under way: the lanes may be leaving, and work queued
+  // now could be left behind).
+  bool moved = false;
+  try {
+    moved = !taken->shared.empty() && queue_.push_all(taken->shared);
+  } catch (...) {
+    // push_all leaves the items with us when it fails
+  }
+  if (!moved)
+    for (auto& item : taken->shared)
+      if (item) fail_queued(*item, error);
 }
 
 std::optional<std::string> device_health::fault(int device) const {

@@ -114,6 +114,7 @@ void task_queue::wake_idle(std::size_t items, std::size_t first, wake_rule rule)
     std::pair<int, bool> woken;
     {
       std::lock_guard lock(q.mutex);
+      if (q.retired.load()) continue;  // retired since the look above: its lanes are leaving
       woken = signal_locked(q, items, rule);
     }
     notify(q, woken);
@@ -146,6 +147,11 @@ std::size_t task_queue::shared_target() {
 }
 
 bool task_queue::push(work_item_ptr item, std::optional<int> device) {
+  if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
+  return push_one(item, device);
+}
+
+bool task_queue::offer(work_item_ptr& item, std::optional<int> device) {
   if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
   return push_one(item, device);
 }
@@ -214,16 +220,21 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     const std::size_t first = shared_target();
     if (first >= count_) return false;  // no device in service
     std::vector<std::size_t> targets;   // in service, from `first` on
+    std::vector<char> is_target(count_, 0);
     targets.reserve(count_);
-    for (std::size_t i = 0; i < count_ && targets.size() < n; ++i)
-      if (!queues_[(first + i) % count_].retired.load()) targets.push_back((first + i) % count_);
+    for (std::size_t i = 0; i < count_ && targets.size() < n; ++i) {
+      const std::size_t d = (first + i) % count_;
+      if (queues_[d].retired.load()) continue;
+      targets.push_back(d);
+      is_target[d] = 1;
+    }
     const std::size_t runs = targets.size();
     std::vector<std::pair<int, bool>> woken(runs);
     std::size_t unserved = 0;  // items queued for which the target device had no idle lane
     {
       ordered_locks<device_queue> locks(runs);
       for (std::size_t d = 0; d < count_; ++d)
-        if (std::find(targets.begin(), targets.end(), d) != targets.end()) locks.lock(queues_[d]);
+        if (is_target[d] != 0) locks.lock(queues_[d]);
       if (closed_.load()) return false;
       if (std::any_of(targets.begin(), targets.end(),
                       [&](std::size_t d) { return queues_[d].retired.load(); }))
@@ -290,6 +301,7 @@ void task_queue::hand_on_steal(int device) {
 
 work_item_ptr task_queue::steal(int device) {
   const auto own = static_cast<std::size_t>(device);
+  if (queues_[own].retired.load()) return nullptr;  // a lane of a faulted device runs nothing
   for (std::size_t i = 1; i < count_; ++i) {
     device_queue& q = queues_[(own + i) % count_];
     if (q.shared_count.load() == 0 || q.retired.load()) continue;
@@ -344,7 +356,7 @@ work_item_ptr task_queue::pop(int device, bool block) {
   bool woken_for_item = false;
   for (;;) {
     if (q.retired.load()) {
-      leave_retired(q, woken_for_item);
+      leave_retired(device, woken_for_item);
       return nullptr;
     }
     // Empty by the lock-free counts: skip the lock (a blocking pop looks again under it), unless
@@ -377,7 +389,7 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
   bool woken_for_item = false;
   for (;;) {
     if (q.retired.load()) {
-      leave_retired(q, woken_for_item);
+      leave_retired(device, woken_for_item);
       return 0;
     }
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
@@ -413,10 +425,15 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
   }
 }
 
-void task_queue::leave_retired(device_queue& q, bool& woken_for_item) {
+void task_queue::leave_retired(int device, bool& woken_for_item) {
   if (!std::exchange(woken_for_item, false)) return;
-  std::lock_guard lock(q.mutex);
-  --q.dispatched;  // it looked: nothing is there for it any more
+  device_queue& q = queues_[static_cast<std::size_t>(device)];
+  {
+    std::lock_guard lock(q.mutex);
+    --q.dispatched;  // it looked: nothing is there for it any more
+  }
+  // It may have been woken to steal another device's item: pass that on to a lane that can.
+  if (any_shared()) wake_idle(1, static_cast<std::size_t>(device) + 1, wake_rule::one_in_transit);
 }
 
 std::unique_ptr<task_queue::retired_items> task_queue::retire(int device) {

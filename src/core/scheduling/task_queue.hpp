@@ -33,6 +33,8 @@ class task_queue {
   /// on its own and not counted by `size()`.
   /// @throw std::out_of_range for a device this queue does not have.
   bool push(work_item_ptr item, std::optional<int> device);
+  /// Like `push`, but an item that is not queued stays with the caller (false), who must end it.
+  bool offer(work_item_ptr& item, std::optional<int> device);
   /// Queues several items at once, for any device or for `device` alone, taking each device's
   /// lock once and waking at most one waiting lane per item (a single item is queued as `push`
   /// queues it). False (nothing queued, `items` left as they were) if closed or if no device
@@ -157,9 +159,9 @@ class task_queue {
   // `woken_for_item` is set when an item's signal woke the lane (it then counts as dispatched
   // until its next look under the lock: see device_queue::dispatched).
   bool wait_for_work(int device, bool& woken_for_item);
-  // A lane of the out-of-service `q` leaves: if an item's signal woke it, it no longer counts as
-  // on its way.
-  static void leave_retired(device_queue& q, bool& woken_for_item);
+  // A lane of the out-of-service `device` leaves: if an item's signal woke it, it no longer
+  // counts as on its way, and the wake-up goes to a lane of another device.
+  void leave_retired(int device, bool& woken_for_item);
 
   std::size_t count_;
   std::unique_ptr<device_queue[]> queues_;

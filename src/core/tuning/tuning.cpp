@@ -75,16 +75,18 @@ constexpr int cpu_most_default_lanes = 8;
 constexpr std::size_t mib = std::size_t{1} << 20;
 // A configuration squares enough per device for each lane to run sweep_pieces_per_lane pieces,
 // and at least the first figure below, at most the second (and never more than
-// `most_sweep_bytes` over all devices): with fewer pieces a lane never reaches its steady state,
-// and bigger chunks looked worse than they run (on one H200, 128 MiB per configuration chose
-// 2 MiB chunks, 32 GB/s on W2, where 4 MiB gives 41). The largest, 16 lanes x 8 MiB x 8, is
-// ~30 ms at 38 GB/s: the whole sweep stays within its second.
+// `most_sweep_bytes` over all devices; the sweep's input and output arrays each hold that much
+// host memory): with a piece or two per lane a lane never reaches its steady state, and bigger
+// chunks looked worse than they run (on one H200, 128 MiB per configuration chose 2 MiB chunks,
+// 32 GB/s on W2, where 4 MiB gives 41). 16 lanes x 4 MiB get their 8 pieces per lane on up to
+// four GPUs, 16 x 8 MiB four pieces on one or two. The largest, 512 MiB, is ~15 ms at 38 GB/s:
+// the whole sweep stays within its second.
 constexpr std::size_t sweep_pieces_per_lane = 8;
 constexpr std::size_t cuda_sweep_bytes_per_device = 128 * mib;
-constexpr std::size_t cuda_most_sweep_bytes_per_device = 1024 * mib;
+constexpr std::size_t cuda_most_sweep_bytes_per_device = 512 * mib;
 constexpr std::size_t cpu_sweep_bytes_per_device = 32 * mib;
 constexpr std::size_t cpu_most_sweep_bytes_per_device = 128 * mib;
-constexpr std::size_t most_sweep_bytes = 1024 * mib;
+constexpr std::size_t most_sweep_bytes = 2048 * mib;
 // Beyond the executor's own limits (tuning.hpp), a sane size for a cache entry's chunks.
 constexpr std::size_t largest_chunk = std::size_t{1} << 34;
 constexpr std::size_t most_samples = 64;
