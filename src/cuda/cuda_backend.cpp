@@ -470,6 +470,16 @@ class cuda_host_memory final : public host_memory {
   cuda_pinned_resource pinned_;
 };
 
+// More busy streams than this share hardware queues and falsely serialise. The driver reads it
+// when a context is created, so it is set (unless the user did) when the library is loaded, before
+// any CUDA call. Not later (it was once set by the first probe): setenv while other threads read
+// the environment can crash them (glibc may free the array they read), and a probe can run on any
+// thread, while lanes read their settings; at load time no gpupool thread exists yet.
+[[maybe_unused]] const bool connections_set = [] {
+  ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
+  return true;
+}();
+
 // Set in a child process forked after this process asked CUDA anything: the driver the parent
 // started is not the child's, and every CUDA call there fails (CUDA does not survive fork()).
 std::atomic<bool> forked_after_cuda_started{false};
@@ -482,9 +492,6 @@ backend_probe probe() {
   static const backend_probe result = [] {
     // The probe's first call below starts the driver; from then on a forked child cannot use it.
     pthread_atfork(nullptr, nullptr, note_fork_in_child);
-    // More busy streams than this share hardware queues and falsely serialise. The driver reads
-    // it when a context is created, so set it (unless the user did) before the first CUDA call.
-    ::setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
     backend_probe p;
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
