@@ -86,6 +86,28 @@ TEST(MemoryPressureCuda, TheDefaultBudgetIsHalfOfTheFreeMemory) {
   EXPECT_EQ(ex.in_flight().budget, expected);
 }
 
+// Memory gpupool's pool keeps after a task freed it still counts as free: a later executor's
+// default budget is not shrunk by an earlier one's big allocation (it once was, to a few
+// megabytes after a test that filled the device).
+TEST(MemoryPressureCuda, MemoryThePoolKeepsCountsAsFree) {
+  GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
+  executor first(testing::quiet_options(backend_kind::cuda, 1));
+  const std::size_t before = first.devices()[0].free_memory;
+  const std::size_t big = std::min<std::size_t>(before / 4, std::size_t{8} << 30);
+  first
+      .submit_to(0,
+                 [big](lane& l) {
+                   void* p = l.allocate_bytes(big);
+                   l.deallocate_bytes(p, big);
+                   l.synchronize();
+                 })
+      .get();
+  first.shutdown();
+  executor later(testing::quiet_options(backend_kind::cuda, 1));
+  EXPECT_GT(later.devices()[0].free_memory, before - big / 2)
+      << "the " << big << " bytes the pool kept were counted as used";
+}
+
 TEST_P(MemoryPressure, SubmittersWaitAtTheBudgetAndResumeAsTasksComplete) {
   executor ex(options());
   std::promise<void> open;

@@ -413,7 +413,20 @@ class cuda_backend final : public backend {
     device_scope scope(ordinal);
     std::size_t free = 0, total = 0;
     GPUPOOL_CUDA_CHECK(cudaMemGetInfo(&free, &total));
-    return free;
+    // What the device's pool keeps after gpupool freed it (prepare_device keeps everything) is
+    // free for gpupool's purposes: without this, one executor's big allocation, long freed,
+    // shrank the default in-flight budget of every executor made after it in the process.
+    cudaMemPool_t pool = nullptr;
+    std::uint64_t reserved = 0, used = 0;
+    if (cudaDeviceGetDefaultMemPool(&pool, ordinal) == cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent, &reserved) ==
+            cudaSuccess &&
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent, &used) == cudaSuccess) {
+      if (reserved > used) free += static_cast<std::size_t>(reserved - used);
+    } else {
+      (void)cudaGetLastError();
+    }
+    return std::min(free, total);
   }
 
   void prepare_device(int ordinal) override {
