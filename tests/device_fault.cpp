@@ -1,9 +1,10 @@
 // A kernel that writes to an illegal address on the last GPU, while a W2-sized map runs over
-// every GPU: that device is taken out of service (its context is lost for good), the map's work
-// finishes on the others with every result checked, work only that device could run fails with
-// device_fault, and new work for it is refused. With one GPU, no device is left: everything
-// queued fails with device_fault and new work is refused. Its own process (ctest
-// cuda.device_fault), since the fault ends the device's context for the rest of the process.
+// every GPU. Such a CUDA error is "sticky" for the whole process: every later CUDA call fails
+// with it, on every device (CUDA's documentation; bench/fault_isolation.cu shows it on two
+// H200s). So gpupool takes every device out of service at once: the faulting task fails with the
+// CUDA error, everything still queued fails promptly with device_fault naming it, no result that
+// comes back is wrong, new work is refused, and the process shuts the pool down and exits
+// normally. Its own process (ctest cuda.device_fault), since CUDA is lost to it afterwards.
 // Exit 0: as described; 1: it was not; 77: no usable GPU (ctest reports the test skipped).
 #include <cstdio>
 #include <exception>
@@ -96,22 +97,16 @@ extern "C" __global__ void wild_write(const float* x, float* out, unsigned long 
   const std::string later = outcome([&] { ex.submit_to(faulty, [](gpupool::lane&) {}).get(); });
   check(later.rfind("device_fault: ", 0) == 0 && later.find("out of service") != std::string::npos,
         "new work for the faulted device is refused: " + later);
-  if (devices > 1) {
-    // The map's pieces that were in flight on the faulted device when it broke fail with the
-    // fault; everything else ran on the other devices.
-    check(right + refused + other == inputs.size() && right >= inputs.size() / 2,
-          "most of the map ran on the devices left");
-    const std::string after = outcome([&] {
-      if (ex.submit([](gpupool::lane& l) { return l.device(); }).get() == faulty)
-        throw std::runtime_error("ran on the faulted device");
-    });
-    check(after.empty(), "new work runs on the devices left " + after);
-  } else {
-    check(right + refused + other == inputs.size(), "every task of the map ended");
-    const std::string none = outcome([&] { ex.submit([](gpupool::lane&) {}).get(); });
-    check(none.find("every device is out of service") != std::string::npos,
-          "with no device left, new work is refused: " + none);
+  check(right + refused + other == inputs.size(), "every task of the map ended");
+  check(refused > 0, "queued work failed with device_fault");
+  for (int d = 0; d < devices; ++d) {
+    const std::string none = outcome([&] { ex.submit_to(d, [](gpupool::lane&) {}).get(); });
+    check(none.rfind("device_fault: ", 0) == 0 && none.find("out of service") != std::string::npos,
+          "new work for device " + std::to_string(d) + " is refused: " + none);
   }
+  const std::string none = outcome([&] { ex.submit([](gpupool::lane&) {}).get(); });
+  check(none.find("every device is out of service") != std::string::npos,
+        "new work for any device is refused: " + none);
   ex.shutdown();
 }
 

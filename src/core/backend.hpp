@@ -95,6 +95,9 @@ class backend_stream {
 };
 
 /// A backend: finds devices and opens streams on them. Thread-safe.
+/// How far a failure reaches (backend::classify_fault).
+enum class fault_scope { none, device, every_device };
+
 class backend {
  public:
   virtual ~backend() = default;
@@ -118,11 +121,14 @@ class backend {
   /// @throw compile_error; backend_unavailable where CUDA kernels cannot run.
   [[nodiscard]] virtual std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k,
                                                                        int ordinal) = 0;
-  /// Whether `e`, a task's failure on one of this backend's devices, leaves that device unable
-  /// to run anything more (CUDA: a sticky error such as an illegal address). A device_fault
-  /// always does.
-  [[nodiscard]] virtual bool is_device_fault(const std::exception& e) const noexcept {
-    return dynamic_cast<const device_fault*>(&e) != nullptr;
+  /// What `e`, a task's failure on one of this backend's devices, leaves unable to run anything
+  /// more: nothing (an ordinary failure), that device (a device_fault a task threw), or every
+  /// device of the process (CUDA's sticky errors, such as an illegal address: "the process is
+  /// left in an inconsistent state and any further CUDA work will return the same error", on
+  /// every device, as measured on two H200s with bench/fault_isolation.cu).
+  [[nodiscard]] virtual fault_scope classify_fault(const std::exception& e) const noexcept {
+    return dynamic_cast<const device_fault*>(&e) != nullptr ? fault_scope::device
+                                                            : fault_scope::none;
   }
 };
 

@@ -386,12 +386,12 @@ class cuda_backend final : public backend {
     return {major, minor};
   }
 
-  // The errors after which the device's context is lost for the rest of the process (CUDA's
-  // "sticky" errors: every later call on that device returns them too).
-  bool is_device_fault(const std::exception& e) const noexcept override {
-    if (backend::is_device_fault(e)) return true;
+  // CUDA's "sticky" errors: after one, every later CUDA call of the process fails with it, on
+  // every device (CUDA's documentation: the process must be restarted; bench/fault_isolation.cu
+  // shows it on two H200s), so no device is left to move work to.
+  fault_scope classify_fault(const std::exception& e) const noexcept override {
     const auto* failure = dynamic_cast<const cuda_error*>(&e);
-    if (failure == nullptr) return false;
+    if (failure == nullptr) return backend::classify_fault(e);
     switch (static_cast<cudaError_t>(failure->code())) {
       case cudaErrorIllegalAddress:
       case cudaErrorLaunchFailure:
@@ -403,9 +403,9 @@ class cuda_backend final : public backend {
       case cudaErrorInvalidPc:
       case cudaErrorAssert:
       case cudaErrorECCUncorrectable:
-        return true;
+        return fault_scope::every_device;
       default:
-        return false;
+        return fault_scope::none;
     }
   }
 
