@@ -8,6 +8,7 @@
 // Exit 0: as described; 1: it was not; 77: no usable GPU (ctest reports the test skipped).
 #include <cstdio>
 #include <exception>
+#include <future>
 #include <span>
 #include <string>
 #include <vector>
@@ -57,19 +58,24 @@ extern "C" __global__ void wild_write(const float* x, float* out, unsigned long 
 }
 )",
                                        "wild_write", "float32* x", "float32* out");
-  std::vector<float> small(1024, 1.0f);
-  auto fault = ex.submit_to(faulty, [&](gpupool::lane& l) {
-    auto x = l.upload(std::span<const float>(small));
-    auto out = l.allocate<float>(small.size());
-    l.run(wild_write, {x}, out);
-    l.synchronize();
-  });
   // W2's shape: 200 x 1M float64, for any device.
   std::vector<std::vector<double>> inputs(200, std::vector<double>(1 << 20));
   for (std::size_t i = 0; i < inputs.size(); ++i)
     for (std::size_t j = 0; j < inputs[i].size(); ++j)
       inputs[i][j] = static_cast<double>((i + j) % 1000) * 0.5;
+  std::vector<float> small(1024, 1.0f);
+  // The fault waits until the map is queued, so that there is queued work for it to end.
+  std::promise<void> map_queued;
+  const std::shared_future<void> go = map_queued.get_future().share();
+  auto fault = ex.submit_to(faulty, [&](gpupool::lane& l) {
+    go.wait();
+    auto x = l.upload(std::span<const float>(small));
+    auto out = l.allocate<float>(small.size());
+    l.run(wild_write, {x}, out);
+    l.synchronize();
+  });
   auto squares = ex.map(gpupool::builtin_kernel::square(), inputs);
+  map_queued.set_value();
 
   const std::string faulted = outcome([&] { fault.get(); });
   check(faulted.find("cudaErrorIllegalAddress") != std::string::npos,
