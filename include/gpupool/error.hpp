@@ -42,10 +42,10 @@ class out_of_memory : public error {
   using error::error;
 };
 
-/// A device can run nothing more: a fault that ends its context (an illegal address, say, which
-/// a CUDA device keeps reporting until the process ends). A task may throw it to take its device
-/// out of service; gpupool raises it for work that only that device could have run. Either way
-/// the executor goes on with the devices left (see the README's "Guarantees").
+/// A device can run nothing more. A task may throw it to take its device out of service (the
+/// executor goes on with the devices left); gpupool raises it for work that only a device out of
+/// service could have run, and for all queued and new work after a sticky CUDA error (an illegal
+/// address), which ends CUDA on every device of the process (see the README's "Guarantees").
 class device_fault : public error {
  public:
   using error::error;

@@ -106,9 +106,9 @@ void bind_errors(nb::module_& m) {
       error_type, nullptr);
   device_fault_type = PyErr_NewExceptionWithDoc(
       "gpupool.DeviceFaultError",
-      "A device can run nothing more (a fault such as an illegal address ended its context): "
-      "it was taken out of service and the executor goes on with the devices left. Raised for "
-      "work only that device could run, and for new work when no device is left.",
+      "A device was taken out of service after a fault: raised for work only it could run and "
+      "for new work for it. A sticky CUDA error (an illegal address) ends CUDA on every device "
+      "of the process: then queued work fails with this and new work is refused.",
       error_type, nullptr);
   cancelled_type =
       nb::module_::import_("concurrent.futures").attr("CancelledError").inc_ref().ptr();

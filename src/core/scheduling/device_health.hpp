@@ -1,6 +1,6 @@
-// Devices taken out of service after a fault that ends what they can run. A CUDA device that hit
-// an illegal address reports that error to every later call until the process ends; without
-// this, every task the queue hands to it would fail the same way while the other devices idle.
+// Devices taken out of service after a fault that ends what they can run. After a sticky CUDA
+// error (an illegal address) every later CUDA call of the process fails the same way, on every
+// device; without this, every queued task would be started only to fail, one by one.
 #pragma once
 
 #include <exception>
@@ -15,9 +15,10 @@
 namespace gpupool::detail {
 
 /// What the executor knows of its devices' faults. Lanes report every task failure here; the
-/// first one the backend calls a device fault takes that device out of service: the queue stops
-/// giving it work (its lanes leave once their work in flight has ended), the work only it could
-/// run fails with a device_fault naming the fault, its other queued work moves to the devices
+/// first one the backend classifies as ending a device (backend::classify_fault) takes that
+/// device, or every device for a fault of the whole process, out of service: the queue stops
+/// giving them work (their lanes leave once their work in flight has ended), the work only they
+/// could run fails with a device_fault naming the fault, other queued work moves to the devices
 /// left, and one line on stderr says so (unless quiet). With no device left, everything still
 /// queued fails. Thread-safe.
 class device_health {
