@@ -92,6 +92,15 @@ TEST(Lifecycle, AbsurdCountsAreRefusedWithTheLimit) {
   }
 }
 
+// Waits for the forked `child`, which must exit with status 0 (a hang ends it with SIGALRM).
+void expect_clean_exit(pid_t child) {
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's own check failed (its exit code says which)";
+}
+
 TEST(Lifecycle, AForkedChildIsRefusedClearly) {
   executor ex(cpu_options(2));
   EXPECT_EQ(ex.submit([](lane&) { return 1; }).get(), 1);
@@ -115,11 +124,7 @@ TEST(Lifecycle, AForkedChildIsRefusedClearly) {
     ex.shutdown();  // returns at once: nothing of the parent's lanes to wait for
     ::_exit(code);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
-                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  expect_clean_exit(child);
   EXPECT_EQ(ex.submit([](lane&) { return 3; }).get(), 3);  // the parent's executor is untouched
 }
 
@@ -148,11 +153,7 @@ TEST(Lifecycle, AForkedChildHasPinnedMemoryOfItsOwn) {
     }
     ::_exit(code);
   }
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
-                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
-  EXPECT_EQ(WEXITSTATUS(status), 0);
+  expect_clean_exit(child);
   deallocate_pinned(held, 1 << 20);
 }
 
