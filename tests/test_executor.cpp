@@ -22,43 +22,10 @@ namespace gpupool {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::gate;
+using testing::hold_every_lane;
 using testing::matches_reference;
 using testing::random_vector;
-
-// A gate that holds tasks until the test opens it, so queues can be filled deterministically.
-class gate {
- public:
-  void wait() {
-    std::unique_lock lock(mutex_);
-    cv_.wait(lock, [this] { return open_; });
-  }
-  // Notifies under the lock: a waiter may destroy the gate as soon as it wakes, so open() must
-  // not touch the condition variable after the waiter can run.
-  void open() {
-    std::lock_guard lock(mutex_);
-    open_ = true;
-    cv_.notify_all();
-  }
-
- private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool open_ = false;
-};
-
-// Occupies every lane of `ex` (of every device) with a task that waits for `g`; returns once all
-// of them run, so whatever is submitted next stays queued until `g` opens.
-multi_future<void> hold_every_lane(executor& ex, gate& g) {
-  std::atomic<int> started{0};
-  multi_future<void> holders;
-  for (int i = 0; i < ex.lane_count(); ++i)
-    holders.push_back(ex.submit([&](lane&) {
-      ++started;
-      g.wait();
-    }));
-  while (started.load() < ex.lane_count()) std::this_thread::sleep_for(1ms);
-  return holders;
-}
 
 class ExecutorTest : public ::testing::TestWithParam<backend_kind> {
  protected:

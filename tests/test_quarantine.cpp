@@ -9,7 +9,6 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <future>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -27,20 +26,6 @@ executor_options stand_ins(int devices, int lanes) {
   o.cpu_devices = devices;
   o.tuning = tuning::fixed;
   return o;
-}
-
-// Occupies `lanes` lanes of `device` until `release` is ready; returns once all of them run.
-std::vector<future<void>> hold(executor& ex, int device, int lanes,
-                               const std::shared_future<void>& release) {
-  auto started = std::make_shared<std::atomic<int>>(0);
-  std::vector<future<void>> held;
-  for (int i = 0; i < lanes; ++i)
-    held.push_back(ex.submit_to(device, [started, release](lane&) {
-      started->fetch_add(1);
-      release.wait();
-    }));
-  while (started->load() < lanes) std::this_thread::sleep_for(1ms);
-  return held;
 }
 
 template <class T>
@@ -75,10 +60,8 @@ bool all_ready_within(multi_future<T>& futures, std::chrono::seconds limit) {
 }
 
 TEST(Quarantine, AFaultTakesItsDeviceOutAndTheOthersRunItsQueuedWork) {
+  testing::gate fault_gate, rest_gate;
   executor ex(stand_ins(2, 2));
-  std::promise<void> go_fault, go_rest;
-  const std::shared_future<void> fault_gate = go_fault.get_future().share();
-  const std::shared_future<void> rest_gate = go_rest.get_future().share();
   // Every lane busy, so that what follows stays queued on both devices: device 1's lanes wait
   // to fault (one) and to finish normally (the other), device 0's to go on later.
   std::atomic<int> started{0};
@@ -93,7 +76,7 @@ TEST(Quarantine, AFaultTakesItsDeviceOutAndTheOthersRunItsQueuedWork) {
     return 7;
   });
   while (started.load() < 2) std::this_thread::sleep_for(1ms);
-  auto held = hold(ex, 0, 2, rest_gate);
+  auto held = testing::hold_lanes_of(ex, 0, rest_gate);
 
   // Queued now: tasks only device 1 may run, and work for any device (map deals it out over both
   // devices' queues).
@@ -105,7 +88,7 @@ TEST(Quarantine, AFaultTakesItsDeviceOutAndTheOthersRunItsQueuedWork) {
   for (int i = 0; i < 20; ++i) anywhere.push_back(ex.submit([i](lane&) { return i; }));
 
   ::testing::internal::CaptureStderr();
-  go_fault.set_value();
+  fault_gate.open();
   const std::string faulted = failure_of(faulting);
   EXPECT_NE(faulted.find("injected: device 1 lost its context"), std::string::npos) << faulted;
   for (auto& f : only_there) {
@@ -115,7 +98,7 @@ TEST(Quarantine, AFaultTakesItsDeviceOutAndTheOthersRunItsQueuedWork) {
     EXPECT_NE(why.find("out of service"), std::string::npos) << why;
     EXPECT_NE(why.find("injected: device 1 lost its context"), std::string::npos) << why;
   }
-  go_rest.set_value();
+  rest_gate.open();
 
   // Work already running on the faulted device ends as it would have; the rest ran on device 0.
   ASSERT_TRUE(in_flight.wait_for(30s));
@@ -147,11 +130,10 @@ TEST(Quarantine, AFaultTakesItsDeviceOutAndTheOthersRunItsQueuedWork) {
 TEST(Quarantine, TheFaultIsSaidOnceOnStderrUnlessQuiet) {
   executor_options o = stand_ins(2, 2);
   o.quiet = false;
+  testing::gate gate;
   executor ex(o);
   ::testing::internal::CaptureStderr();
   // Both lanes of device 1 fault, after both have started (else the second could be refused).
-  std::promise<void> go;
-  const std::shared_future<void> gate = go.get_future().share();
   std::atomic<int> started{0};
   std::vector<future<void>> faults;
   for (int i = 0; i < 2; ++i)
@@ -161,7 +143,7 @@ TEST(Quarantine, TheFaultIsSaidOnceOnStderrUnlessQuiet) {
       throw device_fault("injected twice");
     }));
   while (started.load() < 2) std::this_thread::sleep_for(1ms);
-  go.set_value();
+  gate.open();
   for (auto& f : faults) EXPECT_EQ(failure_of(f).rfind("device_fault: ", 0), 0u);
   for (int i = 0; i < 20; ++i) EXPECT_EQ(ex.submit([i](lane&) { return i; }).get(), i);
   const std::string said = ::testing::internal::GetCapturedStderr();
@@ -174,9 +156,8 @@ TEST(Quarantine, TheFaultIsSaidOnceOnStderrUnlessQuiet) {
 }
 
 TEST(Quarantine, WithNoDeviceLeftQueuedWorkFailsAndNewWorkIsRefused) {
+  testing::gate gate;
   executor ex(stand_ins(1, 1));
-  std::promise<void> go;
-  const std::shared_future<void> gate = go.get_future().share();
   std::atomic<bool> started{false};
   auto faulting = ex.submit([&](lane&) {
     started.store(true);
@@ -188,7 +169,7 @@ TEST(Quarantine, WithNoDeviceLeftQueuedWorkFailsAndNewWorkIsRefused) {
   for (int i = 0; i < 5; ++i) queued.push_back(ex.submit([](lane&) { return 1; }));
   const std::vector<std::vector<float>> inputs(8, std::vector<float>(100, 2.0f));
   auto squares = ex.map(builtin_kernel::square(), inputs);
-  go.set_value();
+  gate.open();
 
   EXPECT_EQ(failure_of(faulting).rfind("device_fault: ", 0), 0u);
   for (auto& f : queued) {

@@ -4,7 +4,10 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -14,7 +17,9 @@
 #include <stdexcept>
 #include <string>
 #include <system_error>
+#include <thread>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "gpupool/gpupool.hpp"
@@ -145,6 +150,54 @@ template <class Range, class T>
 ::testing::AssertionResult matches_reference(const Range& got, const std::vector<T>& want,
                                              const std::vector<double>& magnitude = {}) {
   return matches_reference(std::vector<T>(got.begin(), got.end()), want, magnitude);
+}
+
+// A gate that holds tasks until the test opens it, so queues can be filled deterministically.
+class gate {
+ public:
+  void wait() {
+    std::unique_lock lock(mutex_);
+    cv_.wait(lock, [this] { return open_; });
+  }
+  // Notifies under the lock: a waiter may destroy the gate as soon as it wakes, so open() must
+  // not touch the condition variable after the waiter can run.
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable cv_;
+  bool open_ = false;
+};
+
+// Occupies `lanes` lanes with tasks that wait for `g` (submitted by `submit_one`, which takes
+// the task); returns once all of them run.
+template <class Submit>
+multi_future<void> hold_lanes(int lanes, gate& g, Submit submit_one) {
+  std::atomic<int> started{0};
+  multi_future<void> holders;
+  for (int i = 0; i < lanes; ++i)
+    holders.push_back(submit_one([&](lane&) {
+      ++started;
+      g.wait();
+    }));
+  while (started.load() < lanes) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  return holders;
+}
+
+// Occupies every lane of `ex` (of every device) until `g` opens, so whatever is submitted next
+// stays queued.
+inline multi_future<void> hold_every_lane(executor& ex, gate& g) {
+  return hold_lanes(ex.lane_count(), g, [&](auto task) { return ex.submit(std::move(task)); });
+}
+
+// Occupies every lane of `device` until `g` opens.
+inline multi_future<void> hold_lanes_of(executor& ex, int device, gate& g) {
+  return hold_lanes(ex.lanes_per_device(), g,
+                    [&](auto task) { return ex.submit_to(device, std::move(task)); });
 }
 
 }  // namespace gpupool::testing
