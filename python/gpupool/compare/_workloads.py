@@ -426,30 +426,28 @@ class Comparison:
             ex = self.executor(closers)
             return lambda: [ex.submit(noop, d).result() for d in each]
 
-        def each_back(out: Iterable[Any]) -> None:
-            got = list(out)
-            if len(got) != len(each) or any(g is not d for g, d in zip(got, each)):
-                raise WrongResult("the no-op did not return each input, in order")
+        def returns(inputs: Chunks) -> Check:
+            """The check of a no-op over `inputs`: each input back, itself, in order."""
+            def check_back(out: Iterable[Any]) -> None:
+                got = list(out)
+                if len(got) != len(inputs) or any(g is not d for g, d in zip(got, inputs)):
+                    raise WrongResult("the no-op did not return each input, in order")
+            return check_back
 
         self.run("W4", "ThreadPoolExecutor, no-op, one at a time, 8 threads (floor)", LIMIT,
-                 unit, float(len(each)), functools.partial(noop_each, stdlib=True), each_back,
+                 unit, float(len(each)), functools.partial(noop_each, stdlib=True), returns(each),
                  {"threads": 8})
         self.run("W4", "gpupool (Python) no-op, one at a time (floor)", LIMIT, unit,
-                 float(len(each)), functools.partial(noop_each, stdlib=False), each_back)
+                 float(len(each)), functools.partial(noop_each, stdlib=False), returns(each))
 
         def gpupool_noop(closers: Closers) -> Callable[[], List[object]]:
             ex = self.executor(closers)
             return lambda: list(ex.map(noop, data))
 
-        def each_input_back(out: Iterable[Any]) -> None:
-            got = list(out)
-            if len(got) != len(data) or any(g is not d for g, d in zip(got, data)):
-                raise WrongResult("the no-op did not return each input, in order")
-
         # gpupool's own floor: no work, so no ratio to the rows that square (a LIMIT row, shown
         # beside the standard library's).
         self.run("W4", "gpupool (Python) map of a no-op (floor)", LIMIT, unit, float(len(data)),
-                 gpupool_noop, each_input_back)
+                 gpupool_noop, returns(data))
 
     # W5 -----------------------------------------------------------------------------------
     def w5(self) -> None:
