@@ -366,6 +366,77 @@ TEST_P(ExecutorTest, TransformLargerThanTheDeviceMemoryBudget) {
   for (const auto& m : ex.memory_stats()) EXPECT_LE(m.peak, o.device_memory_budget);
 }
 
+TEST_P(ExecutorTest, TransformEachRunsEveryCallIntoItsOwnOutput) {
+  executor_options o = options(3);
+  o.chunk_bytes = 64 << 10;  // the big call runs in many pieces
+  executor ex(o);
+  // Sizes from empty to many pieces, as a map over a mixed list gives them.
+  std::vector<std::vector<float>> xs, ys, outs;
+  for (std::size_t i = 0; i < 600; ++i) {
+    const std::size_t n = i == 7 ? 200'000 : i % 53;
+    xs.push_back(random_vector<float>(n, static_cast<unsigned>(i)));
+    ys.push_back(random_vector<float>(n, static_cast<unsigned>(i + 1000)));
+    outs.emplace_back(n, -1.0F);
+  }
+  std::vector<transform_call> calls;
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    calls.push_back({xs[i].data(), ys[i].data(), outs[i].data(), xs[i].size()});
+  const auto k = builtin_kernel::axpy(2.0);
+  auto futures = ex.transform_each(k, dtype::float32, calls);
+  ASSERT_EQ(futures.size(), calls.size());
+  futures.get();
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    for (std::size_t j = 0; j < xs[i].size(); ++j)
+      ASSERT_EQ(outs[i][j], 2.0F * xs[i][j] + ys[i][j]) << "call " << i << ", element " << j;
+}
+
+TEST_P(ExecutorTest, TransformEachRefusesABadCallBeforeQueueingAny) {
+  executor ex(options());
+  std::vector<double> x(100, 3.0), out(100, 0.0);
+  std::vector<transform_call> calls(5, {x.data(), nullptr, out.data(), x.size()});
+  calls[3].y = x.data();  // two inputs for a one-input kernel
+  EXPECT_THROW(
+      {
+        try {
+          (void)ex.transform_each(builtin_kernel::square(), dtype::float64, calls);
+        } catch (const std::invalid_argument& e) {
+          EXPECT_NE(std::string(e.what()).find("call 3"), std::string::npos) << e.what();
+          throw;
+        }
+      },
+      std::invalid_argument);
+  // An alpha the element type cannot hold, likewise.
+  calls[3].y = nullptr;
+  EXPECT_THROW((void)ex.transform_each(builtin_kernel::scale(0.5), dtype::int32, calls),
+               std::invalid_argument);
+  ex.shutdown();
+  EXPECT_EQ(out, std::vector<double>(100, 0.0));  // nothing ran
+}
+
+TEST_P(ExecutorTest, TransformEachFailingPartWayLeavesNothingRunning) {
+  executor_options o = options(2);
+  o.in_flight_budget = 64 << 10;  // room for 4 calls of 8 KiB in and 8 KiB out
+  o.when_full = when_full::raise;
+  executor ex(o);
+  gate g;
+  auto holders = hold_every_lane(ex, g);
+  const std::size_t n = 1024;  // doubles: 8 KiB
+  std::vector<std::vector<double>> xs(10, std::vector<double>(n, 2.0));
+  std::vector<std::vector<double>> outs(10, std::vector<double>(n, 0.0));
+  std::vector<transform_call> calls;
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    calls.push_back({xs[i].data(), nullptr, outs[i].data(), n});
+  EXPECT_THROW((void)ex.transform_each(builtin_kernel::square(), dtype::float64, calls),
+               out_of_memory);
+  // The four calls queued before the budget ran out were cancelled: none runs once the lanes
+  // are free, and their budget came back.
+  g.open();
+  holders.get();
+  ex.shutdown();
+  for (const auto& out : outs) EXPECT_EQ(out, std::vector<double>(n, 0.0));
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+}
+
 TEST_P(ExecutorTest, InPlaceTransform) {
   executor ex(options());
   auto v = random_vector<std::int64_t>(50'000, 5);

@@ -54,6 +54,15 @@ struct coalescing_stats {
 
 /// Runs tasks on every lane of every device. Thread-safe: any thread may submit, and tasks may
 /// submit further tasks (but a task that waits on another can deadlock a full executor).
+/// One call of executor::transform_each: `count` elements of `x` (and `y`, for a two-input
+/// kernel; else null) in, `count` elements to `out`, all of the call's element type.
+struct transform_call {
+  const void* x = nullptr;
+  const void* y = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;
+};
+
 class executor {
  public:
   /// Finds the devices, starts the lanes.
@@ -213,6 +222,19 @@ class executor {
     require_same_size(y.size(), out.size());
     return transform_impl(k, dtype_of<T>(), x.data(), y.data(), out.data(), out.size());
   }
+
+  /// Many transforms of one built-in kernel and element type at once, one future per call, in
+  /// order: what `map` is to many inputs, for outputs the caller owns (the Python binding's
+  /// `map` writes into pinned result blocks this way). The calls are queued in batches (one
+  /// push and one wake-up pass per batch), each counted against the in-flight budget as
+  /// `transform` counts it. Arrays must stay alive until their future is ready.
+  /// @throw std::invalid_argument (before anything is queued) for a call whose `y` does not
+  ///        match the kernel's arity, or an alpha `t` cannot hold. If queueing fails part way
+  ///        (shut down; the budget full with when_full::raise), the calls queued are cancelled,
+  ///        those already running are waited for, and the error is thrown: no call is left
+  ///        running to read or write the caller's memory.
+  multi_future<void> transform_each(const builtin_kernel& k, dtype t,
+                                    std::span<const transform_call> calls);
 
   /// Runs a run-time compiled elementwise kernel over `out.size()` elements: every array input
   /// must have that length and the parameter's type; scalars are converted and broadcast.

@@ -696,6 +696,53 @@ void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job)
                                                    impl_->chunk_bytes);
 }
 
+multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
+                                            std::span<const transform_call> calls) {
+  for (std::size_t i = 0; i < calls.size(); ++i)
+    if (calls[i].count > 0 && (calls[i].y != nullptr) != (k.arity() == 2))
+      throw std::invalid_argument(
+          "gpupool::executor::transform_each: call " + std::to_string(i) +
+          (k.arity() == 2 ? " gives one input to" : " gives two inputs to") + " kernel '" +
+          std::string(k.name()) + "', which takes " + std::to_string(k.arity()));
+  detail::require_alpha_fits(k, t);
+  require_open();
+  multi_future<void> futures;
+  futures.reserve(calls.size());
+  std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
+  jobs.reserve(std::min(calls.size(), map_batch));
+  try {
+    for (const transform_call& call : calls) {
+      if (call.count == 0) {
+        futures.push_back(impl::nothing_to_do());
+        continue;
+      }
+      const std::size_t cost =
+          in_flight_cost(call.count * size_of(t) * (call.y == nullptr ? 2 : 3), /*piecewise=*/true);
+      if (!try_admit(cost)) {
+        // Calls gathered but not queued hold budget: queue them before waiting for room that
+        // only their completion may free.
+        enqueue_elementwise_all(jobs);
+        admit(cost);
+      }
+      auto state = std::make_shared<detail::shared_state<void>>();
+      hold_until_done(state, cost);
+      futures.emplace_back(state);
+      jobs.push_back(std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
+                                                             call.count, std::move(state)));
+      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+    }
+    enqueue_elementwise_all(jobs);
+  } catch (...) {
+    // Nothing of the call may stay behind, reading or writing the caller's memory: what is
+    // queued (or only gathered) is cancelled, what already runs is waited for.
+    for (auto& job : jobs) (void)job->state().try_cancel();
+    for (auto& f : futures) (void)f.cancel();
+    for (auto& f : futures) f.wait();
+    throw;
+  }
+  return futures;
+}
+
 future<void> executor::transform_impl(const builtin_kernel& k, dtype t, const void* x,
                                       const void* y, void* out, std::size_t n) {
   if (n == 0) {
