@@ -450,10 +450,19 @@ class Executor(_futures.Executor):
             if len(iterables) not in (1, 2):
                 raise TypeError(
                     f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
+            xs = list(iterables[0])
+            ys = list(iterables[1]) if len(iterables) == 2 else None
             with self._lock:
                 self._check_open()
-                pending = self._kernel_futures(
-                    fn, list(iterables[0]), list(iterables[1]) if len(iterables) == 2 else None)
+                if not (xs and _device.is_device_array(xs[0])):
+                    # Host arrays: every call queued now, results yielded in order straight from
+                    # C++ (no Future per call; TimeoutError, a failure or Ctrl-C cancels the
+                    # rest, as below).
+                    in_order: Iterator[Any] = self._core.map_kernel_results(fn, xs, ys, timeout)
+                    if progress:
+                        in_order = _with_progress(in_order, len(xs), fn.name)
+                    return in_order
+                pending = self._kernel_futures(fn, xs, ys)
         else:
             pending = [self.submit(fn, *args) for args in zip(*iterables)]
         results = _ordered_results(pending, deadline)

@@ -40,6 +40,12 @@ gpupool::dtype dtype_from_name(const std::string& name) {
       ("gpupool: unsupported dtype " + name + "; expected " + dtype_names(" or ")).c_str());
 }
 
+gpupool::dtype gpupool_dtype(nb::dlpack::dtype t) {
+  for (const gpupool::dtype_info& info : gpupool::dtypes)
+    if (dlpack_of(info.type) == t) return info.type;
+  throw nb::type_error(("gpupool: unsupported dtype; expected " + dtype_names(" or ")).c_str());
+}
+
 bool is_c_contiguous(const input_array& a) {
   if (a.size() == 0) return true;  // an empty array's strides mean nothing
   std::int64_t expected = 1;
@@ -52,10 +58,15 @@ bool is_c_contiguous(const input_array& a) {
 
 input_array as_input(nb::handle obj, std::size_t index, const char* which,
                      const std::string& parameter) {
-  std::string where = std::string(which) + "[" + std::to_string(index) + "]";
-  if (!parameter.empty()) where += " ('" + parameter + "')";
+  // Named only in a refusal: a map checks every one of thousands of arrays through here.
+  const auto where_of = [&] {
+    std::string where = std::string(which) + "[" + std::to_string(index) + "]";
+    if (!parameter.empty()) where += " ('" + parameter + "')";
+    return where;
+  };
   input_array a;
   if (!nb::try_cast(obj, a, /*convert=*/false)) {
+    const std::string where = where_of();
     std::string what = nb::type_name(obj.type()).c_str();
     if (nb::hasattr(obj, "dtype"))
       what += " of dtype " +
@@ -67,13 +78,13 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
             .c_str());
   }
   if (a.device_type() != nb::device::cpu::value)
-    throw nb::type_error(("gpupool: " + where +
+    throw nb::type_error(("gpupool: " + where_of() +
                           " lives on a GPU while the first array is a host array; pass host "
                           "arrays and device arrays in separate calls")
                              .c_str());
   if (dtype_name(a.dtype()) == nullptr)
     throw nb::type_error(
-        ("gpupool: " + where + " has the unsupported dtype " +
+        ("gpupool: " + where_of() + " has the unsupported dtype " +
          (nb::hasattr(obj, "dtype")
               ? std::string(nb::steal<nb::str>(PyObject_Str(obj.attr("dtype").ptr())).c_str())
               : std::string("(unnamed)")) +
@@ -81,7 +92,7 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
             .c_str());
   if (!is_c_contiguous(a))
     throw nb::value_error(
-        ("gpupool: " + where + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
+        ("gpupool: " + where_of() + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
             .c_str());
   return a;
 }

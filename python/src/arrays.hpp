@@ -29,6 +29,8 @@ class pinned_block {
 
 const char* dtype_name(nb::dlpack::dtype t);
 gpupool::dtype dtype_from_name(const std::string& name);
+// gpupool's dtype of a checked array's element type (TypeError for one gpupool does not take).
+gpupool::dtype gpupool_dtype(nb::dlpack::dtype t);
 nb::dlpack::dtype dlpack_of(gpupool::dtype t);
 
 // Checks one input at the call, before any work starts.

@@ -47,6 +47,7 @@ void bind_arrays(nb::module_& m);
 void bind_trace(nb::module_& m);
 void bind_lane(nb::module_& m);
 void bind_futures(nb::module_& m);
+void bind_kernel_map(nb::module_& m);
 void bind_executor(nb::module_& m);
 
 }  // namespace gpupool_python

@@ -21,6 +21,7 @@
 #include "errors.hpp"
 #include "futures.hpp"
 #include "gpupool/gpupool.hpp"
+#include "kernel_map.hpp"
 #include "kernels.hpp"
 #include "lane.hpp"
 
@@ -91,55 +92,37 @@ class py_executor {
   nb::list map_kernel(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, nb::sequence xs,
                       std::optional<nb::sequence> ys, nb::handle future_type) {
     const gpupool::builtin_kernel& k = *kernel.p;
-    const std::size_t n = nb::len(xs);
-    if (k.arity() == 2 && !ys)
-      throw nb::value_error(
-          ("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
-    if (k.arity() == 1 && ys)
-      throw nb::value_error(
-          ("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
-    if (ys && nb::len(*ys) != n)
-      throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
-                             " arrays and " + std::to_string(nb::len(*ys)) + ")")
-                                .c_str());
-
-    std::vector<input_array> x(n), y(ys ? n : 0);
-    for (std::size_t i = 0; i < n; ++i) {
-      x[i] = as_input(xs[i], i, "x");
-      check_alpha(kernel.h, k, dtype_from_name(dtype_name(x[i].dtype())),
-                  "x[" + std::to_string(i) + "]");
-      if (ys) {
-        y[i] = as_input((*ys)[i], i, "y");
-        const std::string pair = "x[" + std::to_string(i) + "] and y[" + std::to_string(i) + "]";
-        if (y[i].dtype() != x[i].dtype())
-          throw nb::value_error(("gpupool: " + pair + " differ in dtype (" +
-                                 dtype_name(x[i].dtype()) + " and " + dtype_name(y[i].dtype()) +
-                                 "); the two arrays of a call must have the same dtype")
-                                    .c_str());
-        if (shape_of(y[i]) != shape_of(x[i]))
-          throw nb::value_error(("gpupool: " + pair + " differ in length or shape (" +
-                                 std::to_string(x[i].size()) + " and " +
-                                 std::to_string(y[i].size()) +
-                                 " elements); the two arrays of a call must have the same shape")
-                                    .c_str());
-      }
-    }
-
+    checked_kernel_inputs in = check_kernel_inputs(kernel.h, k, xs, ys);
     nb::list out;
-    for (std::size_t i = 0; i < n; ++i) {
-      auto result = std::make_unique<pinned_block>(x[i].nbytes());
+    for (std::size_t i = 0; i < in.x.size(); ++i) {
+      const input_array& x = in.x[i];
+      const input_array* y = in.y.empty() ? nullptr : &in.y[i];
+      auto result = std::make_unique<pinned_block>(x.nbytes());
       // Queueing may wait for room in the in-flight budget, which only completions free, and
       // handing those over takes the GIL: it is let go meanwhile.
       auto f = [&] {
         nb::gil_scoped_release nogil;
-        return launch(k, x[i], ys ? &y[i] : nullptr, result->data());
+        const gpupool::transform_call call{x.data(), y ? y->data() : nullptr, result->data(),
+                                           x.size()};
+        return std::move(
+            get()
+                .transform_each(k, in.types[i], std::span<const gpupool::transform_call>(&call, 1))
+                .front());
       }();
-      std::vector<input_array> views{x[i]};
-      if (ys) views.push_back(y[i]);
+      std::vector<input_array> views{x};
+      if (y) views.push_back(*y);
       out.append(adopt_kernel_task(std::move(f), future_type, std::move(views),
-                                   pinned_result{std::move(result), x[i].dtype(), shape_of(x[i])}));
+                                   pinned_result{std::move(result), x.dtype(), shape_of(x)}));
     }
     return out;
+  }
+
+  // A built-in kernel over each host array (pair), for Executor.map: the results in order,
+  // without a Python future per call (see kernel_map).
+  kernel_map* map_kernel_results(nb::pointer_and_handle<gpupool::builtin_kernel> kernel,
+                                 nb::sequence xs, std::optional<nb::sequence> ys,
+                                 std::optional<double> timeout) {
+    return new kernel_map(get(), kernel.h, *kernel.p, xs, ys, timeout);
   }
 
   // A compiled kernel (elementwise or raw) over host arrays and numbers: one future (of
@@ -392,22 +375,6 @@ class py_executor {
     });
   }
 
-  template <class T>
-  gpupool::future<void> launch_typed(const gpupool::builtin_kernel& k, const input_array& x,
-                                     const input_array* y, void* out) {
-    const std::size_t n = x.size();
-    const std::span<const T> sx(static_cast<const T*>(x.data()), n);
-    const std::span<T> so(static_cast<T*>(out), n);
-    if (y == nullptr) return get().transform<T>(k, sx, so);
-    return get().transform<T>(k, sx, std::span<const T>(static_cast<const T*>(y->data()), n), so);
-  }
-
-  gpupool::future<void> launch(const gpupool::builtin_kernel& k, const input_array& x,
-                               const input_array* y, void* out) {
-    return gpupool::visit_dtype(dtype_from_name(dtype_name(x.dtype())),
-                                [&]<class T>() { return launch_typed<T>(k, x, y, out); });
-  }
-
   std::unique_ptr<gpupool::executor> executor_;
   nb::object runner_;
   std::shared_ptr<std::atomic<int>> handed_over_early_ = std::make_shared<std::atomic<int>>(0);
@@ -523,6 +490,8 @@ void bind_executor(nb::module_& m) {
       .def("set_runner", &py_executor::set_runner, "runner"_a.none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
            "future_type"_a)
+      .def("map_kernel_results", &py_executor::map_kernel_results, "kernel"_a, "xs"_a,
+           "ys"_a.none(), "timeout"_a.none(), nb::rv_policy::take_ownership)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::elementwise_kernel>,
            "kernel"_a, "args"_a, "future_type"_a)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,

@@ -19,6 +19,7 @@ NB_MODULE(_ext, m) {
   bind_trace(m);
   bind_lane(m);
   bind_futures(m);
+  bind_kernel_map(m);
   bind_executor(m);
 
   m.def("cuda_availability", []() {
