@@ -79,6 +79,22 @@ def main() -> None:
         text = io.StringIO()
         pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(20)
         print(text.getvalue())
+    # What CuPy itself costs per array, the floor of any per-array path: reading what a kernel
+    # needs of an input, and making one output view into a flat buffer.
+    flat = cp.empty(args.chunks * args.size, dtype=cp.float32)
+    reads, views = [], []
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        for c in chunks:
+            c.dtype, c._c_contiguous, c.data.ptr, c.data.device_id, c.size, c.shape
+        reads.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        made = [flat[i * args.size:(i + 1) * args.size] for i in range(args.chunks)]
+        views.append(time.perf_counter() - t0)
+        del made
+    per = lambda v: 1e6 * statistics.median(v) / args.chunks  # noqa: E731
+    print(f"CuPy per array: reading an input's attributes {per(reads):.2f} us, "
+          f"one output view (a slice) {per(views):.2f} us")
 
 
 if __name__ == "__main__":

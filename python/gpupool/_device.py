@@ -220,7 +220,7 @@ class CompiledMap:
 
 
 def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel],
-                 calls: List[List[object]], future_type: Type[Future[Any]],
+                 calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
                  single: bool = False) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device, calls grouped by device, each group one batched map there. Every call is checked

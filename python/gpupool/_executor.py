@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as _futures
 import contextlib
+import itertools
 import numbers
 import os
 import sys
@@ -425,17 +426,20 @@ class Executor(_futures.Executor):
         del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
         if isinstance(fn, _COMPILED):
+            device_calls = _device_calls(iterables)
+            with self._lock:
+                self._check_open()
+                if device_calls is not None:
+                    if self.backend != "cuda":
+                        raise TypeError("gpupool: device arrays need the CUDA backend")
+                    results = _device.map_compiled(self._core, fn, device_calls,
+                                                   _Future).results(deadline)
+                    if progress:
+                        results = _with_progress(results, len(device_calls), fn.name)
+                    return results
             calls = _elementwise_calls(iterables)
             with self._lock:
                 self._check_open()
-                if calls and any(_device.is_device_array(a) for a in calls[0]):
-                    if self.backend != "cuda":
-                        raise TypeError("gpupool: device arrays need the CUDA backend")
-                    results = _device.map_compiled(self._core, fn, calls, _Future).results(
-                        deadline)
-                    if progress:
-                        results = _with_progress(results, len(calls), fn.name)
-                    return results
                 pending: List[_futures.Future[Any]] = []
                 try:
                     for args in calls:
@@ -621,9 +625,10 @@ def _elementwise_arguments(args: Iterable[object]) -> List[object]:
     return [value if (number := _as_number(value)) is None else number for value in args]
 
 
-def _elementwise_calls(iterables: Sequence[Any]) -> List[List[object]]:
-    """The argument lists of a map over an elementwise kernel: numbers are broadcast to every
-    call, anything else is an iterable with one value (an array, or a number) per call."""
+def _elementwise_columns(iterables: Sequence[Any]) -> List[Iterable[object]]:
+    """The arguments of a map over an elementwise kernel by parameter, one value per call each:
+    a number is broadcast to every call, anything else is an iterable with one value (an array,
+    or a number) per call."""
     columns = [None if _as_number(it) is not None else list(it) for it in iterables]
     lengths = {len(c) for c in columns if c is not None}
     if not lengths:
@@ -631,8 +636,24 @@ def _elementwise_calls(iterables: Sequence[Any]) -> List[List[object]]:
     if len(lengths) > 1:
         raise ValueError("gpupool: the iterables differ in length")
     count = lengths.pop()
-    return [_elementwise_arguments([it if c is None else c[i] for it, c in zip(iterables, columns)])
-            for i in range(count)]
+    return [itertools.repeat(it, count) if c is None else c for it, c in zip(iterables, columns)]
+
+
+def _elementwise_calls(iterables: Sequence[Any]) -> List[List[object]]:
+    """The argument lists of a map over an elementwise kernel (see _elementwise_columns), with
+    numbers as Python numbers."""
+    return [_elementwise_arguments(call) for call in zip(*_elementwise_columns(iterables))]
+
+
+def _device_calls(iterables: Sequence[Any]) -> Optional[List[Tuple[object, ...]]]:
+    """The calls of a map over an elementwise kernel as they are, if the first call has a device
+    array (the extension then checks every value itself: no Python work per array); else
+    None."""
+    columns = _elementwise_columns(iterables)
+    calls = list(zip(*columns))
+    if calls and any(_device.is_device_array(a) for a in calls[0]):
+        return calls
+    return None
 
 
 def _with_progress(results: Iterable[_R], total: int, label: object) -> Iterator[_R]:

@@ -43,6 +43,74 @@ orphaned_executors& orphans() {
   return *state;
 }
 
+// What gpupool needs of one CuPy array, read from CuPy's own attributes (thousands of small
+// arrays are what a device map is for): no interface dict, no dtype name, no flags object.
+struct cupy_array_view {
+  std::uintptr_t address = 0;
+  std::size_t count = 0;
+  gpupool::dtype type{};
+  int ordinal = -1;
+  nb::object shape;
+};
+
+template <class Where>
+cupy_array_view describe_cupy(nb::handle a, const Where& where) {
+  // Attribute names interned once; NumPy's dtype objects of gpupool's types (CuPy arrays carry
+  // NumPy dtypes, and NumPy keeps one object per built-in type).
+  struct cached_names {
+    PyObject* dtype = PyUnicode_InternFromString("dtype");
+    PyObject* c_contiguous = PyUnicode_InternFromString("_c_contiguous");
+    PyObject* data = PyUnicode_InternFromString("data");
+    PyObject* ptr = PyUnicode_InternFromString("ptr");
+    PyObject* device_id = PyUnicode_InternFromString("device_id");
+    PyObject* size = PyUnicode_InternFromString("size");
+    PyObject* shape = PyUnicode_InternFromString("shape");
+    std::vector<std::pair<PyObject*, gpupool::dtype>> dtypes = [] {
+      std::vector<std::pair<PyObject*, gpupool::dtype>> out;
+      nb::object numpy_dtype = nb::module_::import_("numpy").attr("dtype");
+      for (const gpupool::dtype_info& info : gpupool::dtypes)
+        out.emplace_back(numpy_dtype(info.name).release().ptr(), info.type);
+      return out;
+    }();
+  };
+  static const auto* const names = new cached_names;  // leaked: used until the process ends
+  const auto get = [&](nb::handle o, PyObject* name) {
+    PyObject* r = PyObject_GetAttr(o.ptr(), name);
+    if (r == nullptr) throw nb::python_error();
+    return nb::steal(r);
+  };
+  cupy_array_view view;
+  nb::object dtype = get(a, names->dtype);
+  const auto known = std::find_if(names->dtypes.begin(), names->dtypes.end(),
+                                  [&](const auto& d) { return d.first == dtype.ptr(); });
+  if (known == names->dtypes.end()) {
+    const std::string name = nb::cast<std::string>(nb::str(dtype));
+    throw nb::type_error(("gpupool: " + where() + " has unsupported dtype " + name +
+                          "; expected float32, float64, int32 or int64")
+                             .c_str());
+  }
+  view.type = known->second;
+  // CuPy's readonly `_c_contiguous`; `flags.c_contiguous` (an object made per access) otherwise.
+  PyObject* contiguous = PyObject_GetAttr(a.ptr(), names->c_contiguous);
+  bool is_contiguous = false;
+  if (contiguous != nullptr) {
+    is_contiguous = PyObject_IsTrue(contiguous) == 1;
+    Py_DECREF(contiguous);
+  } else {
+    PyErr_Clear();
+    is_contiguous = nb::cast<bool>(a.attr("flags").attr("c_contiguous"));
+  }
+  if (!is_contiguous)
+    throw nb::value_error(
+        ("gpupool: " + where() + " is not C-contiguous; make a contiguous copy").c_str());
+  nb::object memory = get(a, names->data);
+  view.address = nb::cast<std::uintptr_t>(get(memory, names->ptr));
+  view.ordinal = nb::cast<int>(get(memory, names->device_id));
+  view.count = nb::cast<std::size_t>(get(a, names->size));
+  view.shape = get(a, names->shape);
+  return view;
+}
+
 class py_executor {
  public:
   explicit py_executor(const gpupool::executor_options& options) {
@@ -200,6 +268,9 @@ class py_executor {
       nb::object shape;
     };
     std::vector<described_call> described(n);
+    // A number broadcast to every call is the same object in each: checked and converted once.
+    std::vector<nb::object> last_number(arity);
+    std::vector<std::optional<gpupool::kernel_argument>> last_number_argument(arity);
     for (std::size_t c = 0; c < n; ++c) {
       nb::object args = calls[c];
       const std::size_t given = nb::len(args);
@@ -211,40 +282,42 @@ class py_executor {
       d.work.inputs.reserve(arity);
       for (std::size_t i = 0; i < arity; ++i) {
         nb::object a = args[i];
-        const std::string where = "call " + std::to_string(c) + " argument " + std::to_string(i);
-        if (auto number = as_number(a)) {
-          d.work.inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
-                                                  "argument[" + std::to_string(i) + "] ('" +
-                                                      k.inputs()[i].name + "') of kernel '" +
-                                                      k.name() + "'"));
-          continue;
-        }
+        // Named only in a refusal: thousands of arrays pass through here per map.
+        const auto where = [&] {
+          return "call " + std::to_string(c) + " argument " + std::to_string(i);
+        };
         std::uintptr_t address = 0;
         std::size_t count = 0;
-        std::string type;
+        gpupool::dtype type{};
         int ordinal = -1;
         nb::object shape;
         if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && a.type().is(cupy_ndarray)) {
           // The common case, kept cheap: CuPy's own attributes rather than its interface dict.
-          type = nb::cast<std::string>(a.attr("dtype").attr("name"));
-          if (type != "float32" && type != "float64" && type != "int32" && type != "int64")
-            throw nb::type_error(("gpupool: " + where + " has unsupported dtype " + type +
-                                  "; expected float32, float64, int32 or int64")
-                                     .c_str());
-          if (!nb::cast<bool>(a.attr("flags").attr("c_contiguous")))
-            throw nb::value_error(
-                ("gpupool: " + where + " is not C-contiguous; make a contiguous copy").c_str());
-          nb::object memory = a.attr("data");
-          address = nb::cast<std::uintptr_t>(memory.attr("ptr"));
-          ordinal = nb::cast<int>(memory.attr("device_id"));
-          count = nb::cast<std::size_t>(a.attr("size"));
-          shape = a.attr("shape");
+          const cupy_array_view view = describe_cupy(a, where);
+          address = view.address;
+          count = view.count;
+          type = view.type;
+          ordinal = view.ordinal;
+          shape = view.shape;
+        } else if (last_number[i].is(a)) {
+          d.work.inputs.push_back(*last_number_argument[i]);
+          continue;
+        } else if (auto number = as_number(a)) {
+          d.work.inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
+                                                  "argument[" + std::to_string(i) + "] ('" +
+                                                      k.inputs()[i].name + "') of kernel '" +
+                                                      k.name() + "'"));
+          last_number[i] = a;
+          last_number_argument[i] = d.work.inputs.back();
+          continue;
         } else {
           auto t = nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string, int, nb::object>>(
-              describe_other(a, where));
-          std::tie(address, count, type, ordinal, shape) = std::move(t);
+              describe_other(a, where()));
+          std::string name;
+          std::tie(address, count, name, ordinal, shape) = std::move(t);
+          type = dtype_from_name(name);
         }
-        d.work.inputs.push_back(device_argument(address, count, dtype_from_name(type)));
+        d.work.inputs.push_back(device_argument(address, count, type));
         if (!d.anchor.is_valid()) {
           d.anchor = a;
           d.ordinal = ordinal;

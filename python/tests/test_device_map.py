@@ -35,6 +35,15 @@ class FakeCupyArray:
         self.shape = host.shape
 
 
+class FakeCupyArrayWithFlag(FakeCupyArray):
+    """As CuPy's ndarray also has it: a readonly `_c_contiguous`, read instead of `flags`."""
+
+    def __init__(self, host, device_id=0):
+        super().__init__(host, device_id)
+        self._c_contiguous = host.flags.c_contiguous
+        del self.flags  # must not be needed
+
+
 def describe_host(obj, where):
     if not isinstance(obj, np.ndarray):
         raise TypeError(f"gpupool: {where} is not a device array while others are")
@@ -89,6 +98,32 @@ def test_cupy_arrays_are_read_through_their_own_attributes(core):
     outputs, _, _, _ = run(core, calls, cupy_type=FakeCupyArray)
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 3.0)
+
+
+def test_cupys_contiguity_flag_is_read_when_it_has_one(core):
+    xs = [np.arange(n, dtype=np.float64) for n in (5, 64)]
+    calls = [[FakeCupyArrayWithFlag(x), 3.0] for x in xs]
+    outputs, _, _, _ = run(core, calls, cupy_type=FakeCupyArrayWithFlag)
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 3.0)
+    strided = FakeCupyArrayWithFlag(np.ones((4, 4))[:, 1])
+    with pytest.raises(ValueError, match="call 0 argument 0 is not C-contiguous"):
+        core.map_device_calls(SCALE, [[strided, 1.0]], FakeCupyArrayWithFlag, describe_host,
+                              Flats(), lambda: pytest.fail("launched"), (), _Future)
+
+
+def test_a_number_given_to_every_call_is_checked_once_and_each_call_gets_its_own(core):
+    xs = [np.arange(4, dtype=np.float64) + i for i in range(6)]
+    broadcast = 2.0
+    calls = [[x, broadcast if i % 3 else float(i)] for i, x in enumerate(xs)]
+    outputs, _, _, _ = run(core, calls)
+    for i, (x, out) in enumerate(zip(xs, outputs)):
+        np.testing.assert_array_equal(out, x * (2.0 if i % 3 else float(i)))
+    with pytest.raises(OverflowError):  # the one check still refuses, in every call
+        core.map_device_calls(gpupool.elementwise("float64 x, int32 a", "float64 y", "y = x * a",
+                                                  "device_map_int"),
+                              [[x, 2**40] for x in xs], None, describe_host, Flats(),
+                              lambda: pytest.fail("launched"), (), _Future)
 
 
 @pytest.mark.parametrize("calls, error, message", [
