@@ -251,7 +251,8 @@ def test_outcomes_that_complete_together_are_handed_over_under_one_hold_of_the_g
         ex.submit(slow, np.ones(64), 200_000).result()
         busy = time.perf_counter() - began  # about what a lane is busy with below
         # Both lanes busy (in C++, without the GIL) while the tasks are queued behind them.
-        blockers = [ex.submit(slow, np.ones(64), 1_000_000) for _ in range(2)]
+        # (Ten times that, so that a loaded machine still queues the tasks below before they end.)
+        blockers = [ex.submit(slow, np.ones(64), 2_000_000) for _ in range(2)]
         futures = [ex.submit(gpupool.kernels.square, np.full(1000, float(i))) for i in range(64)]
         completed_on = []
         for f in futures:
@@ -260,7 +261,7 @@ def test_outcomes_that_complete_together_are_handed_over_under_one_hold_of_the_g
         interval = sys.getswitchinterval()
         sys.setswitchinterval(60.0)  # no forced switch while the loop below runs
         try:
-            end = time.perf_counter() + 10 * busy + 1.0
+            end = time.perf_counter() + 30 * busy + 1.0
             while time.perf_counter() < end:  # holds the GIL; the lanes finish the work
                 pass
         finally:
