@@ -437,6 +437,22 @@ TEST_P(ExecutorTest, TransformEachFailingPartWayLeavesNothingRunning) {
   EXPECT_EQ(ex.in_flight().bytes, 0U);
 }
 
+TEST_P(ExecutorTest, ALaneSaysWhetherItsStreamIsIdle) {
+  executor ex(options(1));
+  auto seen = ex.submit([](lane& l) {
+                  const bool before = l.stream_idle();  // nothing enqueued yet
+                  auto x = l.allocate<double>(std::size_t{1} << 24);
+                  for (int i = 0; i < 20; ++i) l.apply(builtin_kernel::scale(1.0), x);
+                  const bool running = l.stream_idle();
+                  l.synchronize();
+                  return std::vector<bool>{before, running, l.stream_idle()};
+                }).get();
+  EXPECT_TRUE(seen[0]);
+  // The CPU backend runs each operation as it is enqueued; on CUDA the kernels are still queued.
+  EXPECT_EQ(seen[1], GetParam() == backend_kind::cpu);
+  EXPECT_TRUE(seen[2]);
+}
+
 TEST_P(ExecutorTest, InPlaceTransform) {
   executor ex(options());
   auto v = random_vector<std::int64_t>(50'000, 5);

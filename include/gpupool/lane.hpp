@@ -137,6 +137,9 @@ class lane {
 
   /// Waits until everything enqueued on this lane's stream has finished.
   virtual void synchronize() = 0;
+  /// True if everything enqueued on this lane's stream has finished (never waits; false while
+  /// work runs, or if the stream reports a failure). Always true on the CPU backend.
+  [[nodiscard]] virtual bool stream_idle() noexcept = 0;
 
   // Untyped operations behind the templates above; usable directly with raw device pointers.
   virtual void* allocate_bytes(std::size_t bytes) = 0;

@@ -89,9 +89,11 @@ class python_call {
   // True if run() handed the outcome over (read as waiting() is).
   [[nodiscard]] bool handed_over_early() const noexcept { return handed_over_early_; }
 
-  // On the lane, with the GIL. Runs the call unless its future was cancelled; hands the outcome
-  // over now when `hand_over_now`, else keeps it for finish().
-  void run(bool hand_over_now, std::atomic<int>& early) {
+  // On lane `l`, with the GIL. Runs the call unless its future was cancelled. Hands the outcome
+  // over in this same hold of the GIL when nothing the call enqueued on the lane's stream is
+  // still running (always on the CPU backend; on CUDA when the call waited for its work, as
+  // code that returns host results does), else keeps it for finish(), once the stream is done.
+  void run(gpupool::lane& l, std::atomic<int>& early) {
     PyObject* running = call_method(future_, names().set_running_or_notify_cancel);
     const bool go = running == Py_True;
     Py_XDECREF(running);
@@ -110,7 +112,7 @@ class python_call {
     Py_CLEAR(args_);
     Py_CLEAR(kwargs_);
     Py_CLEAR(runner_);
-    if (hand_over_now) {
+    if (l.stream_idle()) {
       handed_over_early_ = true;
       early.fetch_add(1, std::memory_order_relaxed);  // before the future can say done
       hand_over();
@@ -257,8 +259,7 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
     keep_python_thread_state();
     nb::gil_scoped_acquire gil;
     lane_scope scope(&l);
-    // A CPU lane's work is over when the call returns; a CUDA lane's once its stream is done.
-    call->run(l.backend() == gpupool::backend_kind::cpu, *early);
+    call->run(l, *early);
   };
   auto f = device ? exec.submit_to(*device, std::move(task)) : exec.submit(std::move(task));
   f.on_complete([call, early](gpupool::future<void>& done) {

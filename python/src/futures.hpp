@@ -16,14 +16,15 @@ namespace gpupool_python {
 // Queues `fn(*args, **kwargs)` on a lane of `exec` (of `device` if given); `future` (a
 // concurrent.futures.Future) gets its outcome, as ThreadPoolExecutor's workers hand it over: the
 // lane calls set_running_or_notify_cancel() (skipping a cancelled call) and set_result() or
-// set_exception(). On the CPU backend that happens in the one hold of the GIL that runs the
-// call; on CUDA once the lane's stream has finished what the call enqueued, handed over in bulk.
+// set_exception(). That happens in the one hold of the GIL that runs the call when the lane's
+// stream holds no unfinished work by then (always on the CPU backend; on CUDA when the call
+// waited for its work); otherwise once the stream has finished it, handed over in bulk.
 // `runner`, if not None, is called as runner(fn, args, kwargs) instead of fn on CUDA lanes (it
 // makes the lane's stream current for CuPy and PyTorch). A call cancelled in the queue
 // (shutdown) ends its future cancelled, waiters notified; a lane failure after the call ran (a
 // CUDA error) ends it with that error.
-// `early` counts the calls handed over before their task ended (on the CPU backend, from inside
-// the task); wait_for_tasks_handed_over_early(early) waits until those have ended too.
+// `early` counts the calls handed over before their task ended (from inside the task);
+// wait_for_tasks_handed_over_early(early) waits until those have ended too.
 void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
                         nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
                         const std::shared_ptr<std::atomic<int>>& early);

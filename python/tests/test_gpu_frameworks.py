@@ -45,6 +45,48 @@ def test_torch_current_stream_is_the_lanes():
     assert total == float(sum(i * i for i in range(1000)))
 
 
+def test_a_call_that_leaves_another_stream_current_does_not_move_the_next_off_the_lane():
+    cp = pytest.importorskip("cupy")
+    torch = pytest.importorskip("torch")
+    other_cupy = cp.cuda.Stream(non_blocking=True)
+    other_torch = torch.cuda.Stream()
+
+    def careless():
+        other_cupy.use()
+        torch.cuda.set_stream(other_torch)
+        return gpupool.current_lane().stream
+
+    def look():
+        return (gpupool.current_lane().stream, cp.cuda.get_current_stream().ptr,
+                torch.cuda.current_stream().cuda_stream)
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cuda", devices=[0]) as ex:
+        lane_stream = ex.submit(careless).result()
+        assert ex.submit(look).result() == (lane_stream,) * 3
+
+
+def test_a_result_is_handed_over_only_once_the_work_the_call_left_running_is_done():
+    cp = pytest.importorskip("cupy")
+    x = cp.random.random(1 << 24)
+
+    def leave_work_running():
+        y = x
+        for _ in range(50):  # tens of milliseconds of kernels, not waited for
+            y = cp.sqrt(y * y + 1.0)
+        return y, gpupool.current_lane().stream
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cuda", devices=[0]) as ex:
+        y, stream = ex.submit(leave_work_running).result()
+        # Handed over after the lane's stream finished (not when the call returned).
+        assert cp.cuda.ExternalStream(stream).done
+        assert bool(cp.isfinite(y).all())
+
+        def wait_for_work():
+            return float(cp.asnumpy(cp.sqrt(x * x).sum()))  # waits: handed over at once
+
+        assert ex.submit(wait_for_work).result() == pytest.approx(float(x.sum()))
+
+
 def test_lane_upload_and_download_with_cupy():
     pytest.importorskip("cupy")
     x = np.random.default_rng(2).random(100_000)

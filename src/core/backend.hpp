@@ -92,6 +92,9 @@ class backend_stream {
   virtual void launch_compiled_batch(const compiled_kernel& k, const std::uint64_t* table,
                                      std::size_t rows);
   virtual void synchronize() = 0;
+  /// True if everything enqueued on the stream has finished; never waits. False too when the
+  /// stream reports a failure (whoever waits for the stream next reports it).
+  [[nodiscard]] virtual bool idle() noexcept = 0;
 };
 
 /// A backend: finds devices and opens streams on them. Thread-safe.

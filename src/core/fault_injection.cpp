@@ -67,6 +67,7 @@ class faulty_stream final : public backend_stream {
     inner_->launch_compiled_batch(k, table, rows);
   }
   void synchronize() override { inner_->synchronize(); }
+  bool idle() noexcept override { return inner_->idle(); }
 
  private:
   std::unique_ptr<backend_stream> inner_;

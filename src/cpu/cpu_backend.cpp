@@ -91,6 +91,7 @@ class cpu_stream final : public backend_stream {
     (*static_cast<const cpu_compiled&>(k).function)(args, count);
   }
   void synchronize() override {}
+  bool idle() noexcept override { return true; }
 };
 
 class cpu_backend final : public backend {

@@ -303,6 +303,8 @@ class cuda_stream final : public backend_stream {
     }
   }
   void synchronize() override { GPUPOOL_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+  // cudaErrorNotReady while work runs; an error is left for the next wait to report.
+  bool idle() noexcept override { return cudaStreamQuery(stream_) == cudaSuccess; }
 
  private:
   // Blocks of `block` threads the whole device holds at once.

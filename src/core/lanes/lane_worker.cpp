@@ -210,6 +210,10 @@ void lane_worker::synchronize() {
   staging_busy_ = false;
 }
 
+bool lane_worker::stream_idle() noexcept {
+  return stream_->idle();
+}
+
 void* lane_worker::allocate_bytes(std::size_t bytes) {
   setup_.memory->reserve(bytes);
   try {

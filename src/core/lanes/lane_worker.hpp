@@ -86,6 +86,7 @@ class lane_worker final : public lane {
   backend_kind backend() const noexcept override { return setup_.owner->kind(); }
   void* native_stream() const noexcept override;
   void synchronize() override;
+  bool stream_idle() noexcept override;
   void* allocate_bytes(std::size_t bytes) override;
   void deallocate_bytes(void* p, std::size_t bytes) noexcept override;
   void upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) override;
