@@ -350,37 +350,53 @@ class py_executor {
     const auto out_type = k.output().type;
     const std::string out_name = gpupool::to_string(out_type);
     const std::size_t itemsize = gpupool::size_of(out_type);
-    std::vector<nb::object> outputs(n);
+    // Each group's outputs are consecutive in one flat buffer: (buffer, offsets of its calls).
+    std::vector<std::pair<nb::object, std::vector<std::size_t>>> flats;
     std::vector<std::pair<int, std::vector<gpupool::device_call>>> batches;
-    std::vector<nb::list> batch_outputs;
+    nb::list held_flats;  // kept with `keep_alive` until the batches end
     for (auto& [ordinal, members] : groups) {
       std::size_t total = 0;
       for (std::size_t c : members) total += described[c].work.count;
       auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(allocate_flat(
           described[members.front()].anchor, ordinal, std::max<std::size_t>(total, 1), out_name));
+      held_flats.append(flat);
       std::vector<gpupool::device_call> work;
       work.reserve(members.size());
-      nb::list mine;
+      std::vector<std::size_t> offsets;
+      offsets.reserve(members.size());
       std::size_t offset = 0;
       for (std::size_t c : members) {
         auto& d = described[c];
-        nb::object range = nb::steal(
-            PySlice_New(nb::int_(offset).ptr(), nb::int_(offset + d.work.count).ptr(), nullptr));
-        if (!range.is_valid()) throw nb::python_error();
-        nb::object view = nb::steal(PyObject_GetItem(flat.ptr(), range.ptr()));
-        if (!view.is_valid()) throw nb::python_error();
-        if (nb::len(d.shape) > 1) view = view.attr("reshape")(d.shape);
-        outputs[c] = view;
-        mine.append(view);
         d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
+        offsets.push_back(offset);
         offset += d.work.count;
         work.push_back(std::move(d.work));
       }
       batches.emplace_back(ordinal, std::move(work));
-      batch_outputs.push_back(std::move(mine));
+      flats.emplace_back(std::move(flat), std::move(offsets));
     }
+    // The view of call `c`, which group `g`'s member `m` is.
+    const auto view_of = [&](std::size_t g, std::size_t m) {
+      const std::size_t c = groups[g].second[m];
+      const std::size_t offset = flats[g].second[m];
+      const std::size_t count = batches[g].second[m].count;
+      nb::object range =
+          nb::steal(PySlice_New(nb::int_(offset).ptr(), nb::int_(offset + count).ptr(), nullptr));
+      if (!range.is_valid()) throw nb::python_error();
+      nb::object view = nb::steal(PyObject_GetItem(flats[g].first.ptr(), range.ptr()));
+      if (!view.is_valid()) throw nb::python_error();
+      if (nb::len(described[c].shape) > 1) view = view.attr("reshape")(described[c].shape);
+      return view;
+    };
+    std::vector<nb::object> outputs(n);
+    if (single) outputs.front() = view_of(0, 0);  // the future's result: made before it can end
     before_launch();
 
+    // Everything is queued before the output views are made (CuPy takes microseconds for each),
+    // so that the GPUs compute meanwhile. A future's result is its group's list of views, filled
+    // below: nobody can look at it before this call returns.
+    std::vector<nb::list> batch_outputs(batches.size());
+    nb::object held = nb::make_tuple(keep_alive, held_flats);
     nb::list futures;
     try {
       for (std::size_t b = 0; b < batches.size(); ++b) {
@@ -392,9 +408,17 @@ class py_executor {
         }
         nb::object result = single ? outputs.front() : nb::object(batch_outputs[b]);
         futures.append(adopt_kernel_task(std::move(f), future_type, {}, std::nullopt,
-                                         std::move(result), keep_alive));
+                                         std::move(result), held));
       }
+      if (!single)
+        for (std::size_t g = 0; g < groups.size(); ++g)
+          for (std::size_t m = 0; m < groups[g].second.size(); ++m) {
+            nb::object view = view_of(g, m);
+            batch_outputs[g].append(view);
+            outputs[groups[g].second[m]] = std::move(view);
+          }
     } catch (...) {
+      // What runs keeps its buffers (`held`) until it ends.
       for (std::size_t b = 0; b < nb::len(futures); ++b) futures[b].attr("cancel")();
       throw;
     }
