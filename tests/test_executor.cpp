@@ -413,27 +413,89 @@ TEST_P(ExecutorTest, TransformEachRefusesABadCallBeforeQueueingAny) {
   EXPECT_EQ(out, std::vector<double>(100, 0.0));  // nothing ran
 }
 
+// Opens a gate and waits for the lanes it held when the test leaves, however it leaves: a failed
+// ASSERT must not leave lanes waiting on a gate that is gone.
+class open_at_exit {
+ public:
+  open_at_exit(gate& g, const multi_future<void>& holders) : g_(g), holders_(holders) {}
+  open_at_exit(const open_at_exit&) = delete;
+  open_at_exit& operator=(const open_at_exit&) = delete;
+  ~open_at_exit() {
+    g_.open();
+    holders_.wait();
+  }
+
+ private:
+  gate& g_;
+  const multi_future<void>& holders_;
+};
+
 TEST_P(ExecutorTest, TransformEachFailingPartWayLeavesNothingRunning) {
   executor_options o = options(2);
-  o.in_flight_budget = 64 << 10;  // room for 4 calls of 8 KiB in and 8 KiB out
+  o.in_flight_budget = 64 << 10;  // per device: room for 4 calls of 8 KiB in and 8 KiB out each
   o.when_full = when_full::raise;
   executor ex(o);
+  const std::size_t n = 1024;  // doubles: 8 KiB
+  const std::size_t room = ex.in_flight().budget / (2 * n * sizeof(double));
+  ASSERT_GE(room, 4U);
   gate g;
   auto holders = hold_every_lane(ex, g);
-  const std::size_t n = 1024;  // doubles: 8 KiB
-  std::vector<std::vector<double>> xs(10, std::vector<double>(n, 2.0));
-  std::vector<std::vector<double>> outs(10, std::vector<double>(n, 0.0));
+  open_at_exit opener(g, holders);
+  std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 2.0));
+  std::vector<std::vector<double>> outs(room + 2, std::vector<double>(n, 0.0));
   std::vector<transform_call> calls;
   for (std::size_t i = 0; i < xs.size(); ++i)
     calls.push_back({xs[i].data(), nullptr, outs[i].data(), n});
   EXPECT_THROW((void)ex.transform_each(builtin_kernel::square(), dtype::float64, calls),
                out_of_memory);
-  // The four calls queued before the budget ran out were cancelled: none runs once the lanes
-  // are free, and their budget came back.
+  // The calls queued before the budget ran out were cancelled: none runs once the lanes are
+  // free, and their budget came back.
   g.open();
   holders.get();
   ex.shutdown();
   for (const auto& out : outs) EXPECT_EQ(out, std::vector<double>(n, 0.0));
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+}
+
+TEST_P(ExecutorTest, TryTransformEachQueuesAllOrNothingAndNeverWaits) {
+  executor_options o = options(2);
+  o.in_flight_budget = 64 << 10;  // per device
+  executor ex(o);
+  const std::size_t n = 1024;
+  const std::size_t per_call = 2 * n * sizeof(double);  // 8 KiB in, 8 KiB out
+  const std::size_t room = ex.in_flight().budget / per_call;
+  ASSERT_GE(room, 4U);
+  gate g;
+  auto holders = hold_every_lane(ex, g);
+  open_at_exit opener(g, holders);
+  std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 3.0));
+  std::vector<std::vector<double>> outs(room + 2, std::vector<double>(n, 0.0));
+  std::vector<transform_call> calls;
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    calls.push_back({xs[i].data(), nullptr, outs[i].data(), n});
+  const auto square = builtin_kernel::square();
+  const std::span<const transform_call> all(calls);
+  // More than the budget holds at once: nothing is queued, nothing taken, nothing waited for.
+  EXPECT_FALSE(ex.try_transform_each(square, dtype::float64, all).has_value());
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+  auto first = ex.try_transform_each(square, dtype::float64, all.first(room - 1));
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(ex.in_flight().bytes, (room - 1) * per_call);
+  // One more fits, two more do not (while the lanes are held, nothing frees room).
+  EXPECT_FALSE(ex.try_transform_each(square, dtype::float64, all.subspan(room - 1, 2)).has_value());
+  auto second = ex.try_transform_each(square, dtype::float64, all.subspan(room - 1, 1));
+  ASSERT_TRUE(second.has_value());
+  // More calls than one batch of map never go through here.
+  std::vector<transform_call> many(300, {xs[0].data(), nullptr, outs[0].data(), 1});
+  EXPECT_FALSE(ex.try_transform_each(square, dtype::float64, many).has_value());
+  g.open();
+  holders.get();
+  first->get();
+  second->get();
+  for (std::size_t i = 0; i < room; ++i) EXPECT_EQ(outs[i], std::vector<double>(n, 9.0)) << i;
+  for (std::size_t i = room; i < outs.size(); ++i)
+    EXPECT_EQ(outs[i], std::vector<double>(n, 0.0)) << i;
+  ex.shutdown();
   EXPECT_EQ(ex.in_flight().bytes, 0U);
 }
 

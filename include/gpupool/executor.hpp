@@ -236,6 +236,13 @@ class executor {
   multi_future<void> transform_each(const builtin_kernel& k, dtype t,
                                     std::span<const transform_call> calls);
 
+  /// transform_each that never waits: it queues every call if the in-flight budget has room
+  /// for all of them now (and they fit one batch of `map`, 256 calls), else queues nothing and
+  /// returns nothing. For callers that must not block (the Python binding holds the GIL, which
+  /// lanes need to hand results over). @throw as transform_each.
+  std::optional<multi_future<void>> try_transform_each(const builtin_kernel& k, dtype t,
+                                                       std::span<const transform_call> calls);
+
   /// Runs a run-time compiled elementwise kernel over `out.size()` elements: every array input
   /// must have that length and the parameter's type; scalars are converted and broadcast.
   /// Streams through the devices in pieces like the built-in kernels. The kernel is compiled at
@@ -382,6 +389,9 @@ class executor {
   }
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
+  std::optional<multi_future<void>> queue_transforms(const builtin_kernel& k, dtype t,
+                                                     std::span<const transform_call> calls,
+                                                     bool may_wait);
   future<void> transform_impl(const builtin_kernel& k, dtype t, const void* x, const void* y,
                               void* out, std::size_t n);
   void enqueue(detail::work_item_ptr item, std::optional<int> device);

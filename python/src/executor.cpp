@@ -166,17 +166,19 @@ class py_executor {
       const input_array& x = in.x[i];
       const input_array* y = in.y.empty() ? nullptr : &in.y[i];
       auto result = std::make_unique<pinned_block>(x.nbytes());
-      // Queueing may wait for room in the in-flight budget, which only completions free, and
-      // handing those over takes the GIL: it is let go meanwhile.
-      auto f = [&] {
+      const gpupool::transform_call call{x.data(), y ? y->data() : nullptr, result->data(),
+                                         x.size()};
+      const std::span<const gpupool::transform_call> one(&call, 1);
+      // Queued with the GIL held when there is room in the in-flight budget now: letting the GIL
+      // go for every submit would hand it to whichever lane is waiting to hand results over,
+      // and take it back, once per task. Otherwise queueing may wait for room, which only
+      // completions free, and handing those over takes the GIL: it is let go meanwhile.
+      auto queued = get().try_transform_each(k, in.types[i], one);
+      if (!queued) {
         nb::gil_scoped_release nogil;
-        const gpupool::transform_call call{x.data(), y ? y->data() : nullptr, result->data(),
-                                           x.size()};
-        return std::move(
-            get()
-                .transform_each(k, in.types[i], std::span<const gpupool::transform_call>(&call, 1))
-                .front());
-      }();
+        queued = get().transform_each(k, in.types[i], one);
+      }
+      gpupool::future<void> f = std::move(queued->front());
       std::vector<input_array> views{x};
       if (y) views.push_back(*y);
       out.append(adopt_kernel_task(std::move(f), future_type, std::move(views),

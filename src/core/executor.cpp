@@ -698,6 +698,17 @@ void executor::enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job)
 
 multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
                                             std::span<const transform_call> calls) {
+  return *queue_transforms(k, t, calls, /*may_wait=*/true);
+}
+
+std::optional<multi_future<void>> executor::try_transform_each(
+    const builtin_kernel& k, dtype t, std::span<const transform_call> calls) {
+  return queue_transforms(k, t, calls, /*may_wait=*/false);
+}
+
+std::optional<multi_future<void>> executor::queue_transforms(const builtin_kernel& k, dtype t,
+                                                             std::span<const transform_call> calls,
+                                                             bool may_wait) {
   for (std::size_t i = 0; i < calls.size(); ++i)
     if (calls[i].count > 0 && (calls[i].y != nullptr) != (k.arity() == 2))
       throw std::invalid_argument(
@@ -706,19 +717,32 @@ multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
           std::string(k.name()) + "', which takes " + std::to_string(k.arity()));
   detail::require_alpha_fits(k, t);
   require_open();
+  const auto cost_of = [&](const transform_call& call) {
+    return in_flight_cost(call.count * size_of(t) * (call.y == nullptr ? 2 : 3),
+                          /*piecewise=*/true);
+  };
+  // Without waiting: the whole cost is taken at once, or nothing is queued. One push at most,
+  // so that a failure never leaves a call running (nothing to wait for; the caller may hold a
+  // lock that a lane needs, the GIL say).
+  std::size_t taken_up_front = 0;
+  if (!may_wait) {
+    if (calls.size() > map_batch) return std::nullopt;
+    for (const transform_call& call : calls)
+      if (call.count > 0) taken_up_front += cost_of(call);
+    if (!try_admit(taken_up_front)) return std::nullopt;
+  }
   multi_future<void> futures;
-  futures.reserve(calls.size());
   std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
-  jobs.reserve(std::min(calls.size(), map_batch));
   try {
+    futures.reserve(calls.size());
+    jobs.reserve(std::min(calls.size(), map_batch));
     for (const transform_call& call : calls) {
       if (call.count == 0) {
         futures.push_back(impl::nothing_to_do());
         continue;
       }
-      const std::size_t cost =
-          in_flight_cost(call.count * size_of(t) * (call.y == nullptr ? 2 : 3), /*piecewise=*/true);
-      if (!try_admit(cost)) {
+      const std::size_t cost = cost_of(call);
+      if (may_wait && !try_admit(cost)) {
         // Calls gathered but not queued hold budget: queue them before waiting for room that
         // only their completion may free.
         enqueue_elementwise_all(jobs);
@@ -726,6 +750,7 @@ multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
       }
       auto state = std::make_shared<detail::shared_state<void>>();
       hold_until_done(state, cost);
+      if (!may_wait) taken_up_front -= cost;  // now held by the call's future
       futures.emplace_back(state);
       jobs.push_back(std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
                                                              call.count, std::move(state)));
@@ -734,7 +759,9 @@ multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
     enqueue_elementwise_all(jobs);
   } catch (...) {
     // Nothing of the call may stay behind, reading or writing the caller's memory: what is
-    // queued (or only gathered) is cancelled, what already runs is waited for.
+    // queued (or only gathered) is cancelled, what already runs is waited for (nothing runs
+    // without may_wait: its one push either queued everything or nothing).
+    release_in_flight(taken_up_front);
     for (auto& job : jobs) (void)job->state().try_cancel();
     for (auto& f : futures) (void)f.cancel();
     for (auto& f : futures) f.wait();
