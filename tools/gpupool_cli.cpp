@@ -115,7 +115,8 @@ int run_info(const pool_flags& flags) {
               gpupool::to_string(settings.chunk_from));
   if (!settings.samples.empty()) {
     std::printf(
-        "tuning sweep:     lanes  chunk bytes  input GB/s (squares of float64, pageable)\n");
+        "tuning sweep:     lanes  chunk bytes  input GB/s (squares of float64, pageable in, pinned "
+        "out)\n");
     for (const auto& s : settings.samples)
       std::printf("                  %5d  %11zu  %10.2f\n", s.lanes_per_device, s.chunk_bytes,
                   s.bytes_per_second / 1e9);

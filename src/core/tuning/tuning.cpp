@@ -208,7 +208,7 @@ double median(std::vector<double> v) {
 // Squares `count` elements of `in` into `out` with `lanes` and `chunk`: the median of `repeats`
 // timed passes after one warm-up, checked.
 tuning_sample measure_one(const executor_options& base, int lanes, std::size_t chunk,
-                          const std::vector<double>& in, std::vector<double>& out,
+                          const std::vector<double>& in, pinned_vector<double>& out,
                           std::size_t count, int repeats) {
   executor_options o = base;
   o.lanes_per_device = lanes;
@@ -310,8 +310,10 @@ sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) 
   std::size_t count = 0;
   for (int lanes : plan.lanes)
     for (std::size_t chunk : plan.chunks) count = std::max(count, elements_for(lanes, chunk));
+  // Pageable in and pinned out, as maps run (their results land in pinned blocks): a pageable
+  // output would add a second host copy per piece, which W2-like work never pays.
   std::vector<double> in(count);
-  std::vector<double> out(count);
+  pinned_vector<double> out(count);
   // Squares exact in doubles, so the check compares exactly. Writing `out` here too takes its
   // first-touch page faults out of the measurements.
   for (std::size_t i = 0; i < count; ++i) {

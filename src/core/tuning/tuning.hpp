@@ -17,7 +17,8 @@ class backend;
 inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
 /// The format of a tuning cache entry (and the start of its key); a different one is a miss.
 /// 2: configurations sized by lanes x chunk (format 1's fixed 128 MiB favoured small chunks).
-inline constexpr const char* tuning_entry_format = "gpupool-tuning 2";
+/// 3: results written to pinned memory, as maps write them (2 paid a second host copy).
+inline constexpr const char* tuning_entry_format = "gpupool-tuning 3";
 /// The executor's limits on the two settings (it refuses values outside them; a cache entry
 /// outside them is not used).
 inline constexpr int most_lanes_per_device = 256;
