@@ -430,6 +430,18 @@ class open_at_exit {
   const multi_future<void>& holders_;
 };
 
+// `count` calls squaring `n` doubles of `value` each into outputs of zeros. Declared before the
+// gate of a test (and so destroyed after the lanes it holds are done).
+struct square_calls {
+  square_calls(std::size_t count, std::size_t n, double value)
+      : xs(count, std::vector<double>(n, value)), outs(count, std::vector<double>(n, 0.0)) {
+    for (std::size_t i = 0; i < count; ++i)
+      calls.push_back({xs[i].data(), nullptr, outs[i].data(), n});
+  }
+  std::vector<std::vector<double>> xs, outs;
+  std::vector<transform_call> calls;
+};
+
 TEST_P(ExecutorTest, TransformEachFailingPartWayLeavesNothingRunning) {
   executor_options o = options(2);
   o.in_flight_budget = 64 << 10;  // per device: room for 4 calls of 8 KiB in and 8 KiB out each
@@ -438,23 +450,43 @@ TEST_P(ExecutorTest, TransformEachFailingPartWayLeavesNothingRunning) {
   const std::size_t n = 1024;  // doubles: 8 KiB
   const std::size_t room = ex.in_flight().budget / (2 * n * sizeof(double));
   ASSERT_GE(room, 4U);
+  square_calls work(room + 2, n, 2.0);
   gate g;
   auto holders = hold_every_lane(ex, g);
   open_at_exit opener(g, holders);
-  std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 2.0));
-  std::vector<std::vector<double>> outs(room + 2, std::vector<double>(n, 0.0));
-  std::vector<transform_call> calls;
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    calls.push_back({xs[i].data(), nullptr, outs[i].data(), n});
-  EXPECT_THROW((void)ex.transform_each(builtin_kernel::square(), dtype::float64, calls),
+  EXPECT_THROW((void)ex.transform_each(builtin_kernel::square(), dtype::float64, work.calls),
                out_of_memory);
   // The calls queued before the budget ran out were cancelled: none runs once the lanes are
   // free, and their budget came back.
   g.open();
   holders.get();
   ex.shutdown();
-  for (const auto& out : outs) EXPECT_EQ(out, std::vector<double>(n, 0.0));
+  for (const auto& out : work.outs) EXPECT_EQ(out, std::vector<double>(n, 0.0));
   EXPECT_EQ(ex.in_flight().bytes, 0U);
+}
+
+TEST_P(ExecutorTest, TransformEachPastTheBudgetQueuesWhatItGatheredThenWaitsForRoom) {
+  executor_options o = options(2);
+  o.in_flight_budget = 64 << 10;  // per device; when_full::block
+  executor ex(o);
+  const std::size_t n = 1024;
+  const std::size_t room = ex.in_flight().budget / (2 * n * sizeof(double));
+  square_calls work(room * 3, n, 4.0);
+  gate g;
+  auto holders = hold_every_lane(ex, g);
+  open_at_exit opener(g, holders);
+  // While the lanes are held only `room` calls fit: the submitter queues them and waits.
+  std::thread submitter(
+      [&] { ex.transform_each(builtin_kernel::square(), dtype::float64, work.calls).get(); });
+  while (ex.in_flight().waiting == 0) std::this_thread::sleep_for(1ms);
+  // What it gathered before waiting is queued (possibly coalesced), not held back: held back,
+  // it could never free the room it waits for.
+  EXPECT_GE(ex.queued(), 1U);
+  g.open();
+  submitter.join();
+  for (const auto& out : work.outs) EXPECT_EQ(out, std::vector<double>(n, 16.0));
+  EXPECT_GE(ex.in_flight().waits, 1U);
+  EXPECT_LE(ex.in_flight().peak, ex.in_flight().budget);
 }
 
 TEST_P(ExecutorTest, TryTransformEachQueuesAllOrNothingAndNeverWaits) {
@@ -465,16 +497,12 @@ TEST_P(ExecutorTest, TryTransformEachQueuesAllOrNothingAndNeverWaits) {
   const std::size_t per_call = 2 * n * sizeof(double);  // 8 KiB in, 8 KiB out
   const std::size_t room = ex.in_flight().budget / per_call;
   ASSERT_GE(room, 4U);
+  square_calls work(room + 2, n, 3.0);
   gate g;
   auto holders = hold_every_lane(ex, g);
   open_at_exit opener(g, holders);
-  std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 3.0));
-  std::vector<std::vector<double>> outs(room + 2, std::vector<double>(n, 0.0));
-  std::vector<transform_call> calls;
-  for (std::size_t i = 0; i < xs.size(); ++i)
-    calls.push_back({xs[i].data(), nullptr, outs[i].data(), n});
   const auto square = builtin_kernel::square();
-  const std::span<const transform_call> all(calls);
+  const std::span<const transform_call> all(work.calls);
   // More than the budget holds at once: nothing is queued, nothing taken, nothing waited for.
   EXPECT_FALSE(ex.try_transform_each(square, dtype::float64, all).has_value());
   EXPECT_EQ(ex.in_flight().bytes, 0U);
@@ -486,15 +514,15 @@ TEST_P(ExecutorTest, TryTransformEachQueuesAllOrNothingAndNeverWaits) {
   auto second = ex.try_transform_each(square, dtype::float64, all.subspan(room - 1, 1));
   ASSERT_TRUE(second.has_value());
   // More calls than one batch of map never go through here.
-  std::vector<transform_call> many(300, {xs[0].data(), nullptr, outs[0].data(), 1});
+  std::vector<transform_call> many(300, {work.xs[0].data(), nullptr, work.outs[0].data(), 1});
   EXPECT_FALSE(ex.try_transform_each(square, dtype::float64, many).has_value());
   g.open();
   holders.get();
   first->get();
   second->get();
-  for (std::size_t i = 0; i < room; ++i) EXPECT_EQ(outs[i], std::vector<double>(n, 9.0)) << i;
-  for (std::size_t i = room; i < outs.size(); ++i)
-    EXPECT_EQ(outs[i], std::vector<double>(n, 0.0)) << i;
+  for (std::size_t i = 0; i < room; ++i) EXPECT_EQ(work.outs[i], std::vector<double>(n, 9.0)) << i;
+  for (std::size_t i = room; i < work.outs.size(); ++i)
+    EXPECT_EQ(work.outs[i], std::vector<double>(n, 0.0)) << i;
   ex.shutdown();
   EXPECT_EQ(ex.in_flight().bytes, 0U);
 }

@@ -17,7 +17,6 @@ from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 #: The dtypes the C++ library computes with (its one dtype table), by NumPy's names.
 SUPPORTED = tuple(_ext.dtypes())
 _EXPECTED = "expected " + ", ".join(SUPPORTED[:-1]) + " or " + SUPPORTED[-1]
-_DTYPE_NAMES = {np.dtype(name): name for name in SUPPORTED}
 _DLPACK_CUDA = 2  # kDLCUDA
 
 # CuPy and PyTorch carry no type annotations: their modules, arrays and streams are Any here.
@@ -149,22 +148,10 @@ def launch(core: _ext.Executor, kernel: BuiltinKernel, xs: Sequence[object],
 
 
 def _describe(obj: object, where: str, streams: _Streams) -> _Description:
-    """(address, element count, dtype name, ordinal, shape) of one device array; notes the
-    stream its producer may still be writing on in `streams` (CuPy's current stream is the
-    caller's to note, once for all arrays)."""
-    cupy = sys.modules.get("cupy")
-    if cupy is not None and type(obj) is cupy.ndarray:
-        # The common case, kept cheap - thousands of small arrays are what this path is for:
-        # CuPy's own attributes rather than its interface dict.
-        array: Any = obj  # a cupy.ndarray (CuPy has no type annotations)
-        name = _DTYPE_NAMES.get(array.dtype)
-        if name is None:
-            raise TypeError(f"gpupool: {where} has unsupported dtype {array.dtype}; "
-                            + _EXPECTED)
-        if not array.flags.c_contiguous:
-            raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
-        memory = array.data
-        return memory.ptr, array.size, name, memory.device_id, array.shape
+    """(address, element count, dtype name, ordinal, shape) of one device array other than a
+    CuPy array (the extension reads those itself); notes the stream its producer may still be
+    writing on in `streams` (CuPy's current stream is the caller's to note, once for all
+    arrays)."""
     view = DeviceArray(obj, where)
     if view.stream not in (None, 0):
         streams.add(("cai", view.stream))

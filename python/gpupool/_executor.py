@@ -426,20 +426,17 @@ class Executor(_futures.Executor):
         del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
         if isinstance(fn, _COMPILED):
-            device_calls = _device_calls(iterables)
+            calls, on_device = _compiled_calls(iterables)
             with self._lock:
                 self._check_open()
-                if device_calls is not None:
+                if on_device:
                     if self.backend != "cuda":
                         raise TypeError("gpupool: device arrays need the CUDA backend")
-                    results = _device.map_compiled(self._core, fn, device_calls,
-                                                   _Future).results(deadline)
+                    results = _device.map_compiled(self._core, fn, calls, _Future).results(
+                        deadline)
                     if progress:
-                        results = _with_progress(results, len(device_calls), fn.name)
+                        results = _with_progress(results, len(calls), fn.name)
                     return results
-            calls = _elementwise_calls(iterables)
-            with self._lock:
-                self._check_open()
                 pending: List[_futures.Future[Any]] = []
                 try:
                     for args in calls:
@@ -462,7 +459,8 @@ class Executor(_futures.Executor):
                     # Host arrays: every call queued now, results yielded in order straight from
                     # C++ (no Future per call; TimeoutError, a failure or Ctrl-C cancels the
                     # rest, as below).
-                    in_order: Iterator[Any] = self._core.map_kernel_results(fn, xs, ys, timeout)
+                    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+                    in_order: Iterator[Any] = self._core.map_kernel_results(fn, xs, ys, left)
                     if progress:
                         in_order = _with_progress(in_order, len(xs), fn.name)
                     return in_order
@@ -562,11 +560,8 @@ class _FrameworkStreams:
             kwargs: Optional[Dict[str, Any]]) -> Any:
         cupy = sys.modules.get("cupy")
         torch = sys.modules.get("torch")
-        if cupy is not None or torch is not None:
-            self._make_current(cupy, torch)
-        return fn(*args, **kwargs) if kwargs else fn(*args)
-
-    def _make_current(self, cupy: Optional[ModuleType], torch: Optional[ModuleType]) -> None:
+        if cupy is None and torch is None:
+            return fn(*args, **kwargs) if kwargs else fn(*args)
         lane = current_lane()  # the runner runs only on lanes
         ordinal = self._ordinals[lane.device]
         streams = self._streams.get(lane.index)
@@ -574,15 +569,35 @@ class _FrameworkStreams:
             streams = self._streams[lane.index] = _framework_streams(
                 cupy, torch, lane.stream, ordinal)
         cupy_stream, torch_stream = streams
+        self._make_current(cupy, cupy_stream, torch, torch_stream, lane.stream, ordinal)
+        try:
+            return fn(*args, **kwargs) if kwargs else fn(*args)
+        finally:
+            # The lane's own work (copies, kernels) runs on its device: a call that made another
+            # one current does not leave it so.
+            self._set_device(cupy, cupy_stream, torch, torch_stream, ordinal)
+
+    @staticmethod
+    def _set_device(cupy: Optional[ModuleType], cupy_stream: Any, torch: Optional[ModuleType],
+                    torch_stream: Any, ordinal: int) -> None:
+        # CUDA's current device is one per thread, whichever framework reads or sets it.
         if cupy is not None and cupy_stream is not None:
             if cupy.cuda.runtime.getDevice() != ordinal:
                 cupy.cuda.runtime.setDevice(ordinal)
+        elif torch is not None and torch_stream is not None:
+            if torch.cuda.current_device() != ordinal:
+                torch.cuda.set_device(ordinal)
+
+    @classmethod
+    def _make_current(cls, cupy: Optional[ModuleType], cupy_stream: Any,
+                      torch: Optional[ModuleType], torch_stream: Any, stream: int,
+                      ordinal: int) -> None:
+        cls._set_device(cupy, cupy_stream, torch, torch_stream, ordinal)
+        if cupy is not None and cupy_stream is not None:
             if cupy.cuda.get_current_stream() is not cupy_stream:
                 cupy_stream.use()
         if torch is not None and torch_stream is not None:
-            if torch.cuda.current_device() != ordinal:
-                torch.cuda.set_device(ordinal)
-            if torch.cuda.current_stream(ordinal).cuda_stream != lane.stream:
+            if torch.cuda.current_stream(ordinal).cuda_stream != stream:
                 torch.cuda.set_stream(torch_stream)
 
 
@@ -637,33 +652,30 @@ def _elementwise_arguments(args: Iterable[object]) -> List[object]:
 
 def _elementwise_columns(iterables: Sequence[Any]) -> List[Iterable[object]]:
     """The arguments of a map over an elementwise kernel by parameter, one value per call each:
-    a number is broadcast to every call, anything else is an iterable with one value (an array,
-    or a number) per call."""
-    columns = [None if _as_number(it) is not None else list(it) for it in iterables]
+    a number (a Python number, NumPy scalar or 0-d array) is broadcast to every call as a Python
+    number, anything else is an iterable, read once, with one value (an array, or a number) per
+    call."""
+    numbers = [_as_number(it) for it in iterables]
+    columns = [None if n is not None else list(it) for it, n in zip(iterables, numbers)]
     lengths = {len(c) for c in columns if c is not None}
     if not lengths:
         raise TypeError("gpupool: give at least one iterable of arrays")
     if len(lengths) > 1:
         raise ValueError("gpupool: the iterables differ in length")
     count = lengths.pop()
-    return [itertools.repeat(it, count) if c is None else c for it, c in zip(iterables, columns)]
+    return [itertools.repeat(n, count) if c is None else c for n, c in zip(numbers, columns)]
 
 
-def _elementwise_calls(iterables: Sequence[Any]) -> List[List[object]]:
-    """The argument lists of a map over an elementwise kernel (see _elementwise_columns), with
-    numbers as Python numbers."""
-    return [_elementwise_arguments(call) for call in zip(*_elementwise_columns(iterables))]
-
-
-def _device_calls(iterables: Sequence[Any]) -> Optional[List[Tuple[object, ...]]]:
-    """The calls of a map over an elementwise kernel as they are, if the first call has a device
-    array (the extension then checks every value itself: no Python work per array); else
-    None."""
-    columns = _elementwise_columns(iterables)
-    calls = list(zip(*columns))
-    if calls and any(_device.is_device_array(a) for a in calls[0]):
-        return calls
-    return None
+def _compiled_calls(iterables: Sequence[Any]) -> Tuple[List[Tuple[object, ...]], bool]:
+    """The calls of a map over an elementwise kernel, and whether they go to the device path:
+    the first call has an array on a GPU (then the extension checks every value itself, with no
+    Python work per array). Host calls have their numbers as Python numbers."""
+    calls = list(zip(*_elementwise_columns(iterables)))
+    on_device = bool(calls) and any(
+        _device.is_device_array(a) and _as_number(a) is None for a in calls[0])
+    if on_device:
+        return calls, True
+    return [tuple(_elementwise_arguments(call)) for call in calls], False
 
 
 def _with_progress(results: Iterable[_R], total: int, label: object) -> Iterator[_R]:

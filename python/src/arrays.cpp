@@ -12,7 +12,14 @@
 
 namespace gpupool_python {
 
-// gpupool's dtypes by name, for messages: "float32, float64, int32" + last + "int64".
+nb::object pinned_array(std::unique_ptr<pinned_block> block, const std::vector<std::size_t>& shape,
+                        nb::dlpack::dtype type) {
+  pinned_block* owned = block.release();
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
+  return nb::cast(
+      nb::ndarray<nb::numpy>(owned->data(), shape.size(), shape.data(), owner, nullptr, type));
+}
+
 std::string dtype_names(const char* last) {
   std::string out;
   for (std::size_t i = 0; i < std::size(gpupool::dtypes); ++i)

@@ -27,6 +27,14 @@ class pinned_block {
   void* data_;
 };
 
+// A NumPy array of `shape` and `type` over `block`, which it owns from now on (the block goes
+// back to the pinned cache when the array dies).
+nb::object pinned_array(std::unique_ptr<pinned_block> block, const std::vector<std::size_t>& shape,
+                        nb::dlpack::dtype type);
+
+// gpupool's dtypes by name, for messages: "float32, float64, int32" + last + "int64".
+std::string dtype_names(const char* last);
+
 const char* dtype_name(nb::dlpack::dtype t);
 gpupool::dtype dtype_from_name(const std::string& name);
 // gpupool's dtype of a checked array's element type (TypeError for one gpupool does not take).

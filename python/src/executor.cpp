@@ -81,12 +81,18 @@ cupy_array_view describe_cupy(nb::handle a, const Where& where) {
   };
   cupy_array_view view;
   nb::object dtype = get(a, names->dtype);
-  const auto known = std::find_if(names->dtypes.begin(), names->dtypes.end(),
-                                  [&](const auto& d) { return d.first == dtype.ptr(); });
+  auto known = std::find_if(names->dtypes.begin(), names->dtypes.end(),
+                            [&](const auto& d) { return d.first == dtype.ptr(); });
+  if (known == names->dtypes.end())  // an equal dtype that is another object (unpickled, say)
+    known = std::find_if(names->dtypes.begin(), names->dtypes.end(), [&](const auto& d) {
+      const int equal = PyObject_RichCompareBool(dtype.ptr(), d.first, Py_EQ);
+      if (equal < 0) throw nb::python_error();
+      return equal == 1;
+    });
   if (known == names->dtypes.end()) {
     const std::string name = nb::cast<std::string>(nb::str(dtype));
-    throw nb::type_error(("gpupool: " + where() + " has unsupported dtype " + name +
-                          "; expected float32, float64, int32 or int64")
+    throw nb::type_error(("gpupool: " + where() + " has unsupported dtype " + name + "; expected " +
+                          dtype_names(" or "))
                              .c_str());
   }
   view.type = known->second;
@@ -293,14 +299,20 @@ class py_executor {
         gpupool::dtype type{};
         int ordinal = -1;
         nb::object shape;
+        std::optional<cupy_array_view> cupy_view;
         if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && a.type().is(cupy_ndarray)) {
           // The common case, kept cheap: CuPy's own attributes rather than its interface dict.
-          const cupy_array_view view = describe_cupy(a, where);
-          address = view.address;
-          count = view.count;
-          type = view.type;
-          ordinal = view.ordinal;
-          shape = view.shape;
+          cupy_view = describe_cupy(a, where);
+          if (PyTuple_Check(cupy_view->shape.ptr()) &&
+              PyTuple_GET_SIZE(cupy_view->shape.ptr()) == 0)
+            cupy_view.reset();  // a 0-d array is a number (as_number below), as in a submit
+        }
+        if (cupy_view) {
+          address = cupy_view->address;
+          count = cupy_view->count;
+          type = cupy_view->type;
+          ordinal = cupy_view->ordinal;
+          shape = cupy_view->shape;
         } else if (last_number[i].is(a)) {
           d.work.inputs.push_back(*last_number_argument[i]);
           continue;

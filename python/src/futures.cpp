@@ -1,6 +1,7 @@
 // Completing the Python future of each task from C++ (see futures.hpp).
 #include "futures.hpp"
 
+#include <chrono>
 #include <exception>
 #include <thread>
 #include <utility>
@@ -197,7 +198,9 @@ class kernel_outcome {
         nb::object error = python_exception(failure);
         call_method_and_drop(future_, names().set_exception, error.ptr());
       } else {
-        nb::object value = pinned_ ? make_array() : result_;
+        nb::object value =
+            pinned_ ? pinned_array(std::move(pinned_->block), pinned_->shape, pinned_->type)
+                    : result_;
         call_method_and_drop(future_, names().set_result, value.ptr());
       }
     }
@@ -210,13 +213,6 @@ class kernel_outcome {
     result_.reset();
     keep_alive_.reset();
     Py_CLEAR(future_);
-  }
-
-  nb::object make_array() {
-    pinned_block* block = pinned_->block.release();
-    nb::capsule owner(block, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
-    return nb::cast(nb::ndarray<nb::numpy>(block->data(), pinned_->shape.size(),
-                                           pinned_->shape.data(), owner, nullptr, pinned_->type));
   }
 
   std::vector<input_array> inputs_;
@@ -274,8 +270,15 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
 }
 
 void wait_for_tasks_handed_over_early(const std::atomic<int>& early) {
-  // Each such task ends right after its call returned: a short wait, never a long one.
-  while (early.load(std::memory_order_acquire) > 0) std::this_thread::yield();
+  // Each such task ends right after its call returned, usually at once. On CUDA its lane may
+  // first run the next item it took (a long call, say) before it sees the task's end: after a
+  // short spin, sleep between looks rather than keep a core busy.
+  for (int spins = 0; early.load(std::memory_order_acquire) > 0; ++spins) {
+    if (spins < 1000)
+      std::this_thread::yield();
+    else
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+  }
 }
 
 nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,

@@ -85,9 +85,10 @@ kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
                        std::optional<nb::sequence> ys, std::optional<double> timeout)
     : inputs_(check_kernel_inputs(kernel_object, k, xs, ys)) {
   if (timeout) {
-    if (!(*timeout >= 0)) throw nb::value_error("gpupool: timeout must be a number >= 0 or None");
-    deadline_ = clock::now() + std::chrono::duration_cast<clock::duration>(
-                                   std::chrono::duration<double>(std::min(*timeout, 1e9)));
+    // As concurrent.futures: a timeout already passed (or negative) times out at the first wait.
+    const double seconds = *timeout >= 0 ? std::min(*timeout, 1e9) : 0.0;
+    deadline_ = clock::now() +
+                std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
   }
   const std::size_t n = inputs_.x.size();
   results_.reserve(n);
@@ -159,6 +160,15 @@ nb::object kernel_map::next() {
     done_ = true;
     throw nb::stop_iteration();
   }
+  // Another thread waiting in next() (it lets the GIL go) would hand out the same result: a
+  // generator refuses to be re-entered likewise.
+  if (busy_)
+    throw nb::value_error("gpupool: the results of this map are being read by another thread");
+  busy_ = true;
+  struct not_busy {
+    bool& flag;
+    ~not_busy() { flag = false; }
+  } leave{busy_};
   gpupool::future<void>& f = futures_[next_];
   while (!f.ready()) {
     auto slice = wait_slice;
@@ -193,10 +203,7 @@ nb::object kernel_map::next() {
     cancel_rest();  // as concurrent.futures' map: the first failure ends the iteration
     f.get();        // throws the task's failure, or cancelled_error
   }
-  pinned_block* block = results_[i].release();
-  nb::capsule owner(block, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
-  return nb::cast(
-      nb::ndarray<nb::numpy>(block->data(), shape.size(), shape.data(), owner, nullptr, type));
+  return pinned_array(std::move(results_[i]), shape, type);
 }
 
 void bind_kernel_map(nb::module_& m) {
@@ -208,7 +215,9 @@ void bind_kernel_map(nb::module_& m) {
       .def("__next__", &kernel_map::next)
       .def("__length_hint__", &kernel_map::remaining)
       .def("cancel", &kernel_map::cancel_rest,
-           "Cancels every call not yet started; the iteration then ends.");
+           "Cancels every call not yet started; the iteration then ends.")
+      .def("close", &kernel_map::cancel_rest,
+           "As a generator's close(): cancels every call not yet started; the iteration ends.");
 }
 
 }  // namespace gpupool_python

@@ -53,6 +53,7 @@ class kernel_map {
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   std::size_t next_ = 0;
   bool done_ = false;
+  bool busy_ = false;  // a next() is waiting, with the GIL let go
 };
 
 void bind_kernel_map(nb::module_& m);

@@ -68,6 +68,7 @@ def test_a_call_that_leaves_another_stream_current_does_not_move_the_next_off_th
 def test_a_result_is_handed_over_only_once_the_work_the_call_left_running_is_done():
     cp = pytest.importorskip("cupy")
     x = cp.random.random(1 << 24)
+    cp.cuda.runtime.deviceSynchronize()  # made on CuPy's stream here; read on the lane's
 
     def leave_work_running():
         y = x
@@ -82,9 +83,26 @@ def test_a_result_is_handed_over_only_once_the_work_the_call_left_running_is_don
         assert bool(cp.isfinite(y).all())
 
         def wait_for_work():
-            return float(cp.asnumpy(cp.sqrt(x * x).sum()))  # waits: handed over at once
+            return float(cp.asnumpy(cp.sqrt(x * x).sum()))  # waits for its own work
 
         assert ex.submit(wait_for_work).result() == pytest.approx(float(x.sum()))
+
+
+def test_a_call_that_makes_another_gpu_current_leaves_the_lane_on_its_own():
+    cp = pytest.importorskip("cupy")
+    if cp.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+
+    def switch():
+        cp.cuda.Device(1).use()  # and never back
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cuda", devices=[0]) as ex:
+        ex.submit(switch).result()
+        # The lane's own copies and kernels run on its device afterwards.
+        xs = [np.full(1000, float(i)) for i in range(20)]
+        for x, r in zip(xs, ex.map(gpupool.kernels.square, xs)):
+            assert np.array_equal(r, x * x)
+        assert ex.submit(lambda: cp.cuda.runtime.getDevice()).result() == 0
 
 
 def test_lane_upload_and_download_with_cupy():

@@ -6,6 +6,7 @@ import gc
 import subprocess
 import sys
 import textwrap
+import time
 
 import numpy as np
 import pytest
@@ -152,3 +153,61 @@ def test_ctrl_c_while_waiting_for_a_result_raises_and_cancels_the_rest():
     assert lines[0].startswith("interrupted after"), proc.stdout + proc.stderr
     assert float(lines[0].split()[-1]) < 1.5, proc.stdout
     assert lines[1] == "ran 0", proc.stdout
+
+
+def test_close_and_a_timeout_already_passed_behave_as_concurrent_futures(executor):
+    results = executor.map(gpupool.kernels.square, [np.ones(10) for _ in range(3)])
+    results.close()  # as a generator's close(): what has not started is cancelled
+    assert list(results) == []
+    results = executor.map(gpupool.kernels.square, [np.ones(10)], timeout=-1)
+    try:
+        assert list(results)[0][0] == 1.0  # ready at the first look: no wait, no timeout
+    except TimeoutError:
+        pass  # not ready at once: the timeout had passed, as the standard library's says
+
+
+def test_one_map_read_from_two_threads_at_once_is_refused(hold_every_lane):
+    import threading
+
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
+    try:
+        _, release = hold_every_lane(ex)
+        results = ex.map(gpupool.kernels.square, [np.ones(10) for _ in range(4)])
+        got, refused = [], []
+
+        def read():
+            try:
+                got.append(next(results))
+            except ValueError as e:
+                refused.append(str(e))
+
+        readers = [threading.Thread(target=read) for _ in range(2)]
+        for reader in readers:
+            reader.start()
+        # The lanes are held, so the first reader waits inside next() until the second is
+        # refused.
+        deadline = time.monotonic() + 10
+        while not refused and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert refused and "being read by another thread" in refused[0]
+        release.set()
+        for reader in readers:
+            reader.join(10)
+        assert len(got) == 1 and got[0][0] == 1.0
+        assert len(list(results)) == 3  # the others, once
+    finally:
+        ex.shutdown()
+
+
+def test_compiled_maps_read_each_iterable_once_and_take_numbers_of_any_kind(executor):
+    k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = x * a", "kernel_map_scale")
+    xs = [np.arange(5.0) + i for i in range(4)]
+    # Generators: read once (a second read would find them empty).
+    got = list(executor.map(k, (x for x in xs), 2.0))
+    assert len(got) == 4 and all(np.array_equal(g, x * 2.0) for g, x in zip(got, xs))
+    got = list(executor.map(k, (x for x in xs), (a for a in [1.0, 2.0, 3.0, 4.0])))
+    assert all(np.array_equal(g, x * a) for g, x, a in zip(got, xs, [1.0, 2.0, 3.0, 4.0]))
+    # A NumPy scalar or 0-d array broadcast to every call is a number.
+    for number in (np.float64(3.0), np.array(3.0)):
+        got = list(executor.map(k, xs, number))
+        assert all(np.array_equal(g, x * 3.0) for g, x in zip(got, xs))

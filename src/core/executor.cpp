@@ -748,8 +748,14 @@ std::optional<multi_future<void>> executor::queue_transforms(const builtin_kerne
         enqueue_elementwise_all(jobs);
         admit(cost);
       }
-      auto state = std::make_shared<detail::shared_state<void>>();
-      hold_until_done(state, cost);
+      std::shared_ptr<detail::shared_state<void>> state;
+      try {
+        state = std::make_shared<detail::shared_state<void>>();
+        hold_until_done(state, cost);
+      } catch (...) {
+        if (may_wait) release_in_flight(cost);  // else part of taken_up_front, given back below
+        throw;
+      }
       if (!may_wait) taken_up_front -= cost;  // now held by the call's future
       futures.emplace_back(state);
       jobs.push_back(std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
