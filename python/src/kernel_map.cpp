@@ -1,6 +1,7 @@
 // Executor.map over a built-in kernel and host arrays: every call checked, then queued at once
 // (the GIL let go once for all of them), and the results yielded in input order as NumPy arrays
-// in pinned memory. No Python future is made per call and no lane ever takes the GIL: a map of
+// in pinned memory. No Python future is made per call and no lane takes the GIL for the results
+// (one does, once, to let go of what a map dropped early kept for its running calls): a map of
 // thousands of tiny arrays costs what the core costs, not a Future, a hand-over and a wake-up
 // per array.
 #include "kernel_map.hpp"
