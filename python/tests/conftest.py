@@ -1,3 +1,5 @@
+import subprocess
+import sys
 import threading
 
 import gpupool
@@ -50,3 +52,15 @@ def hold_every_lane():
     yield hold_all
     for release in releases:
         release.set()
+
+
+def run_interrupted(code, timeout):
+    """Runs `code` in a fresh interpreter; it must print "interrupted after SECONDS" once Ctrl-C
+    reached it, then "ran N". Returns (SECONDS, N)."""
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=timeout)
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.split("\n")
+    assert lines[0].startswith("interrupted after"), proc.stdout + proc.stderr
+    assert lines[1].startswith("ran "), proc.stdout
+    return float(lines[0].split()[-1]), int(lines[1].split()[1])

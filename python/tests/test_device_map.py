@@ -92,20 +92,17 @@ def test_many_arrays_in_one_call_each_output_a_view_of_one_buffer(core):
     assert launched == [1]  # once, after everything was checked and allocated
 
 
-def test_cupy_arrays_are_read_through_their_own_attributes(core):
+@pytest.mark.parametrize("fake", [FakeCupyArray, FakeCupyArrayWithFlag])
+def test_cupy_arrays_are_read_through_their_own_attributes(core, fake):
+    # CuPy's readonly _c_contiguous is read when there is one, flags.c_contiguous otherwise.
     xs = [np.arange(n, dtype=np.float64) for n in (5, 64)]
-    calls = [[FakeCupyArray(x), 3.0] for x in xs]
-    outputs, _, _, _ = run(core, calls, cupy_type=FakeCupyArray)
+    calls = [[fake(x), 3.0] for x in xs]
+    outputs, _, _, _ = run(core, calls, cupy_type=fake)
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 3.0)
 
 
-def test_cupys_contiguity_flag_is_read_when_it_has_one(core):
-    xs = [np.arange(n, dtype=np.float64) for n in (5, 64)]
-    calls = [[FakeCupyArrayWithFlag(x), 3.0] for x in xs]
-    outputs, _, _, _ = run(core, calls, cupy_type=FakeCupyArrayWithFlag)
-    for x, out in zip(xs, outputs):
-        np.testing.assert_array_equal(out, x * 3.0)
+def test_cupys_contiguity_flag_refuses_a_strided_array(core):
     strided = FakeCupyArrayWithFlag(np.ones((4, 4))[:, 1])
     with pytest.raises(ValueError, match="call 0 argument 0 is not C-contiguous"):
         core.map_device_calls(SCALE, [[strided, 1.0]], FakeCupyArrayWithFlag, describe_host,

@@ -3,13 +3,12 @@ handed straight from C++ in input order (no Future per call), and concurrent.fut
 contract kept: a timeout, a failure, Ctrl-C or an iterator dropped early cancels every call that
 has not started."""
 import gc
-import subprocess
-import sys
 import textwrap
 import time
 
 import numpy as np
 import pytest
+from conftest import run_interrupted
 
 import gpupool
 
@@ -146,13 +145,8 @@ def test_ctrl_c_while_waiting_for_a_result_raises_and_cancels_the_rest():
             ex.shutdown(wait=True)
         print("ran", sum(1 for r in trace.records() if r["name"] == "square"), flush=True)
     """)
-    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120)
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.split("\n")
-    assert lines[0].startswith("interrupted after"), proc.stdout + proc.stderr
-    assert float(lines[0].split()[-1]) < 1.5, proc.stdout
-    assert lines[1] == "ran 0", proc.stdout
+    seconds, ran = run_interrupted(code, timeout=120)
+    assert seconds < 1.5 and ran == 0
 
 
 def test_close_and_a_timeout_already_passed_behave_as_concurrent_futures(executor):
