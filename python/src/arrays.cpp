@@ -105,7 +105,7 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
 }
 
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {
-  return gpupool::visit_dtype(dtype_from_name(dtype_name(a.dtype())), [&]<class T>() {
+  return gpupool::visit_dtype(gpupool_dtype(a.dtype()), [&]<class T>() {
     return gpupool::kernel_argument(std::span<const T>(static_cast<const T*>(a.data()), a.size()));
   });
 }

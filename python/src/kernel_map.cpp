@@ -194,8 +194,7 @@ nb::object kernel_map::next() {
   }
   const std::size_t i = next_++;
   const input_array& x = inputs_.x[i];
-  std::vector<std::size_t> shape(x.ndim());
-  for (std::size_t d = 0; d < shape.size(); ++d) shape[d] = x.shape(d);
+  const std::vector<std::size_t> shape = shape_of(x);
   const nb::dlpack::dtype type = x.dtype();
   // Its task has ended: the arrays it read are free to change.
   inputs_.x[i] = input_array();
