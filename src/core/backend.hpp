@@ -97,10 +97,10 @@ class backend_stream {
   [[nodiscard]] virtual bool idle() noexcept = 0;
 };
 
-/// A backend: finds devices and opens streams on them. Thread-safe.
 /// How far a failure reaches (backend::classify_fault).
 enum class fault_scope { none, device, every_device };
 
+/// A backend: finds devices and opens streams on them. Thread-safe.
 class backend {
  public:
   virtual ~backend() = default;
