@@ -25,6 +25,7 @@ using namespace std::chrono_literals;
 using testing::gate;
 using testing::hold_every_lane;
 using testing::matches_reference;
+using testing::open_at_exit;
 using testing::random_vector;
 
 class ExecutorTest : public ::testing::TestWithParam<backend_kind> {
@@ -412,23 +413,6 @@ TEST_P(ExecutorTest, TransformEachRefusesABadCallBeforeQueueingAny) {
   ex.shutdown();
   EXPECT_EQ(out, std::vector<double>(100, 0.0));  // nothing ran
 }
-
-// Opens a gate and waits for the lanes it held when the test leaves, however it leaves: a failed
-// ASSERT must not leave lanes waiting on a gate that is gone.
-class open_at_exit {
- public:
-  open_at_exit(gate& g, const multi_future<void>& holders) : g_(g), holders_(holders) {}
-  open_at_exit(const open_at_exit&) = delete;
-  open_at_exit& operator=(const open_at_exit&) = delete;
-  ~open_at_exit() {
-    g_.open();
-    holders_.wait();
-  }
-
- private:
-  gate& g_;
-  const multi_future<void>& holders_;
-};
 
 // `count` calls squaring `n` doubles of `value` each into outputs of zeros. Declared before the
 // gate of a test (and so destroyed after the lanes it holds are done).

@@ -200,4 +200,21 @@ inline multi_future<void> hold_lanes_of(executor& ex, int device, gate& g) {
                     [&](auto task) { return ex.submit_to(device, std::move(task)); });
 }
 
+// Opens a gate and waits for the lanes it held when the test leaves, however it leaves: a failed
+// ASSERT must not leave lanes waiting on a gate that is gone.
+class open_at_exit {
+ public:
+  open_at_exit(gate& g, const multi_future<void>& holders) : g_(g), holders_(holders) {}
+  open_at_exit(const open_at_exit&) = delete;
+  open_at_exit& operator=(const open_at_exit&) = delete;
+  ~open_at_exit() {
+    g_.open();
+    holders_.wait();
+  }
+
+ private:
+  gate& g_;
+  const multi_future<void>& holders_;
+};
+
 }  // namespace gpupool::testing
