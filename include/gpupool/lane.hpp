@@ -140,6 +140,10 @@ class lane {
   /// True if everything enqueued on this lane's stream has finished (never waits; false while
   /// work runs, or if the stream reports a failure). Always true on the CPU backend.
   [[nodiscard]] virtual bool stream_idle() noexcept = 0;
+  /// Makes this lane's device the calling thread's current one again (call it on the lane's own
+  /// thread, inside a task): after code that switched devices, the lane's own work, and the
+  /// next task, run on the lane's device. Cheap when it already is current.
+  virtual void make_device_current() = 0;
 
   // Untyped operations behind the templates above; usable directly with raw device pointers.
   virtual void* allocate_bytes(std::size_t bytes) = 0;

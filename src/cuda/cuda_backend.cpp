@@ -338,7 +338,11 @@ class cuda_backend final : public backend {
     return info;
   }
 
-  void bind_thread(int ordinal) override { GPUPOOL_CUDA_CHECK(cudaSetDevice(ordinal)); }
+  void bind_thread(int ordinal) override {
+    int current = -1;
+    if (cudaGetDevice(&current) == cudaSuccess && current == ordinal) return;
+    GPUPOOL_CUDA_CHECK(cudaSetDevice(ordinal));
+  }
 
   std::shared_ptr<const compiled_kernel> compile(const elementwise_kernel& k,
                                                  const std::vector<bool>& is_array,

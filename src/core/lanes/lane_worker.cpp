@@ -79,7 +79,7 @@ void lane_worker::join() {
 void lane_worker::open() {
   setup_.owner->bind_thread(setup_.ordinal);
   stream_ = setup_.owner->open_stream(setup_.ordinal);
-  staging_done_ = stream_->make_event();
+  for (auto& done : staging_done_) done = stream_->make_event();
   buffers_.open(*stream_, setup_.slots);
   // Faults are injected into the lane's work, not into its start.
   if (setup_.faults != nullptr && setup_.faults->any()) {
@@ -99,7 +99,7 @@ void lane_worker::close() noexcept {
   tracer_.detach();
   buffers_.close();
   recover();
-  staging_done_.reset();
+  for (auto& done : staging_done_) done.reset();
   stream_.reset();
 }
 
@@ -198,7 +198,7 @@ void lane_worker::recover() noexcept {
     // The failure was already reported to the task that caused it; what matters here is only
     // that the stream holds no more work touching the slots.
   }
-  staging_busy_ = false;
+  staging_busy_ = {};
 }
 
 void* lane_worker::native_stream() const noexcept {
@@ -207,11 +207,15 @@ void* lane_worker::native_stream() const noexcept {
 
 void lane_worker::synchronize() {
   stream_->synchronize();
-  staging_busy_ = false;
+  staging_busy_ = {};
 }
 
 bool lane_worker::stream_idle() noexcept {
   return stream_->idle();
+}
+
+void lane_worker::make_device_current() {
+  setup_.owner->bind_thread(setup_.ordinal);
 }
 
 void* lane_worker::allocate_bytes(std::size_t bytes) {
@@ -230,12 +234,14 @@ void lane_worker::deallocate_bytes(void* p, std::size_t bytes) noexcept {
   setup_.memory->release(bytes);
 }
 
-void* lane_worker::acquire_staging() {
-  if (staging_busy_) {
-    staging_done_->wait();
-    staging_busy_ = false;
+std::pair<void*, std::size_t> lane_worker::acquire_staging() {
+  const std::size_t i = next_staging_;
+  next_staging_ = 1 - i;
+  if (staging_busy_[i]) {
+    staging_done_[i]->wait();
+    staging_busy_[i] = false;
   }
-  return buffers_.host(current_slot_, 0);
+  return {buffers_.host(current_slot_, static_cast<int>(i)), i};
 }
 
 void lane_worker::upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) {
@@ -248,11 +254,11 @@ void lane_worker::upload_bytes(void* device_dst, const void* host_src, std::size
   auto* dst = static_cast<char*>(device_dst);
   for (std::size_t done = 0; done < bytes;) {
     const std::size_t n = std::min(setup_.chunk_bytes, bytes - done);
-    void* staging = acquire_staging();
+    const auto [staging, i] = acquire_staging();
     std::memcpy(staging, src + done, n);
     stream_->copy_to_device(dst + done, staging, n);
-    staging_done_->record();
-    staging_busy_ = true;
+    staging_done_[i]->record();
+    staging_busy_[i] = true;
     done += n;
   }
 }
@@ -265,14 +271,31 @@ void lane_worker::download_bytes(void* host_dst, const void* device_src, std::si
   }
   const auto* src = static_cast<const char*>(device_src);
   auto* dst = static_cast<char*>(host_dst);
-  for (std::size_t done = 0; done < bytes;) {
-    const std::size_t n = std::min(setup_.chunk_bytes, bytes - done);
-    void* staging = acquire_staging();
-    stream_->copy_to_host(staging, src + done, n);
-    staging_done_->record();
-    staging_done_->wait();
-    std::memcpy(dst + done, staging, n);
-    done += n;
+  // Two pieces at a time: the device copies the next piece into one staging buffer while the
+  // piece before is copied out of the other.
+  struct piece {
+    std::size_t at, n, i;
+    void* staging;
+  };
+  std::optional<piece> before;
+  for (std::size_t done = 0;;) {
+    std::optional<piece> now;
+    if (done < bytes) {
+      const std::size_t n = std::min(setup_.chunk_bytes, bytes - done);
+      const auto [staging, i] = acquire_staging();
+      stream_->copy_to_host(staging, src + done, n);
+      staging_done_[i]->record();
+      staging_busy_[i] = true;
+      now = piece{done, n, i, staging};
+      done += n;
+    }
+    if (before) {
+      staging_done_[before->i]->wait();
+      staging_busy_[before->i] = false;
+      std::memcpy(dst + before->at, before->staging, before->n);
+    }
+    if (!now) break;
+    before = now;
   }
 }
 

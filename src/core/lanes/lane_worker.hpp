@@ -4,6 +4,7 @@
 // live apart; this is the loop and the public lane interface.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -15,6 +16,7 @@
 #include <mutex>
 #include <optional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/backend.hpp"
@@ -87,6 +89,7 @@ class lane_worker final : public lane {
   void* native_stream() const noexcept override;
   void synchronize() override;
   bool stream_idle() noexcept override;
+  void make_device_current() override;
   void* allocate_bytes(std::size_t bytes) override;
   void deallocate_bytes(void* p, std::size_t bytes) noexcept override;
   void upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) override;
@@ -113,8 +116,10 @@ class lane_worker final : public lane {
   void recover() noexcept;
   /// Tells the executor's device_health of a task's failure on this lane.
   void report_failure(const std::exception_ptr& failure) noexcept;
-  /// The staging buffer used by upload/download inside a user task; waits out its last use.
-  void* acquire_staging();
+  /// A staging buffer for upload/download inside a user task, waiting out its last use: the
+  /// two buffers are taken in turn, so that filling one overlaps the copy out of the other.
+  /// Returns the buffer and the index of its event in staging_done_.
+  std::pair<void*, std::size_t> acquire_staging();
 
   lane_setup setup_;
   std::thread thread_;
@@ -123,8 +128,11 @@ class lane_worker final : public lane {
   slot_buffers buffers_;
   lane_tracer tracer_;
   std::vector<slot_context> contexts_;  // the handle each slot's item gets
-  std::unique_ptr<backend_event> staging_done_;
-  bool staging_busy_ = false;
+  // Per staging buffer: the event recorded after its last copy, and whether that copy may still
+  // run; next_staging_ is the buffer taken next.
+  std::array<std::unique_ptr<backend_event>, 2> staging_done_;
+  std::array<bool, 2> staging_busy_{};
+  std::size_t next_staging_ = 0;
   int current_slot_ = 0;
 };
 
