@@ -5,6 +5,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as _futures
 import contextlib
+import functools
 import itertools
 import numbers
 import os
@@ -17,14 +18,14 @@ from concurrent.futures._base import (CANCELLED as _CANCELLED,
                                       FINISHED as _FINISHED, PENDING as _PENDING,
                                       RUNNING as _RUNNING)
 from types import ModuleType
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Sequence,
-                    Tuple, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, NamedTuple, Optional,
+                    Sequence, Tuple, TypeVar, Union, cast, overload)
 
 import numpy.typing as npt
 
 from . import _device, _ext
 from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
-from ._pinned import empty_pinned, is_pinned
+from ._pinned import empty_pinned
 from ._timeline import Trace
 
 _T = TypeVar("_T")
@@ -543,62 +544,70 @@ class Executor(_futures.Executor):
 
 
 class _FrameworkStreams:
-    """Runs Python calls on CUDA lanes with the lane's device and stream current for CuPy and
-    PyTorch, where imported (one stream object per lane and framework, made at first use).
+    """Runs Python calls on CUDA lanes with the lane's stream current for CuPy and PyTorch, where
+    imported (one stream object per lane and framework, made at the lane's first call after the
+    framework's import).
 
-    Both frameworks keep their current device and stream per thread, and a lane's thread runs
-    only that lane's tasks: they are made current once and only checked before each later call
-    (a call that left another stream or device current does not take the next one off the
-    lane), which costs far less than entering and leaving their context managers per call."""
+    Both frameworks keep their current stream per thread, and a lane's thread runs only that
+    lane's tasks: the stream is made current once and only checked before each later call (a call
+    that left another stream current does not take the next one off the lane), which costs far
+    less than entering and leaving their context managers per call. The check holds the GIL
+    throughout: with many lanes running Python, every call that let the GIL go would wait for it
+    again behind the other lanes. The lane's device is made current again after each call by
+    the extension (a call that switched devices does not leave the lane there)."""
 
     def __init__(self, ordinals: List[int]) -> None:
         self._ordinals = ordinals
-        # Per lane index: its CuPy stream and its PyTorch stream (None where not imported).
-        self._streams: Dict[int, Tuple[Any, Any]] = {}
+        # Per lane thread: _LaneStreams for the frameworks imported when it was made.
+        self._local = threading.local()
 
     def run(self, fn: Callable[..., Any], args: Tuple[Any, ...],
             kwargs: Optional[Dict[str, Any]]) -> Any:
-        cupy = sys.modules.get("cupy")
-        torch = sys.modules.get("torch")
-        if cupy is None and torch is None:
-            return fn(*args, **kwargs) if kwargs else fn(*args)
+        modules = sys.modules
+        cupy = modules.get("cupy")
+        torch = modules.get("torch")
+        if cupy is not None or torch is not None:
+            streams: Optional[_LaneStreams] = getattr(self._local, "streams", None)
+            if streams is None or streams.cupy is not cupy or streams.torch is not torch:
+                streams = self._local.streams = self._make(cupy, torch)
+            if streams.cupy_stream is not None and streams.cupy_current() is not \
+                    streams.cupy_stream:
+                streams.cupy_stream.use()
+            if streams.torch_stream is not None and streams.torch_current() != streams.stream:
+                streams.torch_set(streams.torch_stream)
+        return fn(*args, **kwargs) if kwargs else fn(*args)
+
+    def _make(self, cupy: Optional[ModuleType], torch: Optional[ModuleType]) -> "_LaneStreams":
         lane = current_lane()  # the runner runs only on lanes
         ordinal = self._ordinals[lane.device]
-        streams = self._streams.get(lane.index)
-        if streams is None:
-            streams = self._streams[lane.index] = _framework_streams(
-                cupy, torch, lane.stream, ordinal)
-        cupy_stream, torch_stream = streams
-        self._make_current(cupy, cupy_stream, torch, torch_stream, lane.stream, ordinal)
-        try:
-            return fn(*args, **kwargs) if kwargs else fn(*args)
-        finally:
-            # The lane's own work (copies, kernels) runs on its device: a call that made another
-            # one current does not leave it so.
-            self._set_device(cupy, cupy_stream, torch, torch_stream, ordinal)
+        stream = lane.stream
+        cupy_stream = cupy_current = torch_stream = torch_current = torch_set = None
+        if cupy is not None:
+            cupy_stream = _cupy_stream(cupy, stream, ordinal)
+            cupy_current = cupy.cuda.get_current_stream
+        if torch is not None and torch.cuda.is_available():
+            torch_stream = torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal))
+            raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+            torch_current = (functools.partial(raw, ordinal) if raw is not None else
+                             lambda: torch.cuda.current_stream(ordinal).cuda_stream)
+            torch_set = torch.cuda.set_stream
+        return _LaneStreams(cupy, torch, stream, cupy_stream, cupy_current, torch_stream,
+                            torch_current, torch_set)
 
-    @staticmethod
-    def _set_device(cupy: Optional[ModuleType], cupy_stream: Any, torch: Optional[ModuleType],
-                    torch_stream: Any, ordinal: int) -> None:
-        # CUDA's current device is one per thread, whichever framework reads or sets it.
-        if cupy is not None and cupy_stream is not None:
-            if cupy.cuda.runtime.getDevice() != ordinal:
-                cupy.cuda.runtime.setDevice(ordinal)
-        elif torch is not None and torch_stream is not None:
-            if torch.cuda.current_device() != ordinal:
-                torch.cuda.set_device(ordinal)
 
-    @classmethod
-    def _make_current(cls, cupy: Optional[ModuleType], cupy_stream: Any,
-                      torch: Optional[ModuleType], torch_stream: Any, stream: int,
-                      ordinal: int) -> None:
-        cls._set_device(cupy, cupy_stream, torch, torch_stream, ordinal)
-        if cupy is not None and cupy_stream is not None:
-            if cupy.cuda.get_current_stream() is not cupy_stream:
-                cupy_stream.use()
-        if torch is not None and torch_stream is not None:
-            if torch.cuda.current_stream(ordinal).cuda_stream != stream:
-                torch.cuda.set_stream(torch_stream)
+class _LaneStreams(NamedTuple):
+    """One lane's stream as CuPy's and PyTorch's stream objects, how to read their current
+    stream (CuPy's stream object; PyTorch's raw handle) and how PyTorch's is set."""
+    cupy: Optional[ModuleType]
+    torch: Optional[ModuleType]
+    stream: int
+    # The stream objects, and what reads the current stream (None where not imported; the
+    # frameworks carry no type annotations).
+    cupy_stream: Any
+    cupy_current: Any
+    torch_stream: Any
+    torch_current: Any
+    torch_set: Any
 
 
 class _StreamHandle:
@@ -619,17 +628,6 @@ def _cupy_stream(cupy: ModuleType, stream: int, ordinal: int) -> Any:
         with cupy.cuda.Device(ordinal):
             return from_external(_StreamHandle(stream))
     return cupy.cuda.ExternalStream(stream, ordinal)
-
-
-def _framework_streams(cupy: Optional[ModuleType], torch: Optional[ModuleType], stream: int,
-                       ordinal: int) -> Tuple[Any, Any]:
-    cupy_stream = None
-    torch_stream = None
-    if cupy is not None:
-        cupy_stream = _cupy_stream(cupy, stream, ordinal)
-    if torch is not None and torch.cuda.is_available():
-        torch_stream = torch.cuda.ExternalStream(stream, device=torch.device("cuda", ordinal))
-    return cupy_stream, torch_stream
 
 
 def _as_number(value: Any) -> Any:
@@ -741,9 +739,7 @@ def _lane_upload(self: _ext.Lane, array: npt.ArrayLike) -> Any:
     else:
         with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
             device = cupy.empty(host.shape, host.dtype)
-    self._upload(device.data.ptr, host)
-    if host.nbytes and is_pinned(host):
-        self.synchronize()
+    self._upload(device.data.ptr, host)  # waits for a copy straight from pinned memory
     return device
 
 
@@ -757,8 +753,7 @@ def _lane_download(self: _ext.Lane, device_array: Any,
         out = empty_pinned(device_array.shape, device_array.dtype)
     if out.nbytes != device_array.nbytes or not out.flags.c_contiguous:
         raise ValueError("gpupool: out must be C-contiguous and the size of the device array")
-    self._download(out, device_array.data.ptr)
-    self.synchronize()
+    self._download(out, device_array.data.ptr)  # returns once the copy is done
     return out
 
 

@@ -108,6 +108,14 @@ class python_call {
                       : PyObject_Call(fn_, args_, kwargs_);
     failed_ = r == nullptr;
     value_ = failed_ ? fetch_raised_exception().release().ptr() : r;
+    // A call that switched devices (CuPy's or PyTorch's Device(n).use()) does not leave the
+    // lane's next work elsewhere. Done here, holding the GIL: it asks the runtime only (a Python
+    // call that released the GIL to ask it would wait for the GIL again). If the device cannot
+    // be made current, the lane's next operation on its stream reports the failure.
+    try {
+      l.make_device_current();
+    } catch (...) {
+    }
     // Like the standard library's workers, let go of the call once it has run.
     Py_CLEAR(fn_);
     Py_CLEAR(args_);

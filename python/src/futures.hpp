@@ -20,7 +20,8 @@ namespace gpupool_python {
 // stream holds no unfinished work by then (always on the CPU backend; on CUDA when the call
 // waited for its work); otherwise once the stream has finished it, handed over in bulk.
 // `runner`, if not None, is called as runner(fn, args, kwargs) instead of fn on CUDA lanes (it
-// makes the lane's stream current for CuPy and PyTorch). A call cancelled in the queue
+// makes the lane's stream current for CuPy and PyTorch); after the call the lane's device is
+// made current again. A call cancelled in the queue
 // (shutdown) ends its future cancelled, waiters notified; a lane failure after the call ran (a
 // CUDA error) ends it with that error.
 // `early` counts the calls handed over before their task ended (from inside the task);

@@ -1,12 +1,14 @@
 // gpupool.current_lane() and Lane: a task's view of the lane it runs on.
 #include "lane.hpp"
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
 
 #include "arrays.hpp"
+#include "gpupool/pinned.hpp"
 
 namespace gpupool_python {
 
@@ -46,6 +48,9 @@ lane_helpers& helpers() {
   static auto* const h = new lane_helpers;  // leaked: the functions live as long as the package
   return *h;
 }
+
+// Uploads up to this size from pageable memory are staged with the GIL held.
+constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
 nb::handle helper(PyObject* function) {
   if (function == nullptr)
@@ -96,13 +101,26 @@ void bind_lane(nb::module_& m) {
       .def("_upload",
            [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
              auto& lane = l.get();
+             auto* dst = reinterpret_cast<void*>(device_dst);
+             // A copy straight from pinned memory is waited for: the caller may free the block
+             // at once, and gpupool's cache would hand it out again while the copy reads it.
+             const bool pinned = src.nbytes() != 0 && gpupool::is_pinned(src.data());
+             if (!pinned && src.nbytes() <= small_copy_bytes && lane.stream_idle()) {
+               // Staged in microseconds, nothing to wait for: letting the GIL go would cost
+               // more (with many lanes running Python, it is taken back behind the others).
+               lane.upload_bytes(dst, src.data(), src.nbytes());
+               return;
+             }
              nb::gil_scoped_release nogil;
-             lane.upload_bytes(reinterpret_cast<void*>(device_dst), src.data(), src.nbytes());
+             lane.upload_bytes(dst, src.data(), src.nbytes());
+             if (pinned) lane.synchronize();
            })
       .def("_download", [](const py_lane& l, nb::ndarray<> dst, std::uintptr_t device_src) {
+        // Copies and waits for the copy in one release of the GIL.
         auto& lane = l.get();
         nb::gil_scoped_release nogil;
         lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
+        lane.synchronize();
       });
 
   m.def(

@@ -119,6 +119,31 @@ def test_lane_upload_and_download_with_cupy():
         assert np.array_equal(ex.submit(work).result(), 2 * x)
 
 
+@pytest.mark.parametrize("n, pinned", [(1000, False), (3_000_000, False), (1000, True),
+                                       (3_000_000, True)],
+                         ids=["small", "several-pieces", "small-pinned", "large-pinned"])
+def test_lane_upload_and_download_of_every_size_and_memory(n, pinned):
+    # Small pageable inputs are staged holding the GIL, large ones in pieces through two staging
+    # buffers in turn, pinned ones copied directly and waited for (the block may be reused
+    # right after).
+    pytest.importorskip("cupy")
+    x = np.random.default_rng(n).random(n)
+    if pinned:
+        x = gpupool.pinned_array(x)
+
+    def work():
+        lane = gpupool.current_lane()
+        d = lane.upload(x)
+        d += 1.0
+        return lane.download(d), lane.download(d, out=np.empty_like(x))
+
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda", chunk_bytes=1 << 20) as ex:
+        for pinned_result, pageable_result in [f.result() for f in
+                                               [ex.submit(work) for _ in range(8)]]:
+            assert np.array_equal(pinned_result, x + 1.0)
+            assert np.array_equal(pageable_result, x + 1.0)
+
+
 def test_lane_download_returns_pinned_memory_from_the_cache():
     pytest.importorskip("cupy")
     x = np.arange(50_000, dtype=np.float64)
