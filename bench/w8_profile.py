@@ -40,20 +40,20 @@ def _add(step: str, seconds: float) -> None:
     _steps.setdefault(f"{_label}|{step}", []).append(seconds)
 
 
+def _timed_steps(value: Any, steps: Any) -> Any:
+    """Applies each (name, function) of `steps` in turn, timing each."""
+    for name, step in steps:
+        t0 = time.perf_counter()
+        value = step(value)
+        _add(name, time.perf_counter() - t0)
+    return value
+
+
 def timed_motivating(chunk: Any) -> Any:
     import cupy as cp
 
-    t0 = time.perf_counter()
-    device = cp.array(chunk)
-    t1 = time.perf_counter()
-    squared = device ** 2
-    t2 = time.perf_counter()
-    out = cp.asnumpy(squared)
-    t3 = time.perf_counter()
-    _add("cp.array", t1 - t0)
-    _add("** 2", t2 - t1)
-    _add("cp.asnumpy", t3 - t2)
-    return out
+    return _timed_steps(chunk, (("cp.array", cp.array), ("** 2", lambda d: d ** 2),
+                                ("cp.asnumpy", cp.asnumpy)))
 
 
 def lane_square(chunk: Any) -> Any:
@@ -63,18 +63,9 @@ def lane_square(chunk: Any) -> Any:
 
 
 def timed_lane_square(chunk: Any) -> Any:
-    t0 = time.perf_counter()
     lane = gpupool.current_lane()
-    device = lane.upload(chunk)
-    t1 = time.perf_counter()
-    squared = device * device
-    t2 = time.perf_counter()
-    out = lane.download(squared)
-    t3 = time.perf_counter()
-    _add("lane.upload", t1 - t0)
-    _add("* (CuPy)", t2 - t1)
-    _add("lane.download", t3 - t2)
-    return out
+    return _timed_steps(chunk, (("lane.upload", lane.upload), ("* (CuPy)", lambda d: d * d),
+                                ("lane.download", lane.download)))
 
 
 def noop(chunk: Any) -> Any:
