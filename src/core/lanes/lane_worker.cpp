@@ -252,6 +252,9 @@ void lane_worker::upload_bytes(void* device_dst, const void* host_src, std::size
   }
   const auto* src = static_cast<const char*>(host_src);
   auto* dst = static_cast<char*>(device_dst);
+  // Each copy starts with the slot's first staging buffer (made with the slot), so only a copy
+  // of several pieces ever takes the second.
+  next_staging_ = 0;
   for (std::size_t done = 0; done < bytes;) {
     const std::size_t n = std::min(setup_.chunk_bytes, bytes - done);
     const auto [staging, i] = acquire_staging();
@@ -272,7 +275,8 @@ void lane_worker::download_bytes(void* host_dst, const void* device_src, std::si
   const auto* src = static_cast<const char*>(device_src);
   auto* dst = static_cast<char*>(host_dst);
   // Two pieces at a time: the device copies the next piece into one staging buffer while the
-  // piece before is copied out of the other.
+  // piece before is copied out of the other (the first piece into the first buffer, as above).
+  next_staging_ = 0;
   struct piece {
     std::size_t at, n, i;
     void* staging;

@@ -116,9 +116,10 @@ class lane_worker final : public lane {
   void recover() noexcept;
   /// Tells the executor's device_health of a task's failure on this lane.
   void report_failure(const std::exception_ptr& failure) noexcept;
-  /// A staging buffer for upload/download inside a user task, waiting out its last use: the
-  /// two buffers are taken in turn, so that filling one overlaps the copy out of the other.
-  /// Returns the buffer and the index of its event in staging_done_.
+  /// A staging buffer of the current slot for upload/download inside a user task, waiting out
+  /// its last use: the slot's two buffers are taken in turn, from the first at each copy, so
+  /// that filling one overlaps the copy out of the other. Returns the buffer and the index of
+  /// its event in staging_done_.
   std::pair<void*, std::size_t> acquire_staging();
 
   lane_setup setup_;
