@@ -120,8 +120,11 @@ cupy_array_view describe_cupy(nb::handle a, const Where& where) {
 class py_executor {
  public:
   explicit py_executor(const gpupool::executor_options& options) {
-    nb::gil_scoped_release nogil;
-    executor_ = std::make_unique<gpupool::executor>(options);
+    {
+      nb::gil_scoped_release nogil;
+      executor_ = std::make_unique<gpupool::executor>(options);
+    }
+    python_calls_ = make_python_calls(executor_->devices().size());
   }
   py_executor(const py_executor&) = delete;
   py_executor& operator=(const py_executor&) = delete;
@@ -155,7 +158,7 @@ class py_executor {
   // concurrent.futures.Future, gets its outcome (see submit_python_call).
   void submit_call(nb::handle fn, nb::handle args, nb::handle kwargs, nb::handle future,
                    std::optional<int> device) {
-    submit_python_call(get(), device, fn, args, kwargs, future, runner_, handed_over_early_);
+    submit_python_call(get(), device, fn, args, kwargs, future, runner_, python_calls_);
   }
 
   // What CUDA lanes call as runner(fn, args, kwargs) instead of fn (None: fn itself).
@@ -465,6 +468,7 @@ class py_executor {
   void shutdown(bool cancel_pending) {
     if (executor_ && executor_->is_lane_thread())
       throw nb::value_error("gpupool: an executor cannot be shut down by its own tasks");
+    if (cancel_pending && python_calls_) stop_running_python_calls(*python_calls_);
     nb::gil_scoped_release nogil;
     if (executor_) executor_->shutdown(cancel_pending);
   }
@@ -488,10 +492,10 @@ class py_executor {
 
   std::unique_ptr<gpupool::executor> executor_;
   nb::object runner_;
-  std::shared_ptr<std::atomic<int>> handed_over_early_ = std::make_shared<std::atomic<int>>(0);
+  std::shared_ptr<python_calls> python_calls_;
 
  public:
-  void wait_for_early_handovers() const { wait_for_tasks_handed_over_early(*handed_over_early_); }
+  void wait_for_surplus_tasks() const { wait_for_surplus_python_tasks(*python_calls_); }
 };
 
 nb::dict device_dict(const gpupool::device_info& d, int lanes) {
@@ -625,7 +629,7 @@ void bind_executor(nb::module_& m) {
             gpupool::trace t;
             {
               nb::gil_scoped_release nogil;
-              e.wait_for_early_handovers();  // every future done has its record
+              e.wait_for_surplus_tasks();  // every future done has its record
               t = e.get().trace(first_task);
             }
             return t;

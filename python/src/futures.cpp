@@ -1,8 +1,12 @@
 // Completing the Python future of each task from C++ (see futures.hpp).
 #include "futures.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <deque>
 #include <exception>
+#include <mutex>
+#include <optional>
 #include <thread>
 #include <utility>
 
@@ -84,23 +88,22 @@ class python_call {
     clear();
   }
 
-  // True while the outcome has not been handed over. Read off the GIL by the completion
-  // callback, which runs after the lane's task (or instead of it): never concurrently with it.
-  [[nodiscard]] bool waiting() const noexcept { return future_ != nullptr; }
-  // True if run() handed the outcome over (read as waiting() is).
-  [[nodiscard]] bool handed_over_early() const noexcept { return handed_over_early_; }
+  enum class ran { skipped, handed_over, later };
 
-  // On lane `l`, with the GIL. Runs the call unless its future was cancelled. Hands the outcome
-  // over in this same hold of the GIL when nothing the call enqueued on the lane's stream is
-  // still running (always on the CPU backend; on CUDA when the call waited for its work, as
-  // code that returns host results does), else keeps it for finish(), once the stream is done.
-  void run(gpupool::lane& l, std::atomic<int>& early) {
+  // On lane `l`, with the GIL. Runs the call unless its future was cancelled (skipped, counted in
+  // `ended`). Hands
+  // the outcome over in this same hold of the GIL when nothing the call enqueued on the lane's
+  // stream is still running (always on the CPU backend; on CUDA when the call waited for its
+  // work, as code that returns host results does), counting it in `ended` first; else keeps it
+  // for finish(), once the stream is done (later).
+  ran run(gpupool::lane& l, std::atomic<int>& ended) {
     PyObject* running = call_method(future_, names().set_running_or_notify_cancel);
     const bool go = running == Py_True;
     Py_XDECREF(running);
     if (!go) {
+      ended.fetch_add(1, std::memory_order_relaxed);  // it ended when it was cancelled
       clear();
-      return;
+      return ran::skipped;
     }
     PyObject* r = runner_ != nullptr
                       ? PyObject_CallFunctionObjArgs(
@@ -121,11 +124,10 @@ class python_call {
     Py_CLEAR(args_);
     Py_CLEAR(kwargs_);
     Py_CLEAR(runner_);
-    if (l.stream_idle()) {
-      handed_over_early_ = true;
-      early.fetch_add(1, std::memory_order_relaxed);  // before the future can say done
-      hand_over();
-    }
+    if (!l.stream_idle()) return ran::later;
+    ended.fetch_add(1, std::memory_order_relaxed);  // before the future can say done
+    hand_over();
+    return ran::handed_over;
   }
 
   // With the GIL, once the task has ended: the outcome of the call, or the task's `failure`
@@ -165,7 +167,6 @@ class python_call {
   PyObject* runner_;
   PyObject* value_ = nullptr;
   bool failed_ = false;
-  bool handed_over_early_ = false;
 };
 
 // What a kernel task hands over once it has ended, shared by its completion callback.
@@ -254,34 +255,150 @@ std::pair<bool, std::exception_ptr> ending_of(gpupool::future<void>& done) {
 
 }  // namespace
 
+// The Python calls of one executor waiting for a lane (see submit_python_call).
+class python_calls {
+ public:
+  // Calls one lane runs in one hold of the GIL at most: enough that a lane rarely lets the GIL go
+  // between calls, few enough that other work queued for the lane is not held back for long.
+  static constexpr int chain_length = 64;
+
+  explicit python_calls(std::size_t devices) {
+    for (std::size_t d = 0; d < devices; ++d) per_device_.push_back(std::make_unique<fifo>());
+  }
+
+  // A FIFO of calls, safe from any thread with or without the GIL (it only moves pointers).
+  class fifo {
+   public:
+    void push(std::shared_ptr<python_call> call) {
+      std::lock_guard lock(mutex_);
+      calls_.push_back(std::move(call));
+    }
+    std::shared_ptr<python_call> pop() {
+      std::lock_guard lock(mutex_);
+      if (calls_.empty()) return nullptr;
+      auto call = std::move(calls_.front());
+      calls_.pop_front();
+      return call;
+    }
+    [[nodiscard]] bool empty() {
+      std::lock_guard lock(mutex_);
+      return calls_.empty();
+    }
+    // Takes `call` out if it is still queued.
+    bool remove(const std::shared_ptr<python_call>& call) {
+      std::lock_guard lock(mutex_);
+      const auto it = std::find(calls_.begin(), calls_.end(), call);
+      if (it == calls_.end()) return false;
+      calls_.erase(it);
+      return true;
+    }
+
+   private:
+    std::mutex mutex_;
+    std::deque<std::shared_ptr<python_call>> calls_;
+  };
+
+  fifo& of(std::optional<int> device) {
+    return device ? *per_device_.at(static_cast<std::size_t>(*device)) : any_;
+  }
+  // Tasks still to end beyond the calls still to end (tasks whose call another lane ran): each
+  // task counts -1 as it ends, each call +1 as it ends (counted before its future can say so).
+  std::atomic<int>& surplus() noexcept { return surplus_; }
+  // Set before a shutdown that cancels what has not started: a lane then runs no call beyond the
+  // first of its task (each task still to end, queued or not, ends one call cancelled).
+  void stop_taking() noexcept { stopped_.store(true); }
+  [[nodiscard]] bool taking() const noexcept { return !stopped_.load(); }
+
+ private:
+  std::atomic<bool> stopped_{false};
+  fifo any_;
+  std::vector<std::unique_ptr<fifo>> per_device_;
+  std::atomic<int> surplus_{0};
+};
+
+std::shared_ptr<python_calls> make_python_calls(std::size_t devices) {
+  return std::make_shared<python_calls>(devices);
+}
+
+void stop_running_python_calls(python_calls& calls) noexcept {
+  calls.stop_taking();
+}
+
+namespace {
+
+// What one task in gpupool's queue did with the calls of its FIFO. Written by the task on its
+// lane and read by its completion callback, which runs after it.
+struct python_task {
+  bool started = false;
+  std::vector<std::shared_ptr<python_call>> later;  // ran, handed over once the stream is done
+};
+
+}  // namespace
+
 void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
                         nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
-                        const std::shared_ptr<std::atomic<int>>& early) {
-  auto call = std::make_shared<python_call>(fn, args, kwargs, future, runner);
-  auto task = [call, early](gpupool::lane& l) {
-    if (!interpreter_alive()) return;
+                        const std::shared_ptr<python_calls>& calls) {
+  python_calls::fifo& fifo = calls->of(device);  // checks the device first
+  // Queued before its task, which may start at once.
+  auto submitted = std::make_shared<python_call>(fn, args, kwargs, future, runner);
+  fifo.push(submitted);
+  auto state = std::make_shared<python_task>();
+  auto task = [calls, &fifo, state](gpupool::lane& l) {
+    state->started = true;
+    if (!interpreter_alive() || fifo.empty()) return;  // the call already ran on another lane
     keep_python_thread_state();
     nb::gil_scoped_acquire gil;
     lane_scope scope(&l);
-    call->run(l, *early);
-  };
-  auto f = device ? exec.submit_to(*device, std::move(task)) : exec.submit(std::move(task));
-  f.on_complete([call, early](gpupool::future<void>& done) {
-    if (call->handed_over_early()) {
-      early->fetch_sub(1, std::memory_order_release);
-      return;
+    for (int n = 0; n < python_calls::chain_length; ++n) {
+      std::shared_ptr<python_call> call = fifo.pop();
+      if (!call) break;
+      if (n > 0 && !calls->taking()) {
+        // Shutting down, cancelling what has not started: a task that started runs one call,
+        // as before any chain; here it ends the next one cancelled instead of running it, as a
+        // task cancelled in the queue would.
+        calls->surplus().fetch_add(1, std::memory_order_relaxed);
+        call->finish(/*cancelled=*/true, nullptr);
+        break;
+      }
+      if (call->run(l, calls->surplus()) == python_call::ran::later)
+        state->later.push_back(std::move(call));
     }
-    if (!call->waiting()) return;  // cancelled, and skipped on the lane
+  };
+  std::optional<gpupool::future<void>> queued;
+  try {
+    queued.emplace(device ? exec.submit_to(*device, std::move(task))
+                          : exec.submit(std::move(task)));
+  } catch (...) {
+    // The task was refused (a device out of service, say): the call must not wait in the FIFO
+    // for a task that never comes, and the caller gets the error. Unless a lane running the
+    // task of an earlier call took it meanwhile: then it runs, and its future is the outcome.
+    if (fifo.remove(submitted)) throw;
+    calls->surplus().fetch_sub(1, std::memory_order_relaxed);  // the task it will not have
+    return;
+  }
+  submitted.reset();
+  queued->on_complete([calls, &fifo, state](gpupool::future<void>& done) {
     auto [cancelled, failure] = ending_of(done);
-    post_handover([call, cancelled, failure] { call->finish(cancelled, failure); });
+    std::shared_ptr<python_call> unstarted;
+    // Never ran (cancelled in the queue, or failed before it started): one call of the FIFO
+    // ends as the task did.
+    if (!state->started) unstarted = fifo.pop();
+    const auto ending = static_cast<int>(state->later.size()) + (unstarted ? 1 : 0);
+    calls->surplus().fetch_add(ending - 1, std::memory_order_acq_rel);
+    if (unstarted)
+      post_handover([unstarted, cancelled, failure] { unstarted->finish(cancelled, failure); });
+    if (!state->later.empty())
+      post_handover([later = std::move(state->later), failure] {
+        for (const auto& call : later) call->finish(false, failure);
+      });
   });
 }
 
-void wait_for_tasks_handed_over_early(const std::atomic<int>& early) {
-  // Each such task ends right after its call returned, usually at once. On CUDA its lane may
-  // first run the next item it took (a long call, say) before it sees the task's end: after a
-  // short spin, sleep between looks rather than keep a core busy.
-  for (int spins = 0; early.load(std::memory_order_acquire) > 0; ++spins) {
+void wait_for_surplus_python_tasks(python_calls& calls) {
+  // Such a task ends at once (it finds its FIFO empty). On CUDA its lane may first run the next
+  // item it took (a long call, say): after a short spin, sleep between looks rather than keep a
+  // core busy.
+  for (int spins = 0; calls.surplus().load(std::memory_order_acquire) > 0; ++spins) {
     if (spins < 1000)
       std::this_thread::yield();
     else

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <atomic>
+#include <cstddef>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -13,6 +14,13 @@
 
 namespace gpupool_python {
 
+// The Python calls of one executor waiting for a lane, one FIFO per target (any device, or each
+// device for submit_to).
+class python_calls;
+std::shared_ptr<python_calls> make_python_calls(std::size_t devices);
+// Before a shutdown that cancels what has not started: lanes run no further queued call.
+void stop_running_python_calls(python_calls& calls) noexcept;
+
 // Queues `fn(*args, **kwargs)` on a lane of `exec` (of `device` if given); `future` (a
 // concurrent.futures.Future) gets its outcome, as ThreadPoolExecutor's workers hand it over: the
 // lane calls set_running_or_notify_cancel() (skipping a cancelled call) and set_result() or
@@ -21,18 +29,24 @@ namespace gpupool_python {
 // waited for its work); otherwise once the stream has finished it, handed over in bulk.
 // `runner`, if not None, is called as runner(fn, args, kwargs) instead of fn on CUDA lanes (it
 // makes the lane's stream current for CuPy and PyTorch); after the call the lane's device is
-// made current again. A call cancelled in the queue
-// (shutdown) ends its future cancelled, waiters notified; a lane failure after the call ran (a
-// CUDA error) ends it with that error.
-// `early` counts the calls handed over before their task ended (from inside the task);
-// wait_for_tasks_handed_over_early(early) waits until those have ended too.
+// made current again. A call cancelled in the queue (shutdown) ends its future cancelled,
+// waiters notified; a lane failure after the call ran (a CUDA error) ends it with that error.
+//
+// The call joins its FIFO in `calls` and queues one task in gpupool's queue. A lane running such
+// a task takes the oldest call of the FIFO and, in the same hold of the GIL, the calls queued
+// behind it (up to python_calls::chain_length): consecutive Python calls then cost one hold of
+// the GIL, as a ThreadPoolExecutor worker takes its next call without letting the GIL go. A task
+// whose call another lane already ran finds the FIFO empty and ends without the GIL; one that
+// ends without running (cancelled, or failed before it started) ends one call of its FIFO the
+// same way. So every call ends exactly once.
 void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
                         nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
-                        const std::shared_ptr<std::atomic<int>>& early);
+                        const std::shared_ptr<python_calls>& calls);
 
-// Waits (without the GIL) until every call handed over early has ended in the core too, so that
-// what the core records at a task's end (its trace record) is there once its future is done.
-void wait_for_tasks_handed_over_early(const std::atomic<int>& early);
+// Waits (without the GIL) until no task of `calls` is still to end beyond the calls still to end
+// (a task whose call another lane ran ends soon after), so that what the core records at a
+// task's end (its trace record) is there once the futures of the calls are done.
+void wait_for_surplus_python_tasks(python_calls& calls);
 
 // What a kernel task over host arrays hands over: a new NumPy array in pinned memory.
 struct pinned_result {

@@ -236,6 +236,68 @@ def test_each_task_is_one_concurrent_futures_future_whose_outcome_comes_from_its
             assert sys.getrefcount(future) == 2  # only this frame's reference: no chain
 
 
+@pytest.mark.parametrize("devices", [1, 2])
+def test_python_calls_queued_behind_each_other_each_keep_their_own_outcome(devices):
+    # A lane runs the Python calls queued behind the one it took in the same hold of the GIL
+    # (chained); each still has its own result, exception or cancellation, in any order of
+    # lanes, for submit and for submit_to alike.
+    release = threading.Event()
+    started = threading.Barrier(devices + 1, timeout=10)
+
+    def block():
+        started.wait()
+        return release.wait(10)
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=devices) as ex:
+        blockers = [ex.submit_to(d, block) for d in range(devices)]
+        started.wait()  # every lane is inside a call
+
+        def call(i):
+            if i % 7 == 3:
+                raise KeyError(i)
+            return i * i
+
+        futures = [ex.submit(call, i) if i % 2 else ex.submit_to(i % devices, call, i)
+                   for i in range(300)]
+        cancelled = futures[50::41]
+        assert all(f.cancel() for f in cancelled)  # nothing has started: every lane is held
+        release.set()
+        assert all(b.result(timeout=10) for b in blockers)
+        for i, f in enumerate(futures):
+            if f in cancelled:
+                assert f.cancelled()
+            elif i % 7 == 3:
+                with pytest.raises(KeyError):
+                    f.result(timeout=10)
+            else:
+                assert f.result(timeout=10) == i * i
+
+
+def test_python_calls_left_queued_at_shutdown_are_cancelled_each_once():
+    release = threading.Event()
+    started = threading.Barrier(3, timeout=10)
+    ran = []
+
+    def block():
+        started.wait()
+        return release.wait(10)
+
+    ex = gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1)
+    blockers = [ex.submit(block) for _ in range(2)]
+    started.wait()  # both lanes are inside a call
+    futures = [ex.submit(ran.append, i) for i in range(200)]
+    stopping = threading.Thread(target=ex.shutdown, kwargs={"cancel_futures": True})
+    stopping.start()
+    deadline = time.monotonic() + 10
+    while not all(f.cancelled() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    release.set()
+    stopping.join(timeout=10)
+    assert all(b.result(timeout=10) for b in blockers)
+    assert all(f.cancelled() for f in futures) and ran == []
+    assert all(f.done() for f in futures)
+
+
 def test_outcomes_that_complete_together_are_handed_over_under_one_hold_of_the_gil():
     import sys
 
