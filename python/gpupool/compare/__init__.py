@@ -39,8 +39,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                       help="multiply the workloads' chunk counts (not W1's five) by this")
     parser.add_argument("--repeat", type=int, default=5,
                         help="timed runs per variant at most, after one warm-up (default 5)")
-    parser.add_argument("--min-repeat", type=int, default=2,
-                        help="timed runs per variant at least (default 2)")
+    parser.add_argument("--min-repeat", type=int, default=3,
+                        help="timed runs per variant at least (default 3: with two, one slow run "
+                             "makes half the median)")
     parser.add_argument("--seconds", type=float, default=1.0,
                         help="stop timing a variant past this many seconds once it has "
                              "--min-repeat runs (default 1.0)")

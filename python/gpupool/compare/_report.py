@@ -185,7 +185,10 @@ def _git_commit() -> Optional[str]:
         return None
     for root in [Path.cwd()] + list(Path(__file__).resolve().parents)[:5]:
         if (root / ".git").exists():
-            return _run([git, "-C", str(root), "rev-parse", "HEAD"])
+            commit = _run([git, "-C", str(root), "rev-parse", "HEAD"])
+            # Tracked files that differ from that commit: the figures are of other code.
+            changed = _run([git, "-C", str(root), "status", "--porcelain", "--untracked-files=no"])
+            return f"{commit}+modified" if commit and changed else commit
     return None
 
 
