@@ -144,6 +144,9 @@ class lane {
   /// thread, inside a task): after code that switched devices, the lane's own work, and the
   /// next task, run on the lane's device. Cheap when it already is current.
   virtual void make_device_current() = 0;
+  /// The largest piece upload/download moves through a staging buffer at once (the executor's
+  /// chunk_bytes).
+  [[nodiscard]] virtual std::size_t staging_bytes() const noexcept = 0;
 
   // Untyped operations behind the templates above; usable directly with raw device pointers.
   virtual void* allocate_bytes(std::size_t bytes) = 0;

@@ -362,6 +362,8 @@ class Executor(_futures.Executor):
         try:
             yield recording
         finally:
+            # Outside the lock: a Python call still running may submit (and take the lock).
+            self._core.wait_for_surplus_tasks()
             with self._lock:
                 self._trace_depth -= 1
                 outermost = self._trace_depth == 0

@@ -496,6 +496,11 @@ class py_executor {
 
  public:
   void wait_for_surplus_tasks() const { wait_for_surplus_python_tasks(*python_calls_); }
+  // Tracing on: each Python call's task runs that call alone, so that its record is the call's.
+  void set_tracing(bool on) {
+    get().set_tracing(on);
+    chain_python_calls(*python_calls_, !on);
+  }
 };
 
 nb::dict device_dict(const gpupool::device_info& d, int lanes) {
@@ -620,8 +625,7 @@ void bind_executor(nb::module_& m) {
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
-      .def(
-          "set_tracing", [](py_executor& e, bool on) { e.get().set_tracing(on); }, "on"_a)
+      .def("set_tracing", &py_executor::set_tracing, "on"_a)
       .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
       .def(
           "trace_snapshot",
@@ -629,12 +633,15 @@ void bind_executor(nb::module_& m) {
             gpupool::trace t;
             {
               nb::gil_scoped_release nogil;
-              e.wait_for_surplus_tasks();  // every future done has its record
               t = e.get().trace(first_task);
             }
             return t;
           },
           "first_task"_a = 0)
+      .def("wait_for_surplus_tasks", &py_executor::wait_for_surplus_tasks,
+           nb::call_guard<nb::gil_scoped_release>(),
+           "Waits until every Python call's task has ended (tasks whose call another lane ran "
+           "end soon after), so that a trace taken next holds a record for every call done.")
       .def("set_trace_capacity",
            [](py_executor& e, std::size_t records) { e.get().set_trace_capacity(records); })
       .def_prop_ro("trace_capacity", [](py_executor& e) { return e.get().trace_capacity(); })

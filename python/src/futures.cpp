@@ -66,6 +66,16 @@ void end_cancelled(PyObject* future) {
   call_method_and_drop(future, names().set_running_or_notify_cancel);
 }
 
+// Makes the lane's device current, holding the GIL: it asks the runtime only (a Python call that
+// let the GIL go to ask it would wait for the GIL again). If the device cannot be made current,
+// the lane's next operation on its stream reports the failure.
+void make_lane_device_current(gpupool::lane& l) noexcept {
+  try {
+    l.make_device_current();
+  } catch (...) {
+  }
+}
+
 // One Python call queued for a lane, shared by the lane's task and its completion callback.
 // Holds strong references, taken and dropped with the GIL; a call dropped unrun on a thread
 // without the GIL takes it to let them go (or leaks them once the interpreter is finalizing).
@@ -105,6 +115,9 @@ class python_call {
       clear();
       return ran::skipped;
     }
+    // The lane's device, also after code that ran on this thread since the last call (a done
+    // callback handed an outcome over, say) switched devices.
+    make_lane_device_current(l);
     PyObject* r = runner_ != nullptr
                       ? PyObject_CallFunctionObjArgs(
                             runner_, fn_, args_, kwargs_ != nullptr ? kwargs_ : Py_None, nullptr)
@@ -112,13 +125,8 @@ class python_call {
     failed_ = r == nullptr;
     value_ = failed_ ? fetch_raised_exception().release().ptr() : r;
     // A call that switched devices (CuPy's or PyTorch's Device(n).use()) does not leave the
-    // lane's next work elsewhere. Done here, holding the GIL: it asks the runtime only (a Python
-    // call that released the GIL to ask it would wait for the GIL again). If the device cannot
-    // be made current, the lane's next operation on its stream reports the failure.
-    try {
-      l.make_device_current();
-    } catch (...) {
-    }
+    // lane's next work elsewhere.
+    make_lane_device_current(l);
     // Like the standard library's workers, let go of the call once it has run.
     Py_CLEAR(fn_);
     Py_CLEAR(args_);
@@ -304,13 +312,21 @@ class python_calls {
   // Tasks still to end beyond the calls still to end (tasks whose call another lane ran): each
   // task counts -1 as it ends, each call +1 as it ends (counted before its future can say so).
   std::atomic<int>& surplus() noexcept { return surplus_; }
-  // Set before a shutdown that cancels what has not started: a lane then runs no call beyond the
-  // first of its task (each task still to end, queued or not, ends one call cancelled).
-  void stop_taking() noexcept { stopped_.store(true); }
-  [[nodiscard]] bool taking() const noexcept { return !stopped_.load(); }
+  // Set before a shutdown that cancels what has not started: a task then runs only the first
+  // call it takes (each call still queued ends with a task of its own: cancelled in the queue,
+  // or run by a task that had started).
+  void stop_chaining() noexcept { stopped_.store(true); }
+  // Off while tracing, so that each task's record is one call's.
+  void set_chaining(bool on) noexcept { chaining_.store(on); }
+  // Calls the next task runs at most.
+  [[nodiscard]] int chain() const noexcept {
+    return chaining_.load() && !stopped_.load() ? chain_length : 1;
+  }
+  [[nodiscard]] bool stopped() const noexcept { return stopped_.load(); }
 
  private:
   std::atomic<bool> stopped_{false};
+  std::atomic<bool> chaining_{true};
   fifo any_;
   std::vector<std::unique_ptr<fifo>> per_device_;
   std::atomic<int> surplus_{0};
@@ -321,7 +337,11 @@ std::shared_ptr<python_calls> make_python_calls(std::size_t devices) {
 }
 
 void stop_running_python_calls(python_calls& calls) noexcept {
-  calls.stop_taking();
+  calls.stop_chaining();
+}
+
+void chain_python_calls(python_calls& calls, bool on) noexcept {
+  calls.set_chaining(on);
 }
 
 namespace {
@@ -344,24 +364,25 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
   fifo.push(submitted);
   auto state = std::make_shared<python_task>();
   auto task = [calls, &fifo, state](gpupool::lane& l) {
+    // Room first: once a call is taken, nothing may throw before it is run or kept (a task that
+    // throws before it counts as started ends one call of the FIFO with its failure instead).
+    state->later.reserve(1);
     state->started = true;
     if (!interpreter_alive() || fifo.empty()) return;  // the call already ran on another lane
     keep_python_thread_state();
     nb::gil_scoped_acquire gil;
     lane_scope scope(&l);
-    for (int n = 0; n < python_calls::chain_length; ++n) {
+    const int most = calls->chain();
+    for (int n = 0; n < most; ++n) {
+      if (n > 0 && calls->stopped()) break;
       std::shared_ptr<python_call> call = fifo.pop();
       if (!call) break;
-      if (n > 0 && !calls->taking()) {
-        // Shutting down, cancelling what has not started: a task that started runs one call,
-        // as before any chain; here it ends the next one cancelled instead of running it, as a
-        // task cancelled in the queue would.
-        calls->surplus().fetch_add(1, std::memory_order_relaxed);
-        call->finish(/*cancelled=*/true, nullptr);
+      if (call->run(l, calls->surplus()) == python_call::ran::later) {
+        // Its outcome waits for this task's end: a call chained behind it might wait for that
+        // outcome, and never let the task end. The calls behind it go to other tasks.
+        state->later.push_back(std::move(call));
         break;
       }
-      if (call->run(l, calls->surplus()) == python_call::ran::later)
-        state->later.push_back(std::move(call));
     }
   };
   std::optional<gpupool::future<void>> queued;

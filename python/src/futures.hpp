@@ -18,8 +18,10 @@ namespace gpupool_python {
 // device for submit_to).
 class python_calls;
 std::shared_ptr<python_calls> make_python_calls(std::size_t devices);
-// Before a shutdown that cancels what has not started: lanes run no further queued call.
+// Before a shutdown that cancels what has not started: a lane runs only the call it takes.
 void stop_running_python_calls(python_calls& calls) noexcept;
+// Whether a lane runs the calls queued behind the one it takes (off while tracing).
+void chain_python_calls(python_calls& calls, bool on) noexcept;
 
 // Queues `fn(*args, **kwargs)` on a lane of `exec` (of `device` if given); `future` (a
 // concurrent.futures.Future) gets its outcome, as ThreadPoolExecutor's workers hand it over: the
@@ -34,11 +36,13 @@ void stop_running_python_calls(python_calls& calls) noexcept;
 //
 // The call joins its FIFO in `calls` and queues one task in gpupool's queue. A lane running such
 // a task takes the oldest call of the FIFO and, in the same hold of the GIL, the calls queued
-// behind it (up to python_calls::chain_length): consecutive Python calls then cost one hold of
-// the GIL, as a ThreadPoolExecutor worker takes its next call without letting the GIL go. A task
-// whose call another lane already ran finds the FIFO empty and ends without the GIL; one that
-// ends without running (cancelled, or failed before it started) ends one call of its FIFO the
-// same way. So every call ends exactly once.
+// behind it (up to python_calls::chain_length; one while tracing): consecutive Python calls then
+// cost one hold of the GIL, as a ThreadPoolExecutor worker takes its next call without letting
+// the GIL go. The chain stops after a call whose outcome waits for the stream (it is handed over
+// when the task ends, and a call behind it might wait for it). A task whose call another lane
+// already ran finds the FIFO empty and ends without the GIL; one that ends without running
+// (cancelled, or failed before it started) ends one call of its FIFO the same way. So every
+// call ends exactly once.
 void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
                         nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
                         const std::shared_ptr<python_calls>& calls);

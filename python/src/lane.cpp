@@ -1,6 +1,7 @@
 // gpupool.current_lane() and Lane: a task's view of the lane it runs on.
 #include "lane.hpp"
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <optional>
@@ -105,9 +106,10 @@ void bind_lane(nb::module_& m) {
              // A copy straight from pinned memory is waited for: the caller may free the block
              // at once, and gpupool's cache would hand it out again while the copy reads it.
              const bool pinned = src.nbytes() != 0 && gpupool::is_pinned(src.data());
-             if (!pinned && src.nbytes() <= small_copy_bytes && lane.stream_idle()) {
-               // Staged in microseconds, nothing to wait for: letting the GIL go would cost
-               // more (with many lanes running Python, it is taken back behind the others).
+             if (!pinned && src.nbytes() <= std::min(small_copy_bytes, lane.staging_bytes()) &&
+                 lane.stream_idle()) {
+               // One piece, staged in microseconds, nothing to wait for: letting the GIL go would
+               // cost more (with many lanes running Python, it is taken back behind the others).
                lane.upload_bytes(dst, src.data(), src.nbytes());
                return;
              }

@@ -298,6 +298,53 @@ def test_python_calls_left_queued_at_shutdown_are_cancelled_each_once():
     assert all(f.done() for f in futures)
 
 
+def test_a_shutdown_that_cancels_while_another_drains_never_runs_a_call_after_a_cancelled_one():
+    # shutdown(wait=False) drains the queue; a shutdown(cancel_futures=True) behind it cancels
+    # what is still queued. Calls end in order: some run, then the rest cancelled, none of them
+    # run after one that was cancelled.
+    hold = threading.Event()
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
+    blocker = ex.submit(hold.wait, 10)
+    futures = [ex.submit(time.sleep, 0.001) for _ in range(100)]
+    ex.shutdown(wait=False)
+    cancelling = threading.Thread(target=ex.shutdown, kwargs={"cancel_futures": True})
+    cancelling.start()
+    time.sleep(0.05)
+    hold.set()
+    cancelling.join(timeout=10)
+    assert blocker.result(timeout=10)
+    ends = "".join("C" if f.cancelled() else "R" for f in futures)
+    assert all(f.done() for f in futures)
+    assert "CR" not in ends, ends
+
+
+def test_a_trace_ends_while_a_running_call_submits_more_work():
+    # The block's end waits for the tasks of the calls that ran, without holding the executor's
+    # lock: a call still running may submit.
+    submitted = threading.Event()
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
+    try:
+        hold = threading.Event()
+
+        def submits_later():
+            hold.wait(10)
+            time.sleep(0.2)  # the block is ending by now
+            ex.submit(abs, -1)
+            submitted.set()
+            return 1
+
+        with ex.trace() as trace:
+            first = ex.submit(hold.wait, 10)
+            quick = ex.submit(abs, -2)
+            late = ex.submit(submits_later)
+            hold.set()
+            assert quick.result(timeout=10) == 2 and first.result(timeout=10)
+        assert late.result(timeout=10) == 1 and submitted.is_set()
+        assert len(trace) >= 2
+    finally:
+        ex.shutdown()
+
+
 def test_outcomes_that_complete_together_are_handed_over_under_one_hold_of_the_gil():
     import sys
 

@@ -88,6 +88,27 @@ def test_a_result_is_handed_over_only_once_the_work_the_call_left_running_is_don
         assert ex.submit(wait_for_work).result() == pytest.approx(float(x.sum()))
 
 
+def test_a_call_that_waits_for_an_earlier_calls_unfinished_work_does_not_hang():
+    # The first call returns with its kernels still running on the lane's stream, so its
+    # result is handed over once the stream is done; the second, queued behind it on the one
+    # lane, waits for that result. The lane must not run the second before handing the first
+    # over.
+    cp = pytest.importorskip("cupy")
+    x = cp.random.random(1 << 24)
+    cp.cuda.runtime.deviceSynchronize()
+
+    def leave_work_running():
+        y = x
+        for _ in range(20):
+            y = cp.sqrt(y * y + 1.0)
+        return y
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cuda", devices=[0]) as ex:
+        first = ex.submit(leave_work_running)
+        second = ex.submit(lambda: float(first.result(timeout=30).sum()))
+        assert second.result(timeout=60) > 0
+
+
 def test_a_call_that_makes_another_gpu_current_leaves_the_lane_on_its_own():
     cp = pytest.importorskip("cupy")
     if cp.cuda.runtime.getDeviceCount() < 2:

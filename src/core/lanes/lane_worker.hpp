@@ -90,6 +90,7 @@ class lane_worker final : public lane {
   void synchronize() override;
   bool stream_idle() noexcept override;
   void make_device_current() override;
+  std::size_t staging_bytes() const noexcept override { return setup_.chunk_bytes; }
   void* allocate_bytes(std::size_t bytes) override;
   void deallocate_bytes(void* p, std::size_t bytes) noexcept override;
   void upload_bytes(void* device_dst, const void* host_src, std::size_t bytes) override;
