@@ -362,8 +362,10 @@ class Executor(_futures.Executor):
         try:
             yield recording
         finally:
-            # Outside the lock: a Python call still running may submit (and take the lock).
-            self._core.wait_for_surplus_tasks()
+            # Outside the lock: a Python call still running may submit (and take the lock). Not
+            # on a lane: the tasks waited for may be queued behind this very call.
+            if not self._core.is_lane_thread:
+                self._core.wait_for_surplus_tasks()
             with self._lock:
                 self._trace_depth -= 1
                 outermost = self._trace_depth == 0

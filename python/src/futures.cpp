@@ -318,11 +318,8 @@ class python_calls {
   void stop_chaining() noexcept { stopped_.store(true); }
   // Off while tracing, so that each task's record is one call's.
   void set_chaining(bool on) noexcept { chaining_.store(on); }
-  // Calls the next task runs at most.
-  [[nodiscard]] int chain() const noexcept {
-    return chaining_.load() && !stopped_.load() ? chain_length : 1;
-  }
-  [[nodiscard]] bool stopped() const noexcept { return stopped_.load(); }
+  // Whether a task goes on to the calls queued behind the one it took.
+  [[nodiscard]] bool chaining() const noexcept { return chaining_.load() && !stopped_.load(); }
 
  private:
   std::atomic<bool> stopped_{false};
@@ -372,9 +369,10 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
     keep_python_thread_state();
     nb::gil_scoped_acquire gil;
     lane_scope scope(&l);
-    const int most = calls->chain();
-    for (int n = 0; n < most; ++n) {
-      if (n > 0 && calls->stopped()) break;
+    for (int n = 0; n < python_calls::chain_length; ++n) {
+      // Looked at before each further call: a chain stops at once when tracing starts or a
+      // cancelling shutdown begins.
+      if (n > 0 && !calls->chaining()) break;
       std::shared_ptr<python_call> call = fifo.pop();
       if (!call) break;
       if (call->run(l, calls->surplus()) == python_call::ran::later) {
@@ -416,10 +414,14 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
 }
 
 void wait_for_surplus_python_tasks(python_calls& calls) {
-  // Such a task ends at once (it finds its FIFO empty). On CUDA its lane may first run the next
-  // item it took (a long call, say): after a short spin, sleep between looks rather than keep a
-  // core busy.
-  for (int spins = 0; calls.surplus().load(std::memory_order_acquire) > 0; ++spins) {
+  // Such a task ends at once (it finds its FIFO empty), once a lane takes it; a lane may first
+  // run what it already holds (a long call, say): after a short spin, sleep between looks
+  // rather than keep a core busy. Bounded: a lane held by a call that never returns would
+  // otherwise hold the caller too; a trace taken then may miss those tasks' records.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
+  for (int spins = 0; calls.surplus().load(std::memory_order_acquire) > 0 &&
+                      std::chrono::steady_clock::now() < deadline;
+       ++spins) {
     if (spins < 1000)
       std::this_thread::yield();
     else

@@ -49,7 +49,8 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
 
 // Waits (without the GIL) until no task of `calls` is still to end beyond the calls still to end
 // (a task whose call another lane ran ends soon after), so that what the core records at a
-// task's end (its trace record) is there once the futures of the calls are done.
+// task's end (its trace record) is there once the futures of the calls are done. Gives up after
+// two seconds (lanes held by calls that do not return).
 void wait_for_surplus_python_tasks(python_calls& calls);
 
 // What a kernel task over host arrays hands over: a new NumPy array in pinned memory.

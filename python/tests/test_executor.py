@@ -345,6 +345,51 @@ def test_a_trace_ends_while_a_running_call_submits_more_work():
         ex.shutdown()
 
 
+def test_a_trace_block_stops_a_chain_that_began_before_it():
+    # A lane running the calls queued behind one it took stops going on once a trace starts:
+    # the calls submitted inside the block each get their own task (and record), and the
+    # block's end does not wait for the call the old chain is still in.
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
+    try:
+        first, last = threading.Event(), threading.Event()
+        started = threading.Event()
+
+        def held():
+            started.set()
+            return last.wait(10)
+
+        chain = [ex.submit(first.wait, 10), ex.submit(abs, -1), ex.submit(held)]
+        first.set()
+        assert started.wait(10)  # the lane is in the third call of its chain
+        began = time.monotonic()
+        with ex.trace() as trace:
+            inside = [ex.submit(abs, -i) for i in range(5)]
+            last.set()
+            assert [f.result(timeout=10) for f in inside] == list(range(5))
+        assert time.monotonic() - began < 5
+        assert all(f.result(timeout=10) for f in (chain[0], chain[2]))
+        assert len(trace) == 5
+    finally:
+        ex.shutdown()
+
+
+def test_a_trace_block_inside_a_call_of_a_chain_ends():
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
+    try:
+        go = threading.Event()
+
+        def traced():
+            with ex.trace():
+                pass
+            return "ok"
+
+        futures = [ex.submit(go.wait, 10), ex.submit(abs, -1), ex.submit(traced)]
+        go.set()
+        assert futures[2].result(timeout=10) == "ok"
+    finally:
+        ex.shutdown()
+
+
 def test_outcomes_that_complete_together_are_handed_over_under_one_hold_of_the_gil():
     import sys
 

@@ -92,7 +92,7 @@ def test_a_call_that_waits_for_an_earlier_calls_unfinished_work_does_not_hang():
     # The first call returns with its kernels still running on the lane's stream, so its
     # result is handed over once the stream is done; the second, queued behind it on the one
     # lane, waits for that result. The lane must not run the second before handing the first
-    # over.
+    # over: not in the same hold of the GIL, and (one slot) not before the first has ended.
     cp = pytest.importorskip("cupy")
     x = cp.random.random(1 << 24)
     cp.cuda.runtime.deviceSynchronize()
@@ -103,7 +103,8 @@ def test_a_call_that_waits_for_an_earlier_calls_unfinished_work_does_not_hang():
             y = cp.sqrt(y * y + 1.0)
         return y
 
-    with gpupool.Executor(threads_per_gpu=1, backend="cuda", devices=[0]) as ex:
+    with gpupool.Executor(threads_per_gpu=1, slots_per_lane=1, backend="cuda",
+                          devices=[0]) as ex:
         first = ex.submit(leave_work_running)
         second = ex.submit(lambda: float(first.result(timeout=30).sum()))
         assert second.result(timeout=60) > 0
