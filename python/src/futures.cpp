@@ -100,12 +100,11 @@ class python_call {
 
   enum class ran { skipped, handed_over, later };
 
-  // On lane `l`, with the GIL. Runs the call unless its future was cancelled (skipped, counted in
-  // `ended`). Hands
-  // the outcome over in this same hold of the GIL when nothing the call enqueued on the lane's
-  // stream is still running (always on the CPU backend; on CUDA when the call waited for its
-  // work, as code that returns host results does), counting it in `ended` first; else keeps it
-  // for finish(), once the stream is done (later).
+  // On lane `l`, with the GIL. Runs the call unless its future was cancelled (skipped, counted
+  // in `ended`). Hands the outcome over in this same hold of the GIL when nothing the call
+  // enqueued on the lane's stream is still running (always on the CPU backend; on CUDA when the
+  // call waited for its work, as code that returns host results does), counting it in `ended`
+  // first; else keeps it for finish(), once the stream is done (later).
   ran run(gpupool::lane& l, std::atomic<int>& ended) {
     PyObject* running = call_method(future_, names().set_running_or_notify_cancel);
     const bool go = running == Py_True;
