@@ -557,8 +557,8 @@ class _FrameworkStreams:
     that left another stream current does not take the next one off the lane), which costs far
     less than entering and leaving their context managers per call. The check holds the GIL
     throughout: with many lanes running Python, every call that let the GIL go would wait for it
-    again behind the other lanes. The lane's device is made current again after each call by
-    the extension (a call that switched devices does not leave the lane there)."""
+    again behind the other lanes. The extension makes the lane's device current before and after
+    each call (a call that switched devices does not leave the lane there)."""
 
     def __init__(self, ordinals: List[int]) -> None:
         self._ordinals = ordinals
