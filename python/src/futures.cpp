@@ -346,7 +346,9 @@ namespace {
 // lane and read by its completion callback, which runs after it.
 struct python_task {
   bool started = false;
-  std::vector<std::shared_ptr<python_call>> later;  // ran, handed over once the stream is done
+  // The call it ran last if that one's outcome waits for the stream (a chain stops after it):
+  // handed over once the task has ended.
+  std::shared_ptr<python_call> later;
 };
 
 }  // namespace
@@ -360,9 +362,6 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
   fifo.push(submitted);
   auto state = std::make_shared<python_task>();
   auto task = [calls, &fifo, state](gpupool::lane& l) {
-    // Room first: once a call is taken, nothing may throw before it is run or kept (a task that
-    // throws before it counts as started ends one call of the FIFO with its failure instead).
-    state->later.reserve(1);
     state->started = true;
     if (!interpreter_alive() || fifo.empty()) return;  // the call already ran on another lane
     keep_python_thread_state();
@@ -377,7 +376,7 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
       if (call->run(l, calls->surplus()) == python_call::ran::later) {
         // Its outcome waits for this task's end: a call chained behind it might wait for that
         // outcome, and never let the task end. The calls behind it go to other tasks.
-        state->later.push_back(std::move(call));
+        state->later = std::move(call);
         break;
       }
     }
@@ -401,14 +400,12 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
     // Never ran (cancelled in the queue, or failed before it started): one call of the FIFO
     // ends as the task did.
     if (!state->started) unstarted = fifo.pop();
-    const auto ending = static_cast<int>(state->later.size()) + (unstarted ? 1 : 0);
+    const int ending = (state->later ? 1 : 0) + (unstarted ? 1 : 0);
     calls->surplus().fetch_add(ending - 1, std::memory_order_acq_rel);
     if (unstarted)
       post_handover([unstarted, cancelled, failure] { unstarted->finish(cancelled, failure); });
-    if (!state->later.empty())
-      post_handover([later = std::move(state->later), failure] {
-        for (const auto& call : later) call->finish(false, failure);
-      });
+    if (state->later)
+      post_handover([later = std::move(state->later), failure] { later->finish(false, failure); });
   });
 }
 
