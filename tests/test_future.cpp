@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstddef>
 #include <cstdlib>
 #include <memory>
 #include <new>
@@ -353,6 +354,72 @@ TEST(CompletionBatch, WorkDeferredWhileTheBatchEndsRunsInTheSameEndAndBatchesAre
     other.join();
   }
   EXPECT_EQ(c.runs, 3);
+}
+
+// What a task's admitted bytes go back to (the executor's in-flight budget): counts its calls.
+class counting_account final : public detail::budget_account {
+ public:
+  void give_back(std::size_t given) noexcept override {
+    ++calls;
+    bytes += given;
+  }
+  int calls = 0;
+  std::size_t bytes = 0;
+};
+
+TEST(BudgetHold, HeldBytesComeBackAsTheStateEndsHoweverItEnds) {
+  counting_account account;
+  auto succeeds = std::make_shared<detail::shared_state<int>>();
+  auto fails = std::make_shared<detail::shared_state<int>>();
+  auto cancelled = std::make_shared<detail::shared_state<int>>();
+  auto unheld = std::make_shared<detail::shared_state<int>>();
+  succeeds->hold(account, 100);
+  fails->hold(account, 20);
+  cancelled->hold(account, 3);
+  succeeds->try_start();
+  EXPECT_EQ(account.calls, 0);
+  succeeds->set_value(1);
+  EXPECT_EQ(account.bytes, 100u);
+  fails->set_exception(std::make_exception_ptr(std::runtime_error("x")));
+  EXPECT_EQ(account.bytes, 120u);
+  EXPECT_TRUE(cancelled->try_cancel());
+  EXPECT_EQ(account.bytes, 123u);
+  unheld->set_value(2);
+  // Once each: a second ending is ignored, and so are its bytes.
+  succeeds->set_value(5);
+  EXPECT_FALSE(cancelled->try_cancel());
+  EXPECT_EQ(account.calls, 3);
+  EXPECT_EQ(account.bytes, 123u);
+}
+
+TEST(BudgetHold, APassGivesEachAccountsBytesBackOnceWhenItEnds) {
+  counting_account first, second;
+  std::vector<std::shared_ptr<detail::shared_state<int>>> states;
+  for (int i = 0; i < 6; ++i) {
+    states.push_back(std::make_shared<detail::shared_state<int>>());
+    states.back()->hold(i < 4 ? first : second, 10);
+  }
+  {
+    detail::completion_batch pass;
+    for (int i = 0; i < 4; ++i) states[static_cast<std::size_t>(i)]->set_value(i);
+    EXPECT_EQ(first.calls, 0) << "given back before the pass ended";
+    // Another account's task in the same pass: the first account's bytes go back now, in one
+    // call, and the second's at the end.
+    states[4]->set_value(4);
+    EXPECT_EQ(first.calls, 1);
+    EXPECT_EQ(first.bytes, 40u);
+    EXPECT_TRUE(states[5]->try_cancel());
+    EXPECT_EQ(second.calls, 0);
+  }
+  EXPECT_EQ(first.calls, 1);
+  EXPECT_EQ(second.calls, 1);
+  EXPECT_EQ(second.bytes, 20u);
+  // Outside any pass, at once.
+  auto later = std::make_shared<detail::shared_state<int>>();
+  later->hold(second, 5);
+  later->set_value(0);
+  EXPECT_EQ(second.calls, 2);
+  EXPECT_EQ(second.bytes, 25u);
 }
 
 #ifdef GPUPOOL_TEST_COUNTS_ALLOCATIONS

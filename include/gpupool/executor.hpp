@@ -328,15 +328,14 @@ class executor {
     return future<R>(std::move(state));
   }
 
-  // Counts `admitted` bytes (taken by admit()) in flight until `state` ends, however it ends.
-  // The callback runs before the executor is gone: its destructor resolves every future first.
-  // Until `state` ends the callback keeps it alive, so work that cannot be queued must be ended
-  // (cancelled), not dropped.
+  // Counts `admitted` bytes (taken by admit()) in flight until `state` ends, however it ends
+  // (state_base::hold: no callback, no allocation). They go back before the executor is gone:
+  // its destructor resolves every future first. Work that cannot be queued must be ended
+  // (cancelled), not dropped, for its bytes to come back.
   template <class T>
   void hold_until_done(const std::shared_ptr<detail::shared_state<T>>& state,
-                       std::size_t admitted) {
-    if (admitted == 0) return;
-    future<T>(state).on_complete([this, admitted](future<T>&) { release_in_flight(admitted); });
+                       std::size_t admitted) noexcept {
+    if (admitted != 0) state->hold(in_flight_account(), admitted);
   }
 
   // One input (or pair) queued on its own, as map_into and enqueue_elementwise_all do for many.
@@ -406,6 +405,8 @@ class executor {
   void admit(std::size_t cost);
   [[nodiscard]] bool try_admit(std::size_t cost) noexcept;
   void release_in_flight(std::size_t cost) noexcept;
+  // What admitted bytes go back to when a task ends.
+  [[nodiscard]] detail::budget_account& in_flight_account() noexcept;
   void check_device(int device) const;
   static void require_arity(const builtin_kernel& k, int arity, const char* what);
   static void require_same_size(std::size_t a, std::size_t b);

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -59,6 +60,17 @@ class completion_batch {
   [[nodiscard]] static bool open() noexcept;
 };
 
+/// Where the bytes a task was admitted with go back when it ends: the executor's in-flight
+/// budget (see state_base::hold).
+class budget_account {
+ public:
+  /// Gives `bytes` back. Must not throw; may be called from any thread.
+  virtual void give_back(std::size_t bytes) noexcept = 0;
+
+ protected:
+  ~budget_account() = default;
+};
+
 /// The untyped part of a task's shared state: status, exception and waiting.
 ///
 /// Thread-safe, and cheap when nobody waits: the status lives in one atomic word together with
@@ -80,6 +92,15 @@ class state_base {
   bool try_cancel() noexcept;
   /// running|pending -> failed. Ignored if the state already ended (first result wins).
   void set_exception(std::exception_ptr e) noexcept;
+  /// Counts `bytes` against `account` until the state ends, however it ends (a value, an
+  /// exception, a cancellation): they are given back as it ends, before its waiters wake. On a
+  /// thread inside a completion pass (a lane's), the bytes of every task the pass ends go back
+  /// together when it ends, in one call, instead of one call per task. Call at most once, before
+  /// the task is queued or the future handed out; no callback or allocation is involved.
+  void hold(budget_account& account, std::size_t bytes) noexcept {
+    account_ = &account;
+    held_ = bytes;
+  }
 
   [[nodiscard]] task_status status() const noexcept;
   [[nodiscard]] bool done() const noexcept;
@@ -121,6 +142,8 @@ class state_base {
   mutable std::condition_variable cv_;
   mutable std::atomic<std::uint32_t> word_{0};  // status bits | flags (see future.cpp)
   std::exception_ptr exception_;
+  budget_account* account_ = nullptr;  // see hold(); read once, by the thread that ends the state
+  std::size_t held_ = 0;
 };
 
 /// The part of a state that knows the value's type: completion callbacks, which get a future.

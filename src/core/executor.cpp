@@ -61,7 +61,7 @@ constexpr std::size_t no_limit = std::numeric_limits<std::size_t>::max();
 // Bytes of work admitted and not yet done, against a budget for all devices together. Submitters
 // take bytes before queueing a task, its future's completion gives them back. Taking and giving
 // back are lock-free; only a submitter that must wait takes the mutex.
-class in_flight_gate {
+class in_flight_gate final : public detail::budget_account {
  public:
   in_flight_gate(std::size_t budget, when_full mode) : budget_(budget), mode_(mode) {}
 
@@ -101,6 +101,8 @@ class in_flight_gate {
     waiting_.fetch_sub(1);
     if (!taken) throw std::runtime_error(shut_down_message);
   }
+
+  void give_back(std::size_t bytes) noexcept override { release(bytes); }
 
   void release(std::size_t bytes) noexcept {
     if (bytes == 0) return;
@@ -434,10 +436,9 @@ struct executor::impl {
     gate->take(cost, detail::is_lane_thread_of(queue));
   }
   // Gives `cost` back once `state` ends, however it ends (as executor::hold_until_done).
-  void hold_until_done(const std::shared_ptr<detail::shared_state<void>>& state, std::size_t cost) {
-    if (cost == 0) return;
-    future<void>(state).on_complete(
-        [gate = gate.get(), cost](future<void>&) { gate->release(cost); });
+  void hold_until_done(const std::shared_ptr<detail::shared_state<void>>& state,
+                       std::size_t cost) const noexcept {
+    if (cost != 0) state->hold(*gate, cost);
   }
 
   // Stamps an item as it is queued: its place in submission order, and when.
@@ -586,6 +587,10 @@ bool executor::try_admit(std::size_t cost) noexcept {
 
 void executor::release_in_flight(std::size_t cost) noexcept {
   impl_->gate->release(cost);
+}
+
+detail::budget_account& executor::in_flight_account() noexcept {
+  return *impl_->gate;
 }
 
 void executor::shutdown(bool cancel_pending) {

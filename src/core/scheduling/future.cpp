@@ -1,4 +1,5 @@
 // The untyped shared state behind every future.
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
@@ -104,6 +105,48 @@ bool completion_batch::open() noexcept {
   return open_batches > 0;
 }
 
+namespace {
+
+// Bytes that tasks ended in this thread's open completion pass hold, not yet given back: one
+// account at a time (a lane's tasks all count against its executor's budget), given back in one
+// call when the pass ends. A budget shared by every lane is then touched once per pass, not once
+// per task (a pass often ends a batch of hundreds of coalesced tasks).
+struct pending_give_back {
+  budget_account* account = nullptr;
+  std::size_t bytes = 0;
+};
+thread_local pending_give_back pending;
+
+void give_back_pending(void* /*unused*/) noexcept {
+  const pending_give_back now = pending;
+  pending = {};
+  if (now.account != nullptr) now.account->give_back(now.bytes);
+}
+
+void give_back(budget_account& account, std::size_t bytes) noexcept {
+  if (bytes == 0) return;
+  if (!completion_batch::open()) {
+    account.give_back(bytes);
+    return;
+  }
+  if (pending.account == &account) {
+    pending.bytes += bytes;
+    return;
+  }
+  give_back_pending(nullptr);  // another account's bytes (rare): those go back now
+  try {
+    if (completion_batch::defer(&give_back_pending, nullptr)) {
+      pending = {&account, bytes};
+      return;
+    }
+  } catch (...) {
+    // No memory to record the deferred call: given back at once instead.
+  }
+  account.give_back(bytes);
+}
+
+}  // namespace
+
 std::uint32_t state_base::load() const noexcept {
   return word_.load(std::memory_order_acquire);
 }
@@ -164,6 +207,8 @@ void state_base::end_completion(task_status final_status) noexcept {
 }
 
 void state_base::wake_and_call(std::uint32_t before) noexcept {
+  // Read by the one thread that ended the state, which holds a reference to it throughout.
+  if (account_ != nullptr) give_back(*account_, held_);
   if ((before & waiters_flag) != 0) {
     // Under the lock: a waiter sets its flag and checks the status holding it, so it is either
     // asleep on cv_ now or will see the final status.
