@@ -11,6 +11,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -367,23 +368,24 @@ class executor {
   future<host_vector<T>> map_into(const builtin_kernel& k, const T* x, const T* y, std::size_t n,
                                   std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
                                   std::size_t admitted) {
-    auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
     if (n == 0) {
       release_in_flight(admitted);
       require_open();
+      auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
       state->try_start();
       state->set_value({});
-    } else {
-      std::shared_ptr<detail::elementwise_job> job;
-      try {
-        job = std::make_shared<detail::map_job<T>>(k, x, y, n, state);  // checks the arguments
-      } catch (...) {
-        release_in_flight(admitted);  // no callback holds the state yet
-        throw;
-      }
-      hold_until_done(state, admitted);
-      jobs.push_back(std::move(job));  // within the reserved batch: does not throw
+      return future<host_vector<T>>(std::move(state));
     }
+    std::shared_ptr<detail::shared_state<host_vector<T>>> state;
+    std::shared_ptr<detail::elementwise_job> job;
+    try {
+      std::tie(state, job) = detail::make_map_task<T>(k, x, y, n);  // checks the arguments
+    } catch (...) {
+      release_in_flight(admitted);  // nothing holds the bytes yet
+      throw;
+    }
+    hold_until_done(state, admitted);
+    jobs.push_back(std::move(job));  // within the reserved batch: does not throw
     return future<host_vector<T>>(std::move(state));
   }
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);

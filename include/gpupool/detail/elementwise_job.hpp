@@ -7,6 +7,7 @@
 #include <exception>
 #include <memory>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "gpupool/future.hpp"
@@ -92,27 +93,51 @@ class elementwise_job : public split_job {
 };
 
 /// A map input: results go to a new host_vector<T>, allocated by the first lane that needs it.
+/// It lives in one allocation with the future's state (map_task), which it refers to.
 template <class T>
 class map_job final : public elementwise_job {
  public:
   map_job(builtin_kernel k, const T* x, const T* y, std::size_t count,
-          std::shared_ptr<shared_state<host_vector<T>>> state)
-      : elementwise_job(k, dtype_of<T>(), x, y, count), state_(std::move(state)) {}
+          shared_state<host_vector<T>>& state)
+      : elementwise_job(k, dtype_of<T>(), x, y, count), state_(state) {}
 
   void* output() override {
     std::call_once(allocated_, [this] { output_.resize(count()); });
     return output_.data();
   }
-  state_base& state() noexcept override { return *state_; }
+  state_base& state() noexcept override { return state_; }
 
  protected:
-  void deliver() override { state_->set_value(std::move(output_)); }
+  void deliver() override { state_.set_value(std::move(output_)); }
 
  private:
-  std::shared_ptr<shared_state<host_vector<T>>> state_;
+  shared_state<host_vector<T>>& state_;
   std::once_flag allocated_;
   host_vector<T> output_;
 };
+
+/// One map input's future state and job in one allocation: the future and the input's pieces
+/// hold it through aliasing pointers to its two parts (see make_map_task), so a small task costs
+/// one allocation for both, freed by whichever lets go last (usually the caller's future, on the
+/// caller's thread, rather than a lane).
+template <class T>
+struct map_task {
+  map_task(builtin_kernel k, const T* x, const T* y, std::size_t count)
+      : job(k, x, y, count, state) {}
+  shared_state<host_vector<T>> state;
+  map_job<T> job;
+};
+
+/// A map input's state and job (each the other's owner's alias); throws as map_job does.
+template <class T>
+std::pair<std::shared_ptr<shared_state<host_vector<T>>>, std::shared_ptr<elementwise_job>>
+make_map_task(builtin_kernel k, const T* x, const T* y, std::size_t count) {
+  auto task = std::make_shared<map_task<T>>(k, x, y, count);
+  auto* state = &task->state;
+  auto* job = &task->job;
+  return {std::shared_ptr<shared_state<host_vector<T>>>(task, state),
+          std::shared_ptr<elementwise_job>(std::move(task), job)};
+}
 
 /// A transform: results go to memory the caller owns.
 class transform_job final : public elementwise_job {
