@@ -30,8 +30,11 @@ bool elementwise_piece::absorb(std::unique_ptr<work_item>& next) noexcept {
   const std::size_t elements = batch_elements_ + other->count_;
   if (elements > slot_bytes_ / size_of(job_->type())) return false;
   try {
-    // Room for every task's claim now, so that claim() never allocates.
-    if (running_.capacity() < riders_.size() + 2) running_.reserve(2 * (riders_.size() + 2));
+    // Room for a whole batch at the first absorb (one allocation each, made by the submitting
+    // thread under the queue's lock, rather than one per doubling), and for every task's claim,
+    // so that claim() never allocates.
+    if (riders_.capacity() < most_tasks_per_batch - 1) riders_.reserve(most_tasks_per_batch - 1);
+    if (running_.capacity() < most_tasks_per_batch) running_.reserve(most_tasks_per_batch);
     riders_.emplace_back(static_cast<elementwise_piece*>(next.get()));
   } catch (...) {
     return false;  // no memory for a longer batch: `next` is queued on its own

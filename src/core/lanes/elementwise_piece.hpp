@@ -19,6 +19,7 @@
 
 #include "core/lanes/piece_item.hpp"
 #include "core/lanes/staged_pipeline.hpp"
+#include "core/memory/recycled_storage.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
@@ -39,6 +40,23 @@ class elementwise_piece final : public piece_item<elementwise_job> {
         device_(device),
         batch_elements_(count) {}
 
+  // Pieces are made by the submitting thread and freed by lanes, one per small task: their
+  // storage is recycled rather than taken from the system allocator each time (see
+  // recycled_storage). Under AddressSanitizer they are ordinary allocations, so that it still
+  // sees every use after free.
+#ifndef __SANITIZE_ADDRESS__
+  static void* operator new(std::size_t bytes) {
+    if (bytes != sizeof(elementwise_piece)) return ::operator new(bytes);
+    return recycled_storage<elementwise_piece>::allocate();
+  }
+  static void operator delete(void* p, std::size_t bytes) noexcept {
+    if (bytes != sizeof(elementwise_piece))
+      ::operator delete(p);
+    else
+      recycled_storage<elementwise_piece>::deallocate(p);
+  }
+#endif
+
   bool claim() override;
   void start(slot_context& slot) override;
   void finish(slot_context& slot) override;
@@ -47,7 +65,9 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   bool cancel() noexcept override;
   bool absorb(std::unique_ptr<work_item>& next) noexcept override;
 
-  const char* trace_name() const noexcept override { return job_->kern().name(); }
+  const char* trace_name() const noexcept override {
+    return job_->kern().name();
+  }
   std::size_t bytes_in() const noexcept override;
   std::size_t bytes_out() const noexcept override;
   std::size_t carried_count() const noexcept override;
@@ -55,10 +75,14 @@ class elementwise_piece final : public piece_item<elementwise_job> {
                std::size_t& out) const noexcept override;
 
   /// Tasks this item carries, itself included (1 unless it absorbed others).
-  [[nodiscard]] std::size_t tasks() const noexcept { return 1 + riders_.size(); }
+  [[nodiscard]] std::size_t tasks() const noexcept {
+    return 1 + riders_.size();
+  }
 
  private:
-  [[nodiscard]] bool whole_job() const noexcept { return offset_ == 0 && count_ == job_->count(); }
+  [[nodiscard]] bool whole_job() const noexcept {
+    return offset_ == 0 && count_ == job_->count();
+  }
   [[nodiscard]] bool coalesces_with(const elementwise_piece& other) const noexcept;
   /// The tasks that run: this piece alone, or the batch's tasks claimed by `claim()`.
   [[nodiscard]] std::span<elementwise_piece* const> members() const noexcept;
