@@ -396,6 +396,56 @@ TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
   EXPECT_EQ(source.bad_frees(), 0);
 }
 
+// Results freed on one thread and made again on many (a caller dropping a map's results, lanes
+// making the next map's): a thread that takes a block from another thread's shard moves some of
+// its class to its own. Every block is still handed out once at a time and none is lost: later
+// rounds make no new block (the takers need half of what is cached, so the first thread's shard
+// never runs dry and no look can miss), and everything cached is still the source's.
+TEST(PinnedCacheTest, BlocksFreedOnOneThreadServeManyThreadsWithoutNewOnesOrDuplicates) {
+  counting_resource source;
+  constexpr std::size_t blocks = 4096, takers = 8, per_taker = blocks / 2 / takers;
+  constexpr std::size_t block_bytes = 8192;
+  detail::pinned_cache cache(source, std::size_t{64} << 20);
+  source.watch(&cache);
+  std::thread([&] {
+    std::vector<void*> made;
+    for (std::size_t i = 0; i < blocks; ++i) made.push_back(cache.acquire(block_bytes));
+    for (void* p : made) cache.release(p);  // all in this thread's shard
+  }).join();
+  ASSERT_EQ(source.allocations(), static_cast<int>(blocks));
+  for (int round = 0; round < 3; ++round) {
+    std::vector<std::vector<void*>> taken(takers);
+    std::vector<std::thread> threads;
+    for (std::size_t t = 0; t < takers; ++t)
+      threads.emplace_back([&, t] {
+        for (std::size_t i = 0; i < per_taker; ++i) taken[t].push_back(cache.acquire(block_bytes));
+      });
+    for (auto& th : threads) th.join();
+    std::vector<void*> all;
+    for (const auto& mine : taken) all.insert(all.end(), mine.begin(), mine.end());
+    std::sort(all.begin(), all.end());
+    EXPECT_EQ(std::adjacent_find(all.begin(), all.end()), all.end())
+        << "a block was handed out twice in round " << round;
+    EXPECT_EQ(source.allocations(), static_cast<int>(blocks)) << "round " << round;
+    EXPECT_EQ(cache.stats().cached, (blocks - takers * per_taker) * block_bytes);
+    // Freed on yet other threads, half each, for the next round.
+    std::thread([&] {
+      for (std::size_t t = 0; t < takers / 2; ++t)
+        for (void* p : taken[t]) cache.release(p);
+    }).join();
+    std::thread([&] {
+      for (std::size_t t = takers / 2; t < takers; ++t)
+        for (void* p : taken[t]) cache.release(p);
+    }).join();
+    EXPECT_EQ(cache.stats().cached, blocks * block_bytes);
+  }
+  EXPECT_EQ(source.live_bytes(), blocks * block_bytes);
+  cache.trim();
+  EXPECT_EQ(source.live_bytes(), 0u);
+  EXPECT_EQ(source.freed_while_owned(), 0);
+  source.watch(nullptr);
+}
+
 TEST(PinnedCacheTest, TheRegistryAnswersExactlyTheBlocksRange) {
   detail::pinned_block_registry registry;
   const auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };

@@ -180,19 +180,46 @@ std::size_t pinned_cache::size_class(std::size_t bytes) noexcept {
 }
 
 void* pinned_cache::take_cached(std::size_t capacity) noexcept {
-  const std::size_t home = thread_stripe(shard_count);
-  for (std::size_t i = 0; i < shard_count; ++i) {
-    shard& s = shards_[(home + i) % shard_count];
-    // Another thread may cache a block here right after this look; missing it only costs a new
-    // block, as a miss under one lock would have a moment earlier.
-    if (s.blocks.load(std::memory_order_relaxed) == 0) continue;
-    std::lock_guard lock(s.mutex);
+  const std::size_t home_index = thread_stripe(shard_count);
+  shard& home = shards_[home_index];
+  const auto take_one = [&](shard& s) -> void* {
     auto hit = s.free.find(capacity);
-    if (hit == s.free.end() || hit->second.empty()) continue;
+    if (hit == s.free.end() || hit->second.empty()) return nullptr;
     void* p = hit->second.back();
     hit->second.pop_back();
     s.blocks.fetch_sub(1, std::memory_order_relaxed);
     cached_.fetch_sub(capacity, std::memory_order_relaxed);
+    return p;
+  };
+  // Another thread may cache a block in a shard right after this look skips it; missing it only
+  // costs a new block, as a miss under one lock would have a moment earlier.
+  if (home.blocks.load(std::memory_order_relaxed) != 0) {
+    std::lock_guard lock(home.mutex);
+    if (void* p = take_one(home)) return p;
+  }
+  for (std::size_t i = 1; i < shard_count; ++i) {
+    shard& s = shards_[(home_index + i) % shard_count];
+    if (s.blocks.load(std::memory_order_relaxed) == 0) continue;
+    // Both locks (std::scoped_lock orders them, as trim_to's all-shard lock does): blocks move
+    // from one shard to the other without ever being outside both.
+    std::scoped_lock locks(home.mutex, s.mutex);
+    void* p = take_one(s);
+    if (p == nullptr) continue;
+    // Blocks freed on one thread and taken on others (results a caller drops, made again on
+    // every lane) would otherwise bring every lane to that one shard's lock for each block:
+    // a few more of the class move to this thread's shard, where its next requests find them.
+    auto& from = s.free[capacity];
+    const std::size_t moving = std::min(from.size() / 2, most_blocks_moved);
+    if (moving == 0) return p;
+    try {
+      auto& to = home.free[capacity];
+      to.insert(to.end(), from.end() - static_cast<std::ptrdiff_t>(moving), from.end());
+    } catch (const std::bad_alloc&) {
+      return p;  // no room to note them here: they stay where they are
+    }
+    from.resize(from.size() - moving);
+    s.blocks.fetch_sub(moving, std::memory_order_relaxed);
+    home.blocks.fetch_add(moving, std::memory_order_relaxed);
     return p;
   }
   return nullptr;

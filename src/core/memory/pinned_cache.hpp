@@ -96,6 +96,9 @@ class pinned_cache {
 
  private:
   static constexpr std::size_t shard_count = 32;
+  // The most cached blocks of a size class that move to a thread's own shard when it takes one
+  // from another shard (half of what that shard holds, up to this).
+  static constexpr std::size_t most_blocks_moved = 64;
   // Free blocks by capacity. A thread caches what it frees in its own shard and looks there
   // first; it takes from the others only when its own has nothing of the class.
   struct alignas(64) shard {
