@@ -7,8 +7,9 @@
 //            thread per lane popping them (no executor, no futures)
 // Every result is checked before any rate is reported. Reported: the best round's tasks per
 // second (on a shared machine the best round is the one least disturbed) and the process's CPU
-// time (user + system, every thread) per task, over all rounds. Devices are CPU stand-ins on the
-// CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
+// time (user + system, every thread) per task, over all rounds, and for map the time `map` itself
+// took per input (queueing, on the submitting thread) in the best round. Devices are CPU stand-ins
+// on the CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
 //                             [--tasks N] [--size N] [--repeat N] [--modes submit,map,queue]
@@ -136,10 +137,14 @@ double submit_round(gpupool::executor& ex, std::size_t tasks) {
   return seconds_since(t0);
 }
 
-// Seconds for one map of square over `inputs`, results checked.
-double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& inputs) {
+// Seconds for one map of square over `inputs`, results checked; `queued` gets the seconds
+// `map` itself took (the submitting thread's share: queueing every input).
+double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& inputs,
+                 double& queued) {
   const auto t0 = clock_type::now();
-  auto results = ex.map(gpupool::builtin_kernel::square(), inputs).get();
+  auto futures = ex.map(gpupool::builtin_kernel::square(), inputs);
+  queued = seconds_since(t0);
+  auto results = futures.get();
   const double took = seconds_since(t0);
   for (std::size_t i = 0; i < inputs.size(); ++i)
     for (std::size_t j = 0; j < inputs[i].size(); ++j)
@@ -206,11 +211,12 @@ int main(int argc, char** argv) {
 
     std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d\n",
                 s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat);
-    std::printf("%-7s %8s %6s %14s %14s\n", "mode", "devices", "lanes", "tasks/s", "cpu us/task");
+    std::printf("%-7s %8s %6s %14s %14s %16s\n", "mode", "devices", "lanes", "tasks/s",
+                "cpu us/task", "queueing us/task");
     for (const auto& mode : s.modes) {
       for (int devices : s.devices) {
         for (int lanes : s.lanes) {
-          std::vector<double> times;
+          std::vector<double> times, queueing;
           double cpu_before = 0.0;
           if (mode == "queue") {
             queue_round(devices, lanes, s.tasks / 10 + 1);  // warm-up
@@ -226,17 +232,29 @@ int main(int argc, char** argv) {
               cpu_before = cpu_seconds();
               for (int r = 0; r < s.repeat; ++r) times.push_back(submit_round(ex, s.tasks));
             } else {
-              map_round(ex, warm);
+              double queued = 0.0;
+              map_round(ex, warm, queued);
               cpu_before = cpu_seconds();
-              for (int r = 0; r < s.repeat; ++r) times.push_back(map_round(ex, inputs));
+              for (int r = 0; r < s.repeat; ++r) {
+                times.push_back(map_round(ex, inputs, queued));
+                queueing.push_back(queued);
+              }
             }
           }
           const double cpu_per_task =
               (cpu_seconds() - cpu_before) /
               static_cast<double>(s.tasks * static_cast<std::size_t>(s.repeat));
-          std::printf("%-7s %8d %6d %14.0f %14.2f\n", mode.c_str(), devices, lanes,
-                      static_cast<double>(s.tasks) / *std::min_element(times.begin(), times.end()),
-                      1e6 * cpu_per_task);
+          // The map's own time per input in its fastest round ("-" where nothing is queued
+          // separately from waiting).
+          const auto fastest = std::min_element(times.begin(), times.end()) - times.begin();
+          const std::string queueing_us =
+              queueing.empty() ? "-"
+                               : std::to_string(1e6 * queueing[static_cast<std::size_t>(fastest)] /
+                                                static_cast<double>(s.tasks))
+                                     .substr(0, 5);
+          std::printf("%-7s %8d %6d %14.0f %14.2f %16s\n", mode.c_str(), devices, lanes,
+                      static_cast<double>(s.tasks) / times[static_cast<std::size_t>(fastest)],
+                      1e6 * cpu_per_task, queueing_us.c_str());
           std::fflush(stdout);
         }
       }

@@ -14,7 +14,10 @@ Variants (5 threads or lanes unless said):
 Then, per variant, the mean time of each step of the function per call (the steps are timed
 inside the calls, so the rates of the timed runs are a little lower than the untimed ones).
 
-    python bench/w8_profile.py [--repeat 3] [--sizes W4,W2]
+    python bench/w8_profile.py [--repeat 3] [--sizes W4,W2] [--only VARIANT]
+
+--only runs that one variant's timed rounds and nothing else (to profile it, say:
+`--only "lane, default lanes"`).
 """
 
 import argparse
@@ -77,6 +80,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sizes", default="W4,W2")
+    parser.add_argument("--only", default=None, help="run this variant alone, without the steps")
     args = parser.parse_args()
     import cupy as cp
 
@@ -126,9 +130,14 @@ def main() -> None:
             runs[name] = lambda p=p, f=fw.motivating_square: list(p.map(f, data))
         runs["tpe no-op"] = lambda: list(tpe.map(noop, data))
         runs["gpupool no-op"] = lambda: list(gp5.map(noop, data))
-        runs[f"lane, {gp.threads_per_gpu} lanes"] = lambda: list(gp.map(lane_square, data))
+        runs["lane, default lanes"] = lambda: list(gp.map(lane_square, data))
         runs["lane, 5 lanes"] = lambda: list(gp5.map(lane_square, data))
         runs["kernels.square (for scale)"] = lambda: list(gp.map(gpupool.kernels.square, data))
+        if args.only is not None:
+            if args.only not in runs:
+                raise SystemExit(f"--only: no variant {args.only!r}; the variants: "
+                                 + ", ".join(runs))
+            runs = {args.only: runs[args.only]}
         best: Dict[str, float] = {name: float("inf") for name in runs}
         for _ in range(args.repeat):  # rounds interleave the variants
             for name, run in runs.items():
@@ -141,6 +150,10 @@ def main() -> None:
         for name, seconds in best.items():
             print(f"  {name:32s} {rate(seconds)}  ({1e6 * seconds / count:8.1f} us per call)")
 
+        if args.only is not None:
+            for p in pools:
+                p.shutdown(wait=True)
+            continue
         # Steps of the function, timed inside each call (one round each).
         steps = (("tpe", tpe, timed_motivating), ("tpe, own streams", tpe_streams,
                                                    timed_motivating),
