@@ -86,8 +86,8 @@ class Names:
 
     def resolve_program(self, pcs: Sequence[int]) -> None:
         mine = sorted({pc for pc in pcs if (r := self.region(pc)) and r[3] == self.program_path})
-        if not mine:
-            return
+        if not mine or not os.path.exists(self.program):
+            return  # without the program here, its addresses are named by its file's name
         out = subprocess.run(["addr2line", "-f", "-C", "-e", self.program]
                              + [f"{pc - self.program_base:x}" for pc in mine],
                              capture_output=True, text=True, check=True).stdout.splitlines()
