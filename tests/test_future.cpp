@@ -392,34 +392,61 @@ TEST(BudgetHold, HeldBytesComeBackAsTheStateEndsHoweverItEnds) {
   EXPECT_EQ(account.bytes, 123u);
 }
 
-TEST(BudgetHold, APassGivesEachAccountsBytesBackOnceWhenItEnds) {
-  counting_account first, second;
+TEST(BudgetHold, APassGivesItsOwnAccountsBytesBackOnceAtItsEndAndOthersAtOnce) {
+  counting_account own, other;
   std::vector<std::shared_ptr<detail::shared_state<int>>> states;
   for (int i = 0; i < 6; ++i) {
     states.push_back(std::make_shared<detail::shared_state<int>>());
-    states.back()->hold(i < 4 ? first : second, 10);
+    states.back()->hold(i < 4 ? own : other, 10);
   }
   {
-    detail::completion_batch pass;
-    for (int i = 0; i < 4; ++i) states[static_cast<std::size_t>(i)]->set_value(i);
-    EXPECT_EQ(first.calls, 0) << "given back before the pass ended";
-    // Another account's task in the same pass: the first account's bytes go back now, in one
-    // call, and the second's at the end.
+    detail::completion_batch pass(&own);
+    {
+      detail::completion_batch inner;  // a nested batch keeps the outer one's account
+      for (int i = 0; i < 4; ++i) states[static_cast<std::size_t>(i)]->set_value(i);
+    }
+    EXPECT_EQ(own.calls, 0) << "given back before the pass ended";
+    // Another account's bytes (another executor's: it may be gone, or waited on here, before
+    // the pass ends) go back at once.
     states[4]->set_value(4);
-    EXPECT_EQ(first.calls, 1);
-    EXPECT_EQ(first.bytes, 40u);
     EXPECT_TRUE(states[5]->try_cancel());
-    EXPECT_EQ(second.calls, 0);
+    EXPECT_EQ(other.calls, 2);
+    EXPECT_EQ(other.bytes, 20u);
   }
-  EXPECT_EQ(first.calls, 1);
-  EXPECT_EQ(second.calls, 1);
-  EXPECT_EQ(second.bytes, 20u);
+  EXPECT_EQ(own.calls, 1);
+  EXPECT_EQ(own.bytes, 40u);
   // Outside any pass, at once.
   auto later = std::make_shared<detail::shared_state<int>>();
-  later->hold(second, 5);
+  later->hold(own, 5);
   later->set_value(0);
-  EXPECT_EQ(second.calls, 2);
-  EXPECT_EQ(second.bytes, 25u);
+  EXPECT_EQ(own.calls, 2);
+  EXPECT_EQ(own.bytes, 45u);
+}
+
+TEST(BudgetHold, APassesBytesAreBackBeforeItsDeferredWorkRunsAndAfterWhatThatWorkEnds) {
+  static counting_account own;
+  own = {};
+  auto first = std::make_shared<detail::shared_state<int>>();
+  static std::shared_ptr<detail::shared_state<int>> ended_by_deferred_work;
+  ended_by_deferred_work = std::make_shared<detail::shared_state<int>>();
+  first->hold(own, 100);
+  ended_by_deferred_work->hold(own, 7);
+  static std::size_t bytes_back_when_deferred_work_ran = 0;
+  {
+    detail::completion_batch pass(&own);
+    // Deferred before the task ends, as a hand-over of an earlier result would be.
+    EXPECT_TRUE(detail::completion_batch::defer(
+        [](void*) {
+          bytes_back_when_deferred_work_ran = own.bytes;
+          ended_by_deferred_work->set_value(1);
+        },
+        nullptr));
+    first->set_value(1);
+  }
+  EXPECT_EQ(bytes_back_when_deferred_work_ran, 100u);
+  EXPECT_EQ(own.bytes, 107u);
+  EXPECT_EQ(own.calls, 2);
+  ended_by_deferred_work.reset();
 }
 
 #ifdef GPUPOOL_TEST_COUNTS_ALLOCATIONS

@@ -320,6 +320,48 @@ TEST_P(MemoryPressure, WorkRefusedAtSubmitGivesItsBytesBack) {
   for (auto& f : fs) EXPECT_EQ(f.get()[0], 2);  // every input read before `xs` goes
 }
 
+// A callback on one executor's lane that cancels another executor's queued task gives that
+// task's bytes back at once, not at the end of the lane's completion pass: by then the other
+// executor may be gone, or the callback itself may wait on it for room.
+TEST_P(MemoryPressure, ABudgetOfAnotherExecutorGetsItsBytesBackAtOnceFromALanesPass) {
+  executor a(options(1)), b(options(1));
+  testing::gate g;
+  auto holders = testing::hold_every_lane(b, g);
+  testing::open_at_exit opener(g, holders);
+  auto queued = b.submit_sized(b.in_flight().budget, [](lane&) {});
+  ASSERT_EQ(b.in_flight().bytes, b.in_flight().budget);
+  std::atomic<bool> cancelled{false};
+  std::atomic<std::size_t> left_in_b{1};
+  auto on_a = a.submit([](lane&) {});
+  on_a.on_complete([&](future<void>&) {  // on a's lane, inside its completion pass
+    cancelled = queued.cancel();
+    left_in_b = b.in_flight().bytes;
+  });
+  on_a.wait();
+  a.shutdown();  // every pass of a's lanes has ended
+  EXPECT_TRUE(cancelled.load());
+  EXPECT_EQ(left_in_b.load(), 0u) << "b's bytes waited for the end of a's lane's pass";
+}
+
+// A map input that fails lets go of its output block when it fails, not when its future goes:
+// the job lives on with the future's state.
+TEST_P(MemoryPressure, AFailedMapInputGivesItsOutputBackWhileItsFutureLives) {
+  testing::scoped_env env("GPUPOOL_FAULTS", "launch=1,seed=3");  // every launch fails
+  executor ex(options());
+  const std::size_t before = pinned_bytes_in_use();
+  constexpr std::size_t n = std::size_t{64} << 10;  // 512 KiB of float64: pinned result blocks
+  const std::vector<std::vector<double>> xs(4, std::vector<double>(n, 2.0));
+  auto futures = ex.map(builtin_kernel::square(), xs);
+  for (auto& f : futures) {
+    f.wait();
+    EXPECT_EQ(f.status(), task_status::failed);
+  }
+  EXPECT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; }));
+  // Lanes may have made staging buffers meanwhile (chunk_bytes, 4 KiB each), not a result.
+  EXPECT_LT(pinned_bytes_in_use(), before + n * sizeof(double))
+      << "failed inputs still hold their output blocks";
+}
+
 TEST_P(MemoryPressure, AllocationFailuresFailOnlyTheirTasksAndGiveMemoryBack) {
   testing::scoped_env env("GPUPOOL_FAULTS", "alloc=0.2,seed=14");
   // Pinned memory is counted from before the executor to after it: its lanes make staging

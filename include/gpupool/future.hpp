@@ -36,6 +36,17 @@ class shared_state;
 /// go (the task already ended). Call only from a catch block.
 void report_callback_failure() noexcept;
 
+/// Where the bytes a task was admitted with go back when it ends: the executor's in-flight
+/// budget (see state_base::hold).
+class budget_account {
+ public:
+  /// Gives `bytes` back. Must not throw; may be called from any thread.
+  virtual void give_back(std::size_t bytes) noexcept = 0;
+
+ protected:
+  ~budget_account() = default;
+};
+
 /// A pass over finished tasks on one thread (a lane completing every ready item), during which
 /// completion callbacks may put off work they share, to do it once for the whole pass: e.g. a
 /// callback that needs Python's GIL queues its result and defers one function that takes the
@@ -44,9 +55,16 @@ void report_callback_failure() noexcept;
 ///
 /// Batches nest on a thread; deferred functions run, in the order deferred, when the outermost
 /// one ends (on that thread). A function deferred while they run runs in the same end.
+///
+/// The outermost batch may name the budget its thread's tasks count against (a lane's: its
+/// executor's in-flight budget): the bytes that tasks holding it (state_base::hold) release
+/// during the batch then go back in one call as it ends, before the deferred functions run (and
+/// again after them, for tasks they ended). Bytes held against any other budget go back at
+/// once: that budget's executor may be gone, or waited on from this thread, before the end.
 class completion_batch {
  public:
   completion_batch() noexcept;
+  explicit completion_batch(budget_account* own) noexcept;
   ~completion_batch();
   completion_batch(const completion_batch&) = delete;
   completion_batch& operator=(const completion_batch&) = delete;
@@ -58,17 +76,6 @@ class completion_batch {
   static bool defer(void (*fn)(void*), void* arg);
   /// True while a batch is open on this thread.
   [[nodiscard]] static bool open() noexcept;
-};
-
-/// Where the bytes a task was admitted with go back when it ends: the executor's in-flight
-/// budget (see state_base::hold).
-class budget_account {
- public:
-  /// Gives `bytes` back. Must not throw; may be called from any thread.
-  virtual void give_back(std::size_t bytes) noexcept = 0;
-
- protected:
-  ~budget_account() = default;
 };
 
 /// The untyped part of a task's shared state: status, exception and waiting.
@@ -93,10 +100,11 @@ class state_base {
   /// running|pending -> failed. Ignored if the state already ended (first result wins).
   void set_exception(std::exception_ptr e) noexcept;
   /// Counts `bytes` against `account` until the state ends, however it ends (a value, an
-  /// exception, a cancellation): they are given back as it ends, before its waiters wake. On a
-  /// thread inside a completion pass (a lane's), the bytes of every task the pass ends go back
-  /// together when it ends, in one call, instead of one call per task. Call at most once, before
-  /// the task is queued or the future handed out; no callback or allocation is involved.
+  /// exception, a cancellation): they are given back as it ends, before its waiters wake; on a
+  /// lane, inside a completion pass that names `account` as its own (completion_batch), the
+  /// bytes of every task the pass ends go back together, in one call, when the pass ends. Call
+  /// at most once, before the task is queued or the future handed out; no callback or
+  /// allocation is involved.
   void hold(budget_account& account, std::size_t bytes) noexcept {
     account_ = &account;
     held_ = bytes;

@@ -300,6 +300,7 @@ struct executor::impl {
           setup.epoch = epoch;
           setup.coalescing = &coalescing;
           setup.health = health.get();
+          setup.budget = gate.get();
           lanes.push_back(std::make_unique<detail::lane_worker>(setup));
           try {
             if (setup.index == fault_at)

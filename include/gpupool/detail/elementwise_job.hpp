@@ -42,10 +42,14 @@ class split_job {
   void piece_done() {
     // acq_rel: the last decrement sees every piece's writes, the first failure's included.
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
-    if (failed_.load(std::memory_order_acquire))
+    if (failed_.load(std::memory_order_acquire)) {
+      discard();
       state().set_exception(first_failure_);
-    else if (state().status() == task_status::running)
+    } else if (state().status() == task_status::running) {
       deliver();
+    } else {
+      discard();  // cancelled
+    }
   }
 
   void piece_failed(std::exception_ptr e) {
@@ -56,6 +60,9 @@ class split_job {
  protected:
   /// All pieces succeeded: hand the output to the future.
   virtual void deliver() = 0;
+  /// The job ended without an output (failed or cancelled) and no piece runs any more: let go of
+  /// what was made for it (a job may outlive its pieces, held with its future's state).
+  virtual void discard() noexcept {}
 
  private:
   std::atomic<std::size_t> remaining_{0};
@@ -109,6 +116,7 @@ class map_job final : public elementwise_job {
 
  protected:
   void deliver() override { state_.set_value(std::move(output_)); }
+  void discard() noexcept override { host_vector<T>().swap(output_); }
 
  private:
   shared_state<host_vector<T>>& state_;

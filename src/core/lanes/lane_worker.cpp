@@ -121,7 +121,7 @@ void lane_worker::run(std::promise<void> ready) {
   // Each completion pass runs inside a completion_batch, so that work futures' callbacks defer
   // (taking Python's lock, say) is done once per pass rather than once per task.
   const auto complete_ready = [&] {
-    completion_batch pass;
+    completion_batch pass(setup_.budget);
     while (!window.empty() && complete_oldest(window, /*block=*/false)) {
     }
   };
@@ -152,7 +152,7 @@ void lane_worker::run(std::promise<void> ready) {
       if (window.empty()) break;  // the queue is closed and holds nothing for this device
     }
     {
-      completion_batch pass;
+      completion_batch pass(setup_.budget);
       complete_oldest(window, /*block=*/true);
       while (!window.empty() && complete_oldest(window, /*block=*/false)) {
       }

@@ -64,6 +64,9 @@ struct lane_setup {
   std::chrono::steady_clock::time_point epoch{};  // zero of the executor's clock
   coalescing_counters* coalescing = nullptr;      // the executor's counts of batches run
   device_health* health = nullptr;  // told of every failure (a device fault retires the device)
+  // The executor's in-flight budget: the bytes of the tasks a completion pass ends go back to it
+  // once, as the pass ends (completion_batch).
+  budget_account* budget = nullptr;
 };
 
 /// True if the calling thread is a lane taking work from `queue`.

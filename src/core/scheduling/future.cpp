@@ -70,6 +70,27 @@ struct deferred_call {
 // This thread's open batches and what they put off; the list keeps its capacity between passes.
 thread_local int open_batches = 0;
 thread_local std::vector<deferred_call> deferred_calls;
+// The budget the outermost open batch named (a lane's executor's), and the bytes tasks ended in
+// it released against that budget and not yet given back: a budget every lane shares is then
+// touched once per pass, not once per task (a pass often ends a batch of hundreds of tasks).
+thread_local budget_account* pass_account = nullptr;
+thread_local std::size_t pass_bytes = 0;
+
+void give_back_pass_bytes() noexcept {
+  if (pass_bytes == 0) return;
+  const std::size_t bytes = pass_bytes;
+  pass_bytes = 0;
+  pass_account->give_back(bytes);
+}
+
+void give_back(budget_account& account, std::size_t bytes) noexcept {
+  if (bytes == 0) return;
+  if (open_batches > 0 && &account == pass_account) {
+    pass_bytes += bytes;
+    return;
+  }
+  account.give_back(bytes);
+}
 
 }  // namespace
 
@@ -77,11 +98,18 @@ completion_batch::completion_batch() noexcept {
   ++open_batches;
 }
 
+completion_batch::completion_batch(budget_account* own) noexcept {
+  if (open_batches++ == 0) pass_account = own;
+}
+
 completion_batch::~completion_batch() {
   if (open_batches > 1) {
     --open_batches;
     return;
   }
+  // The pass's bytes first: whoever the deferred functions hand results to (Python) finds the
+  // budget those tasks held free again, as it would outside a pass.
+  give_back_pass_bytes();
   // Still open while the deferred functions run, so that what they defer runs here too.
   for (std::size_t i = 0; i < deferred_calls.size(); ++i) {
     const deferred_call call = deferred_calls[i];  // a copy: the list may grow meanwhile
@@ -92,6 +120,8 @@ completion_batch::~completion_batch() {
     }
   }
   deferred_calls.clear();
+  give_back_pass_bytes();  // of tasks the deferred functions ended
+  pass_account = nullptr;
   --open_batches;
 }
 
@@ -104,48 +134,6 @@ bool completion_batch::defer(void (*fn)(void*), void* arg) {
 bool completion_batch::open() noexcept {
   return open_batches > 0;
 }
-
-namespace {
-
-// Bytes that tasks ended in this thread's open completion pass hold, not yet given back: one
-// account at a time (a lane's tasks all count against its executor's budget), given back in one
-// call when the pass ends. A budget shared by every lane is then touched once per pass, not once
-// per task (a pass often ends a batch of hundreds of coalesced tasks).
-struct pending_give_back {
-  budget_account* account = nullptr;
-  std::size_t bytes = 0;
-};
-thread_local pending_give_back pending;
-
-void give_back_pending(void* /*unused*/) noexcept {
-  const pending_give_back now = pending;
-  pending = {};
-  if (now.account != nullptr) now.account->give_back(now.bytes);
-}
-
-void give_back(budget_account& account, std::size_t bytes) noexcept {
-  if (bytes == 0) return;
-  if (!completion_batch::open()) {
-    account.give_back(bytes);
-    return;
-  }
-  if (pending.account == &account) {
-    pending.bytes += bytes;
-    return;
-  }
-  give_back_pending(nullptr);  // another account's bytes (rare): those go back now
-  try {
-    if (completion_batch::defer(&give_back_pending, nullptr)) {
-      pending = {&account, bytes};
-      return;
-    }
-  } catch (...) {
-    // No memory to record the deferred call: given back at once instead.
-  }
-  account.give_back(bytes);
-}
-
-}  // namespace
 
 std::uint32_t state_base::load() const noexcept {
   return word_.load(std::memory_order_acquire);
