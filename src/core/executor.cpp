@@ -791,7 +791,13 @@ future<void> executor::transform_impl(const builtin_kernel& k, dtype t, const vo
   const std::size_t cost =
       in_flight_cost(n * size_of(t) * (y == nullptr ? 2 : 3), /*piecewise=*/true);
   admit(cost);
-  auto state = std::make_shared<detail::shared_state<void>>();
+  std::shared_ptr<detail::shared_state<void>> state;
+  try {
+    state = std::make_shared<detail::shared_state<void>>();
+  } catch (...) {
+    release_in_flight(cost);  // nothing holds the bytes yet
+    throw;
+  }
   hold_until_done(state, cost);
   try {
     enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
@@ -819,7 +825,13 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
       in_flight_cost(count > no_limit / bytes_per_element ? no_limit : count * bytes_per_element,
                      /*piecewise=*/true);
   admit(cost);
-  auto state = std::make_shared<detail::shared_state<void>>();
+  std::shared_ptr<detail::shared_state<void>> state;
+  try {
+    state = std::make_shared<detail::shared_state<void>>();
+  } catch (...) {
+    gate->release(cost);  // nothing holds the bytes yet
+    throw;
+  }
   hold_until_done(state, cost);
   const std::size_t widest = call.widest;
   try {
