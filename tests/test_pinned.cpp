@@ -446,6 +446,31 @@ TEST(PinnedCacheTest, BlocksFreedOnOneThreadServeManyThreadsWithoutNewOnesOrDupl
   source.watch(nullptr);
 }
 
+// The move itself: a thread whose shard has no block of a class, taking one from a shard that
+// holds 100, takes half of the rest along into its own shard.
+TEST(PinnedCacheTest, ATakeFromAnotherThreadsShardMovesHalfOfTheRestToTheTakersShard) {
+  counting_resource source;
+  detail::pinned_cache cache(source, std::size_t{64} << 20);
+  std::thread([&] {
+    std::vector<void*> made;
+    for (int i = 0; i < 100; ++i) made.push_back(cache.acquire(8192));
+    for (void* p : made) cache.release(p);
+    EXPECT_EQ(cache.blocks_cached_here(), 100u);
+  }).join();
+  void* taken = nullptr;
+  std::size_t here_after = 0;
+  std::thread([&] {
+    EXPECT_EQ(cache.blocks_cached_here(), 0u);
+    taken = cache.acquire(8192);
+    here_after = cache.blocks_cached_here();
+  }).join();
+  EXPECT_EQ(here_after, 49u);  // (100 - 1) / 2
+  EXPECT_EQ(source.allocations(), 100);
+  EXPECT_EQ(cache.stats().cached, 99u * 8192);
+  cache.release(taken);
+  cache.trim();
+}
+
 TEST(PinnedCacheTest, TheRegistryAnswersExactlyTheBlocksRange) {
   detail::pinned_block_registry registry;
   const auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };

@@ -23,6 +23,15 @@
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
+// GCC says so with __SANITIZE_ADDRESS__, clang with __has_feature(address_sanitizer).
+#if defined(__SANITIZE_ADDRESS__)
+#define GPUPOOL_UNDER_ADDRESS_SANITIZER 1
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define GPUPOOL_UNDER_ADDRESS_SANITIZER 1
+#endif
+#endif
+
 namespace gpupool::detail {
 
 class elementwise_piece final : public piece_item<elementwise_job> {
@@ -44,7 +53,7 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   // storage is recycled rather than taken from the system allocator each time (see
   // recycled_storage). Under AddressSanitizer they are ordinary allocations, so that it still
   // sees every use after free.
-#ifndef __SANITIZE_ADDRESS__
+#ifndef GPUPOOL_UNDER_ADDRESS_SANITIZER
   static void* operator new(std::size_t bytes) {
     if (bytes != sizeof(elementwise_piece)) return ::operator new(bytes);
     return recycled_storage<elementwise_piece>::allocate();

@@ -200,8 +200,9 @@ void* pinned_cache::take_cached(std::size_t capacity) noexcept {
   for (std::size_t i = 1; i < shard_count; ++i) {
     shard& s = shards_[(home_index + i) % shard_count];
     if (s.blocks.load(std::memory_order_relaxed) == 0) continue;
-    // Both locks (std::scoped_lock orders them, as trim_to's all-shard lock does): blocks move
-    // from one shard to the other without ever being outside both.
+    // Both locks, so that blocks move from one shard to the other without ever being outside
+    // both (trim_to sees each in one of them). std::scoped_lock takes them without deadlock
+    // against trim_to's lock of every shard in order: it never waits holding one.
     std::scoped_lock locks(home.mutex, s.mutex);
     void* p = take_one(s);
     if (p == nullptr) continue;

@@ -89,6 +89,10 @@ class pinned_cache {
   /// Gives back every cached block.
   void trim();
   [[nodiscard]] pinned_stats stats() const noexcept;
+  /// Blocks cached in the calling thread's own shard (for tests).
+  [[nodiscard]] std::size_t blocks_cached_here() const noexcept {
+    return shards_[thread_stripe(shard_count)].blocks.load(std::memory_order_relaxed);
+  }
 
   /// The size class a request is rounded up to: whole pages up to 64 KiB, then four classes per
   /// power of two, so a cached block is never more than 25% larger than what is asked for.

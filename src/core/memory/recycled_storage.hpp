@@ -73,8 +73,10 @@ class recycled_storage {
   static shared_list* const* make_shared_list() {
     static shared_list* list = new shared_list;
     // A fork()ed child starts with a new list: the parent's lock may have been held by a thread
-    // that is not in the child (the parent's blocks are leaked there, not reused).
-    pthread_atfork(nullptr, nullptr, [] { list = new shared_list; });
+    // that is not in the child (the parent's blocks are leaked there, not reused). Made in
+    // static storage, with no allocation and no lock, as a fork handler must.
+    alignas(shared_list) static unsigned char in_child[sizeof(shared_list)];
+    pthread_atfork(nullptr, nullptr, [] { list = new (in_child) shared_list; });
     return &list;
   }
 
