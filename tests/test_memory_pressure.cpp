@@ -332,13 +332,15 @@ TEST_P(MemoryPressure, ABudgetOfAnotherExecutorGetsItsBytesBackAtOnceFromALanesP
   ASSERT_EQ(b.in_flight().bytes, b.in_flight().budget);
   std::atomic<bool> cancelled{false};
   std::atomic<std::size_t> left_in_b{1};
-  auto on_a = a.submit([](lane&) {});
-  on_a.on_complete([&](future<void>&) {  // on a's lane, inside its completion pass
+  testing::gate a_runs;  // holds a's task until its callback is registered: then the callback
+                         // runs where the task ends, on a's lane, inside its completion pass
+  auto on_a = a.submit([&a_runs](lane&) { a_runs.wait(); });
+  on_a.on_complete([&](future<void>&) {
     cancelled = queued.cancel();
     left_in_b = b.in_flight().bytes;
   });
-  on_a.wait();
-  a.shutdown();  // every pass of a's lanes has ended
+  a_runs.open();
+  a.shutdown();  // every pass of a's lanes has ended, the callback's too
   EXPECT_TRUE(cancelled.load());
   EXPECT_EQ(left_in_b.load(), 0u) << "b's bytes waited for the end of a's lane's pass";
 }
