@@ -58,9 +58,11 @@ class budget_account {
 ///
 /// The outermost batch may name the budget its thread's tasks count against (a lane's: its
 /// executor's in-flight budget): the bytes that tasks holding it (state_base::hold) release
-/// during the batch then go back in one call as it ends, before the deferred functions run (and
-/// again after them, for tasks they ended). Bytes held against any other budget go back at
-/// once: that budget's executor may be gone, or waited on from this thread, before the end.
+/// during the batch then go back in one call as it ends, before the deferred functions run;
+/// tasks those functions end give theirs back at once. Bytes held against any other budget go
+/// back at once: that budget's executor may be gone, or waited on from this thread, before the
+/// end. So a completion callback on a lane runs before its own task's bytes are back: it must
+/// not wait for room in its own executor's budget (a submit from the lane itself never waits).
 class completion_batch {
  public:
   completion_batch() noexcept;
@@ -251,7 +253,9 @@ class [[nodiscard]] future {
 
   /// Calls `cb(f)` once the task has ended, where `f` refers to the same task as this future.
   /// Runs on the lane thread that completes the task, or right away if it already ended.
-  /// `cb` must not throw; it should be short, as it runs on a lane.
+  /// `cb` must not throw; it should be short, as it runs on a lane, and must not wait for
+  /// another thread's submit to its executor: the task's own in-flight bytes come back only once
+  /// the lane's completion pass ends (see completion_batch).
   void on_complete(std::function<void(future&)> cb) {
     checked().add_callback(std::move(cb), state_);
   }

@@ -140,12 +140,16 @@ void lane_worker::run(std::promise<void> ready) {
           window.push_back({std::move(item), next_slot});
           next_slot = (next_slot + 1) % buffers_.count();
         } catch (...) {
+          const std::exception_ptr failure = std::current_exception();
           tracer_.end(next_slot, *item, /*failed=*/true);
           // A device fault retires the device before the task's future ends, so that whoever
-          // reacts to that future finds the device out of service.
-          report_failure(std::current_exception());
-          item->fail(std::current_exception());
+          // reacts to that future finds the device out of service. The stream is waited out
+          // before the task ends too: what its start enqueued (a copy into its output, say)
+          // must not run after its memory went back (a failed map input gives its output
+          // block back as it ends).
+          report_failure(failure);
           recover();
+          item->fail(failure);
         }
         continue;
       }
@@ -177,10 +181,11 @@ bool lane_worker::complete_oldest(std::deque<in_flight>& window, bool block) {
     tracer_.end(oldest.slot, *oldest.item, /*failed=*/false);
     oldest.item->complete();
   } catch (...) {
+    const std::exception_ptr failure = std::current_exception();
     tracer_.end(oldest.slot, *oldest.item, /*failed=*/true);
-    report_failure(std::current_exception());  // before the future ends, as in run()
-    oldest.item->fail(std::current_exception());
+    report_failure(failure);  // before the future ends, and the stream waited out, as in run()
     recover();
+    oldest.item->fail(failure);
   }
   window.pop_front();
   return true;

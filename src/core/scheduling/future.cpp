@@ -108,8 +108,11 @@ completion_batch::~completion_batch() {
     return;
   }
   // The pass's bytes first: whoever the deferred functions hand results to (Python) finds the
-  // budget those tasks held free again, as it would outside a pass.
+  // budget those tasks held free again, as it would outside a pass. Tasks the deferred functions
+  // end give theirs back at once: a deferred function (a Python done-callback) may go on to wait
+  // for room in that very budget.
   give_back_pass_bytes();
+  pass_account = nullptr;
   // Still open while the deferred functions run, so that what they defer runs here too.
   for (std::size_t i = 0; i < deferred_calls.size(); ++i) {
     const deferred_call call = deferred_calls[i];  // a copy: the list may grow meanwhile
@@ -120,8 +123,6 @@ completion_batch::~completion_batch() {
     }
   }
   deferred_calls.clear();
-  give_back_pass_bytes();  // of tasks the deferred functions ended
-  pass_account = nullptr;
   --open_batches;
 }
 
