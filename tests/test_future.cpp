@@ -12,19 +12,12 @@
 #include <thread>
 #include <vector>
 
+#include "core/sanitizers.hpp"
 #include "gpupool/future.hpp"
 
 // Counts the allocations of each thread, to show that the completion path makes none. Left out
 // under sanitizers, which bring their own operator new.
-// (GCC says so with __SANITIZE_ADDRESS__ / __SANITIZE_THREAD__, clang with __has_feature.)
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-#define GPUPOOL_TEST_UNDER_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer)
-#define GPUPOOL_TEST_UNDER_SANITIZER 1
-#endif
-#endif
-#ifndef GPUPOOL_TEST_UNDER_SANITIZER
+#if !defined(GPUPOOL_UNDER_ADDRESS_SANITIZER) && !defined(GPUPOOL_UNDER_THREAD_SANITIZER)
 #define GPUPOOL_TEST_COUNTS_ALLOCATIONS 1
 namespace {
 thread_local std::size_t allocations_here = 0;

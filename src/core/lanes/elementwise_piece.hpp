@@ -20,19 +20,19 @@
 #include "core/lanes/piece_item.hpp"
 #include "core/lanes/staged_pipeline.hpp"
 #include "core/memory/recycled_storage.hpp"
+#include "core/sanitizers.hpp"
 #include "gpupool/detail/elementwise_job.hpp"
 #include "gpupool/detail/work_item.hpp"
 
-// GCC says so with __SANITIZE_ADDRESS__, clang with __has_feature(address_sanitizer).
-#if defined(__SANITIZE_ADDRESS__)
-#define GPUPOOL_UNDER_ADDRESS_SANITIZER 1
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-#define GPUPOOL_UNDER_ADDRESS_SANITIZER 1
-#endif
-#endif
-
 namespace gpupool::detail {
+
+// Whether pieces take their storage from recycled_storage (not under AddressSanitizer, so that
+// it sees every use of a freed piece).
+#ifdef GPUPOOL_UNDER_ADDRESS_SANITIZER
+inline constexpr bool recycled_pieces = false;
+#else
+inline constexpr bool recycled_pieces = true;
+#endif
 
 class elementwise_piece final : public piece_item<elementwise_job> {
  public:
@@ -53,18 +53,16 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   // storage is recycled rather than taken from the system allocator each time (see
   // recycled_storage). Under AddressSanitizer they are ordinary allocations, so that it still
   // sees every use after free.
-#ifndef GPUPOOL_UNDER_ADDRESS_SANITIZER
   static void* operator new(std::size_t bytes) {
-    if (bytes != sizeof(elementwise_piece)) return ::operator new(bytes);
+    if (!recycled_pieces || bytes != sizeof(elementwise_piece)) return ::operator new(bytes);
     return recycled_storage<elementwise_piece>::allocate();
   }
   static void operator delete(void* p, std::size_t bytes) noexcept {
-    if (bytes != sizeof(elementwise_piece))
+    if (!recycled_pieces || bytes != sizeof(elementwise_piece))
       ::operator delete(p);
     else
       recycled_storage<elementwise_piece>::deallocate(p);
   }
-#endif
 
   bool claim() override;
   void start(slot_context& slot) override;
@@ -74,9 +72,7 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   bool cancel() noexcept override;
   bool absorb(std::unique_ptr<work_item>& next) noexcept override;
 
-  const char* trace_name() const noexcept override {
-    return job_->kern().name();
-  }
+  const char* trace_name() const noexcept override { return job_->kern().name(); }
   std::size_t bytes_in() const noexcept override;
   std::size_t bytes_out() const noexcept override;
   std::size_t carried_count() const noexcept override;
@@ -84,14 +80,10 @@ class elementwise_piece final : public piece_item<elementwise_job> {
                std::size_t& out) const noexcept override;
 
   /// Tasks this item carries, itself included (1 unless it absorbed others).
-  [[nodiscard]] std::size_t tasks() const noexcept {
-    return 1 + riders_.size();
-  }
+  [[nodiscard]] std::size_t tasks() const noexcept { return 1 + riders_.size(); }
 
  private:
-  [[nodiscard]] bool whole_job() const noexcept {
-    return offset_ == 0 && count_ == job_->count();
-  }
+  [[nodiscard]] bool whole_job() const noexcept { return offset_ == 0 && count_ == job_->count(); }
   [[nodiscard]] bool coalesces_with(const elementwise_piece& other) const noexcept;
   /// The tasks that run: this piece alone, or the batch's tasks claimed by `claim()`.
   [[nodiscard]] std::span<elementwise_piece* const> members() const noexcept;
