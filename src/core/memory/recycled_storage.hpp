@@ -67,17 +67,17 @@ class recycled_storage {
   // Never destroyed: threads hand their blocks back as they exit, which may be after static
   // destruction has begun. Made at the first allocate(), before any block exists.
   static shared_list& shared() {
-    static shared_list* const* list = make_shared_list();
-    return **list;
-  }
-  static shared_list* const* make_shared_list() {
-    static shared_list* list = new shared_list;
-    // A fork()ed child starts with a new list: the parent's lock may have been held by a thread
-    // that is not in the child (the parent's blocks are leaked there, not reused). Made in
-    // static storage, with no allocation and no lock, as a fork handler must.
-    alignas(shared_list) static unsigned char in_child[sizeof(shared_list)];
-    pthread_atfork(nullptr, nullptr, [] { list = new (in_child) shared_list; });
-    return &list;
+    static shared_list* list = [] {
+      // A fork()ed child starts with a new list: the parent's lock may have been held by a
+      // thread that is not in the child (the parent's blocks are leaked there, not reused). Made
+      // in static storage, with no allocation and no lock, as a fork handler must.
+      pthread_atfork(nullptr, nullptr, [] {
+        alignas(shared_list) static unsigned char in_child[sizeof(shared_list)];
+        list = new (in_child) shared_list;
+      });
+      return new shared_list;
+    }();
+    return *list;
   }
 
   // This thread's blocks, reached through a plain pointer (trivially destructible, so still
