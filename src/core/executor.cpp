@@ -441,6 +441,18 @@ struct executor::impl {
                        std::size_t cost) const noexcept {
     if (cost != 0) state->hold(*gate, cost);
   }
+  // A new state holding `cost` (taken by admit()); the bytes go back at once if it cannot be made.
+  std::shared_ptr<detail::shared_state<void>> state_holding(std::size_t cost) {
+    std::shared_ptr<detail::shared_state<void>> state;
+    try {
+      state = std::make_shared<detail::shared_state<void>>();
+    } catch (...) {
+      gate->release(cost);  // nothing holds the bytes yet
+      throw;
+    }
+    hold_until_done(state, cost);
+    return state;
+  }
 
   // Stamps an item as it is queued: its place in submission order, and when.
   void stamp(detail::work_item& item) {
@@ -791,14 +803,7 @@ future<void> executor::transform_impl(const builtin_kernel& k, dtype t, const vo
   const std::size_t cost =
       in_flight_cost(n * size_of(t) * (y == nullptr ? 2 : 3), /*piecewise=*/true);
   admit(cost);
-  std::shared_ptr<detail::shared_state<void>> state;
-  try {
-    state = std::make_shared<detail::shared_state<void>>();
-  } catch (...) {
-    release_in_flight(cost);  // nothing holds the bytes yet
-    throw;
-  }
-  hold_until_done(state, cost);
+  auto state = impl_->state_holding(cost);
   try {
     enqueue_elementwise(std::make_shared<detail::transform_job>(k, t, x, y, out, n, state));
   } catch (...) {
@@ -825,14 +830,7 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
       in_flight_cost(count > no_limit / bytes_per_element ? no_limit : count * bytes_per_element,
                      /*piecewise=*/true);
   admit(cost);
-  std::shared_ptr<detail::shared_state<void>> state;
-  try {
-    state = std::make_shared<detail::shared_state<void>>();
-  } catch (...) {
-    gate->release(cost);  // nothing holds the bytes yet
-    throw;
-  }
-  hold_until_done(state, cost);
+  auto state = state_holding(cost);
   const std::size_t widest = call.widest;
   try {
     auto job = std::make_shared<detail::user_kernel_job>(
