@@ -244,17 +244,16 @@ int main(int argc, char** argv) {
           const double cpu_per_task =
               (cpu_seconds() - cpu_before) /
               static_cast<double>(s.tasks * static_cast<std::size_t>(s.repeat));
+          const auto fastest = static_cast<std::size_t>(
+              std::min_element(times.begin(), times.end()) - times.begin());
+          std::printf("%-7s %8d %6d %14.0f %14.2f", mode.c_str(), devices, lanes,
+                      static_cast<double>(s.tasks) / times[fastest], 1e6 * cpu_per_task);
           // The map's own time per input in its fastest round ("-" where nothing is queued
           // separately from waiting).
-          const auto fastest = std::min_element(times.begin(), times.end()) - times.begin();
-          const std::string queueing_us =
-              queueing.empty() ? "-"
-                               : std::to_string(1e6 * queueing[static_cast<std::size_t>(fastest)] /
-                                                static_cast<double>(s.tasks))
-                                     .substr(0, 5);
-          std::printf("%-7s %8d %6d %14.0f %14.2f %16s\n", mode.c_str(), devices, lanes,
-                      static_cast<double>(s.tasks) / times[static_cast<std::size_t>(fastest)],
-                      1e6 * cpu_per_task, queueing_us.c_str());
+          if (queueing.empty())
+            std::printf(" %16s\n", "-");
+          else
+            std::printf(" %16.3f\n", 1e6 * queueing[fastest] / static_cast<double>(s.tasks));
           std::fflush(stdout);
         }
       }
