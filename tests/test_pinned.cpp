@@ -525,6 +525,54 @@ TEST(PinnedCacheTest, AThreadsCopyOfTheRegistryIsNeverUsedAfterAChange) {
   EXPECT_TRUE(seen[103]);
 }
 
+// Past a few thousand blocks (every result of a large map is one), lookups still answer from a
+// shared snapshot; while another thread adds and removes blocks, every answer about the blocks
+// that stay is right, and a removed block is never found once its removal is seen.
+TEST(PinnedCacheTest, AManyBlockRegistryAnswersRightWhileItChanges) {
+  detail::pinned_block_registry registry;
+  constexpr std::uintptr_t base = 0x1000000;
+  constexpr std::uintptr_t stride = 0x2000;
+  constexpr std::size_t blocks = 10000;
+  const auto at = [](std::uintptr_t a) { return reinterpret_cast<void*>(a); };
+  constexpr int rounds = 20;
+  const auto leaving = [&](int k) {
+    return base + (3 + 64 * static_cast<std::size_t>(k)) * stride;
+  };
+  for (std::size_t i = 0; i < blocks; i += 2) registry.add(at(base + i * stride), 0x1000);
+  for (int k = 0; k < rounds; ++k) registry.add(at(leaving(k)), 0x1000);  // one leaves each round
+  std::atomic<bool> stop{false};
+  std::atomic<std::uintptr_t> removed_for_good{0};
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> readers;
+  for (int r = 0; r < 3; ++r)
+    readers.emplace_back([&, r] {
+      std::size_t i = static_cast<std::size_t>(r) * 2;
+      while (!stop.load()) {
+        const std::uintptr_t kept = base + (i % blocks) * stride;  // even: always there
+        if (!registry.contains(at(kept + 0x800)) || registry.capacity_at(at(kept)) != 0x1000 ||
+            registry.contains(at(kept + 0x1000)) || registry.capacity_at(at(kept + 8)) != 0)
+          wrong.fetch_add(1);
+        if (const std::uintptr_t gone = removed_for_good.load();
+            gone != 0 && registry.contains(at(gone)))
+          wrong.fetch_add(1);
+        i += 2;
+      }
+    });
+  // Other odd blocks come and go.
+  for (int round = 0; round < rounds; ++round) {
+    for (std::size_t i = 1; i < blocks; i += 64) registry.add(at(base + i * stride), 0x1000);
+    for (std::size_t i = 1; i < blocks; i += 64) registry.remove(at(base + i * stride));
+    registry.remove(at(leaving(round)));
+    removed_for_good.store(leaving(round));
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+  }
+  stop.store(true);
+  for (auto& t : readers) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  for (std::size_t i = 0; i < blocks; ++i)
+    EXPECT_EQ(registry.capacity_at(at(base + i * stride)), i % 2 == 0 ? 0x1000u : 0u) << i;
+}
+
 // The core is written against the backend interfaces alone: no CUDA header, no build switch on
 // the backend. (src/cuda/ and src/cpu/ implement them.)
 TEST(BackendSeamTest, TheCoreHasNoCudaIncludeAndNoBackendSwitch) {

@@ -53,37 +53,37 @@ std::size_t thread_stripe(std::size_t count) noexcept {
 
 namespace {
 
-// A thread's copy of one registry, at one version: blocks sorted by start.
-struct registry_copy {
+// The snapshot of one registry the thread answers from (none: look under the lock).
+struct thread_snapshot {
   std::uint64_t registry = 0;  // the registry's id; 0: none
-  std::uint64_t version = 0;
-  std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
+  std::shared_ptr<const pinned_block_registry::snapshot> held;
 };
 
-// The copy is reached through a plain pointer, which stays readable to the thread's very end: a
-// pinned block may be released by a destructor that runs after the thread's own objects are gone
-// (on the main thread, every static destructor). The owner frees the copy at thread exit and
-// leaves the thread on the locked path from then on.
-thread_local registry_copy* thread_copy = nullptr;
-thread_local bool thread_copy_gone = false;
-struct registry_copy_owner {
-  registry_copy_owner() = default;
-  registry_copy_owner(const registry_copy_owner&) = delete;
-  registry_copy_owner& operator=(const registry_copy_owner&) = delete;
-  ~registry_copy_owner() {
-    delete thread_copy;
-    thread_copy = nullptr;
-    thread_copy_gone = true;
+// Reached through a plain pointer, which stays readable to the thread's very end: a pinned block
+// may be released by a destructor that runs after the thread's own objects are gone (on the main
+// thread, every static destructor). The owner frees it at thread exit and leaves the thread on
+// the locked path from then on.
+thread_local thread_snapshot* thread_held = nullptr;
+thread_local bool thread_held_gone = false;
+struct thread_snapshot_owner {
+  thread_snapshot_owner() = default;
+  thread_snapshot_owner(const thread_snapshot_owner&) = delete;
+  thread_snapshot_owner& operator=(const thread_snapshot_owner&) = delete;
+  ~thread_snapshot_owner() {
+    delete thread_held;
+    thread_held = nullptr;
+    thread_held_gone = true;
   }
 };
-thread_local registry_copy_owner thread_copy_owner;
+thread_local thread_snapshot_owner thread_held_owner;
 
-// A new copy for this thread, or null (at thread exit, or without memory for it).
-registry_copy* new_thread_copy() noexcept {
-  if (thread_copy_gone) return nullptr;
-  [[maybe_unused]] registry_copy_owner& owner = thread_copy_owner;  // frees it at thread exit
-  thread_copy = new (std::nothrow) registry_copy();
-  return thread_copy;
+// This thread's holder of a snapshot, made at its first use; null at thread exit or without
+// memory for it.
+thread_snapshot* this_threads_snapshot() noexcept {
+  if (thread_held != nullptr || thread_held_gone) return thread_held;
+  [[maybe_unused]] thread_snapshot_owner& owner = thread_held_owner;  // frees it at thread exit
+  thread_held = new (std::nothrow) thread_snapshot();
+  return thread_held;
 }
 
 // The block holding `address`, given `after`, the first block that starts after it: {start,
@@ -106,28 +106,50 @@ pinned_block_registry::pinned_block_registry() noexcept
 
 std::pair<std::uintptr_t, std::size_t> pinned_block_registry::find(
     std::uintptr_t address) const noexcept {
-  registry_copy* copy = thread_copy;
+  const thread_snapshot* mine = thread_held;
   // Acquire: a block freed (or made) before this call, by way of any synchronisation that led
-  // here, moved the version on before its memory was freed, so a stale copy is never used.
-  if (copy != nullptr && copy->registry == id_ &&
-      copy->version == version_.load(std::memory_order_acquire)) {
-    const auto& blocks = copy->blocks;
+  // here, moved the version on before its memory was freed, so a stale snapshot is never used.
+  if (mine != nullptr && mine->registry == id_ &&
+      mine->held->version == version_.load(std::memory_order_acquire)) {
+    const auto& blocks = mine->held->blocks;
     return block_holding(
         address, blocks.begin(),
         std::upper_bound(blocks.begin(), blocks.end(), address,
                          [](std::uintptr_t a, const auto& block) { return a < block.first; }));
   }
   std::lock_guard lock(stripes_[thread_stripe(stripe_count)].mutex);
-  if (blocks_.size() <= largest_copy && (copy != nullptr || (copy = new_thread_copy()))) {
-    try {
-      copy->blocks.assign(blocks_.begin(), blocks_.end());
-      copy->registry = id_;
-      copy->version = version_.load(std::memory_order_relaxed);  // writers hold this stripe too
-    } catch (const std::bad_alloc&) {
-      copy->registry = 0;
-    }
-  }
+  take_snapshot();
   return block_holding(address, blocks_.begin(), blocks_.upper_bound(address));
+}
+
+void pinned_block_registry::take_snapshot() const noexcept {
+  thread_snapshot* mine = this_threads_snapshot();
+  if (mine == nullptr) return;
+  // Whatever happens below, the thread's stale snapshot goes: nothing would answer from it, and
+  // an idle thread would keep its blocks' copy alive.
+  if (mine->registry == id_) {
+    mine->registry = 0;
+    mine->held.reset();
+  }
+  // Another thread is taking or making it: this lookup stays on the locked path, with no wait.
+  std::unique_lock lock(snapshot_mutex_, std::try_to_lock);
+  if (!lock.owns_lock()) return;
+  // No writer moves it on meanwhile: writers wait for the caller's stripe.
+  const std::uint64_t version = version_.load(std::memory_order_relaxed);
+  if (snapshot_ == nullptr || snapshot_->version != version) {
+    if (++stale_lookups_ * blocks_per_stale_lookup < blocks_.size()) return;
+    try {
+      auto made = std::make_shared<snapshot>();
+      made->version = version;
+      made->blocks.assign(blocks_.begin(), blocks_.end());
+      snapshot_ = std::move(made);
+    } catch (const std::bad_alloc&) {
+      return;  // no memory for it: lookups stay on the locked path
+    }
+    stale_lookups_ = 0;
+  }
+  mine->held = snapshot_;
+  mine->registry = id_;
 }
 
 template <class F>

@@ -12,6 +12,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -27,11 +28,12 @@ namespace gpupool::detail {
 
 /// Every block a pinned_cache made and has not given back, by address (in use or cached). Read on
 /// every task, written only when a block is made or given back (both slow anyway). A reader
-/// answers from its thread's own copy of the registry while the registry's version is the one
-/// the copy was taken at: one load of a word that only writers change, no lock, nothing written.
-/// Else it locks one stripe, its own, to look and to take a new copy, so readers on different
-/// threads never wait for each other or write a shared cache line; a writer locks every stripe
-/// and moves the version on. Thread-safe.
+/// answers from a snapshot of the registry (blocks sorted by start, shared by every thread that
+/// took it) while the registry's version is the one the snapshot was taken at: one load of a
+/// word that only writers change, no lock, nothing written. Else it looks under one stripe of a
+/// lock, its own thread's, so readers on different threads never wait for each other or write a
+/// shared cache line, and takes the current snapshot, made once for every thread; a writer locks
+/// every stripe and moves the version on. Thread-safe.
 class pinned_block_registry {
  public:
   pinned_block_registry() noexcept;
@@ -46,23 +48,38 @@ class pinned_block_registry {
   void add(void* p, std::size_t capacity);
   void remove(void* p) noexcept;
 
+  /// The registry's blocks at one version, sorted by start.
+  struct snapshot {
+    std::uint64_t version = 0;
+    std::vector<std::pair<std::uintptr_t, std::size_t>> blocks;
+  };
+
  private:
   static constexpr std::size_t stripe_count = 32;
-  // Beyond this many blocks a thread's copy costs more to take than it saves: lookups then take
-  // the stripe's lock each time.
-  static constexpr std::size_t largest_copy = 4096;
+  // A snapshot that went stale is made again once the locked lookups since then number one in
+  // this many of the registry's blocks: however often blocks come and go, copying them costs
+  // less than the lookups it saves (a copied block is a few bytes moved; a lookup in the map, a
+  // lock and a walk down a tree).
+  static constexpr std::size_t blocks_per_stale_lookup = 16;
   struct alignas(64) stripe {
     mutable std::mutex mutex;
   };
   // The registered block around `address`: {start, capacity}, or {0, 0}.
   [[nodiscard]] std::pair<std::uintptr_t, std::size_t> find(std::uintptr_t address) const noexcept;
+  // Under a stripe's lock: points the calling thread at the current snapshot, made first if it is
+  // time to; else leaves it none.
+  void take_snapshot() const noexcept;
   template <class F>
   void write(F f) noexcept(noexcept(f()));
 
   std::array<stripe, stripe_count> stripes_;
   std::map<std::uintptr_t, std::size_t> blocks_;  // start address -> capacity
-  const std::uint64_t id_;                        // tells registries apart in threads' copies
+  const std::uint64_t id_;                        // tells registries apart in threads' pointers
   alignas(64) std::atomic<std::uint64_t> version_{1};
+  // The latest snapshot made, and the locked lookups since it went stale: under snapshot_mutex_.
+  mutable std::mutex snapshot_mutex_;
+  mutable std::shared_ptr<const snapshot> snapshot_;
+  mutable std::size_t stale_lookups_ = 0;
 };
 
 /// Pinned blocks from one memory_resource, with the freed ones kept for reuse up to a limit.
