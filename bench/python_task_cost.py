@@ -1,0 +1,136 @@
+"""What one task costs through gpupool's Python API, beside the standard library's pool, in one
+run: W4's shape (20,000 x 1,024 float64) submitted one call at a time, with the cyclic garbage
+collector on and off, with one lane and the default lanes, and before and after CuPy and PyTorch
+are imported (a lane binds their streams before each Python call once they are). Every
+variant's results are checked before its rate is printed.
+
+    python bench/python_task_cost.py [--repeat 5] [--tasks 20000] [--only VARIANT]
+
+--only runs that one variant's timed rounds and nothing else (to profile it).
+"""
+
+import argparse
+import gc
+import importlib
+import statistics
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import numpy as np
+
+import gpupool
+
+
+def noop(x: Any) -> Any:
+    return x
+
+
+class WrongResult(Exception):
+    pass
+
+
+def check_squares(data: List[np.ndarray]) -> Callable[[List[Any]], None]:
+    def check(out: List[Any]) -> None:
+        if len(out) != len(data) or any(not np.array_equal(o, d * d) for o, d in zip(out, data)):
+            raise WrongResult("results differ from NumPy's squares")
+    return check
+
+
+def check_same(data: List[np.ndarray]) -> Callable[[List[Any]], None]:
+    def check(out: List[Any]) -> None:
+        if len(out) != len(data) or any(o is not d for o, d in zip(out, data)):
+            raise WrongResult("the no-op did not return each input, in order")
+    return check
+
+
+def submit_loop(pool: Any, fn: Any, data: List[np.ndarray]) -> Tuple[List[Any], float]:
+    """Every call submitted, then every result taken; returns the results and the seconds the
+    submits alone took."""
+    t0 = time.perf_counter()
+    futures = [pool.submit(fn, d) for d in data]
+    submitted = time.perf_counter() - t0
+    return [f.result() for f in futures], submitted
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--tasks", type=int, default=20_000)
+    parser.add_argument("--size", type=int, default=1_024)
+    parser.add_argument("--only", default=None)
+    args = parser.parse_args()
+    rng = np.random.default_rng(7)
+    data = [rng.uniform(-10, 10, args.size) for _ in range(args.tasks)]
+    square = gpupool.kernels.square
+    rows: List[Tuple[str, float, float]] = []
+    pools: Dict[str, Any] = {}
+
+    def pool(name: str, make: Callable[[], Any]) -> Any:
+        if name not in pools:
+            pools[name] = make()
+        return pools[name]
+
+    def executor(lanes: Optional[int]) -> Any:
+        return pool(f"gpupool {lanes}", lambda: gpupool.Executor(lanes or "auto"))
+
+    def tpe(threads: int) -> Any:
+        return pool(f"tpe {threads}", lambda: ThreadPoolExecutor(max_workers=threads))
+
+    def measure(name: str, run: Callable[[], Tuple[List[Any], float]],
+                check: Callable[[List[Any]], None], gc_off: bool = False) -> None:
+        if args.only is not None and name != args.only:
+            return
+        check(run()[0])  # the warm-up round, checked
+        best, submit_share = float("inf"), 0.0
+        for _ in range(args.repeat):
+            if gc_off:
+                gc.disable()
+            try:
+                t0 = time.perf_counter()
+                out, submitted = run()
+                seconds = time.perf_counter() - t0
+            finally:
+                gc.enable()
+            check(out)
+            if seconds < best:
+                best, submit_share = seconds, submitted / seconds
+            del out
+        rows.append((name, args.tasks / best, submit_share))
+        print(f"{name:62s} {args.tasks / best:>10,.0f} tasks/s  submits {submit_share:4.0%}",
+              flush=True)
+
+    squares, same = check_squares(data), check_same(data)
+    for when in ("", ", CuPy and PyTorch imported"):
+        if when:
+            for module in ("cupy", "torch"):
+                try:
+                    importlib.import_module(module)
+                except ImportError as e:
+                    print(f"({module} not imported: {e})")
+        for threads in (1, 8):
+            measure(f"ThreadPoolExecutor no-op map, {threads} thread(s){when}",
+                    lambda t=threads: ([*tpe(t).map(noop, data)], 0.0), same)
+            measure(f"ThreadPoolExecutor no-op submit loop, {threads} thread(s){when}",
+                    lambda t=threads: submit_loop(tpe(t), noop, data), same)
+        for lanes in (None, 1):
+            label = "default lanes" if lanes is None else f"{lanes} lane"
+            measure(f"gpupool square submit loop, {label}{when}",
+                    lambda n=lanes: submit_loop(executor(n), square, data), squares)
+            measure(f"gpupool square submit loop, {label}, gc off{when}",
+                    lambda n=lanes: submit_loop(executor(n), square, data), squares, gc_off=True)
+            measure(f"gpupool no-op submit loop, {label}{when}",
+                    lambda n=lanes: submit_loop(executor(n), noop, data), same)
+            measure(f"gpupool no-op map, {label}{when}",
+                    lambda n=lanes: ([*executor(n).map(noop, data)], 0.0), same)
+        measure(f"gpupool square map, default lanes{when}",
+                lambda: ([*executor(None).map(square, data)], 0.0), squares)
+    for p in pools.values():
+        p.shutdown(wait=True)
+    if rows:
+        print(f"median of all rows: {statistics.median(r[1] for r in rows):,.0f} tasks/s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
