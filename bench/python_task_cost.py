@@ -6,7 +6,8 @@ variant's results are checked before its rate is printed.
 
     python bench/python_task_cost.py [--repeat 5] [--tasks 20000] [--only VARIANT]
 
---only runs that one variant's timed rounds and nothing else (to profile it).
+--only "A|B" runs the timed rounds of the variants whose names contain A or B, nothing else (to
+profile one, or to compare a few under another setting).
 """
 
 import argparse
@@ -78,8 +79,9 @@ def main() -> int:
         return pool(f"tpe {threads}", lambda: ThreadPoolExecutor(max_workers=threads))
 
     def measure(name: str, run: Callable[[], Tuple[List[Any], float]],
-                check: Callable[[List[Any]], None], gc_off: bool = False) -> None:
-        if args.only is not None and name != args.only:
+                check: Callable[[List[Any]], None], gc_off: bool = False,
+                tasks: Optional[int] = None) -> None:
+        if args.only is not None and not any(part in name for part in args.only.split("|")):
             return
         check(run()[0])  # the warm-up round, checked
         best, submit_share = float("inf"), 0.0
@@ -96,11 +98,15 @@ def main() -> int:
             if seconds < best:
                 best, submit_share = seconds, submitted / seconds
             del out
-        rows.append((name, args.tasks / best, submit_share))
-        print(f"{name:62s} {args.tasks / best:>10,.0f} tasks/s  submits {submit_share:4.0%}",
-              flush=True)
+        rate = (tasks or args.tasks) / best
+        rows.append((name, rate, submit_share))
+        print(f"{name:62s} {rate:>10,.0f} tasks/s  submits {submit_share:4.0%}", flush=True)
 
     squares, same = check_squares(data), check_same(data)
+    pinned = [gpupool.pinned_array(d) for d in data]
+    squares_pinned = check_squares(pinned)
+    few = data[:max(1, len(data) // 10)]
+    same_few, squares_few = check_same(few), check_squares(few)
     for when in ("", ", CuPy and PyTorch imported"):
         if when:
             for module in ("cupy", "torch"):
@@ -125,6 +131,18 @@ def main() -> int:
                     lambda n=lanes: ([*executor(n).map(noop, data)], 0.0), same)
         measure(f"gpupool square map, default lanes{when}",
                 lambda: ([*executor(None).map(square, data)], 0.0), squares)
+        measure(f"gpupool square submit loop, pinned inputs, default lanes{when}",
+                lambda: submit_loop(executor(None), square, pinned), squares_pinned)
+        # One task in flight: the round trip of a task (a tenth of the tasks).
+        measure(f"ThreadPoolExecutor no-op one at a time, 8 threads{when}",
+                lambda: ([tpe(8).submit(noop, d).result() for d in few], 0.0), same_few,
+                tasks=len(few))
+        measure(f"gpupool no-op one at a time, default lanes{when}",
+                lambda: ([executor(None).submit(noop, d).result() for d in few], 0.0), same_few,
+                tasks=len(few))
+        measure(f"gpupool square one at a time, default lanes{when}",
+                lambda: ([executor(None).submit(square, d).result() for d in few], 0.0),
+                squares_few, tasks=len(few))
     for p in pools.values():
         p.shutdown(wait=True)
     if rows:

@@ -632,8 +632,10 @@ TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
     }
     ::unsetenv(name);
   }
-  ::setenv("GPUPOOL_EVENT_WAIT", "spin", 1);
-  EXPECT_NO_THROW(executor{options()});
+  for (const char* wait : {"poll", "block", "spin"}) {
+    ::setenv("GPUPOOL_EVENT_WAIT", wait, 1);
+    EXPECT_NO_THROW(executor{options()}) << wait;
+  }
   ::unsetenv("GPUPOOL_EVENT_WAIT");
 }
 

@@ -34,6 +34,8 @@ class _CudaArray(Protocol):
 
 
 def is_device_array(obj: object) -> bool:
+    if type(obj) is np.ndarray:  # the common case, without a failed attribute lookup
+        return False
     if hasattr(obj, "__cuda_array_interface__"):
         return True
     dlpack_device = getattr(obj, "__dlpack_device__", None)
