@@ -632,10 +632,8 @@ TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
     }
     ::unsetenv(name);
   }
-  for (const char* wait : {"poll", "block", "spin"}) {
-    ::setenv("GPUPOOL_EVENT_WAIT", wait, 1);
-    EXPECT_NO_THROW(executor{options()}) << wait;
-  }
+  ::setenv("GPUPOOL_EVENT_WAIT", "spin", 1);
+  EXPECT_NO_THROW(executor{options()});
   ::unsetenv("GPUPOOL_EVENT_WAIT");
 }
 

@@ -50,9 +50,8 @@ bool quiet_from_environment() {
 void check_environment() {
   if (const char* v = std::getenv("GPUPOOL_EVENT_WAIT"); v != nullptr && *v != '\0') {
     const std::string s(v);
-    if (s != "poll" && s != "block" && s != "spin")
-      throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'poll', 'block' or 'spin', not '" +
-                                  s + "'");
+    if (s != "block" && s != "spin")
+      throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'block' or 'spin', not '" + s + "'");
   }
   if (const char* v = std::getenv("GPUPOOL_PINNED_CACHE_BYTES"); v != nullptr && *v != '\0') {
     const std::string s(v);

@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -69,36 +68,25 @@ class device_scope {
   int previous_ = 0;
 };
 
-// How a lane waits for its oldest task: `poll` (default) polls the event for a short while, then
-// sleeps in the driver; `block` sleeps at once; `spin` polls to the end. A tiny task ends within
-// microseconds of its lane starting to wait, and waking from the driver's sleep takes tens of
-// them; a long task's lane sleeps after the short poll, leaving the core to lanes busy with
-// staging copies. GPUPOOL_EVENT_WAIT=poll|block|spin chooses.
-enum class event_wait { poll, block, spin };
-
-event_wait event_wait_mode() {
-  static const event_wait mode = [] {
+// How a lane waits for its oldest task: `block` (default) sleeps in the driver, leaving the core
+// to lanes busy with staging copies; `spin` polls, for the lowest latency on tiny tasks.
+// GPUPOOL_EVENT_WAIT=spin|block chooses.
+unsigned event_wait_flags() {
+  static const unsigned flags = [] {
     const char* value = std::getenv("GPUPOOL_EVENT_WAIT");
-    const std::string name = value == nullptr ? "" : value;
-    if (name.empty() || name == "poll") return event_wait::poll;
-    if (name == "block") return event_wait::block;
-    if (name == "spin") return event_wait::spin;
-    throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'poll', 'block' or 'spin', not '" +
-                                name + "'");
+    if (value == nullptr || std::string(value) == "block") return unsigned{cudaEventBlockingSync};
+    if (std::string(value) == "spin") return 0u;
+    throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'spin' or 'block', not '" +
+                                std::string(value) + "'");
   }();
-  return mode;
+  return flags;
 }
-
-// How long `poll` polls before sleeping: about a tiny task's round trip through the device.
-constexpr std::chrono::microseconds poll_before_sleep{30};
 
 class cuda_event final : public backend_event {
  public:
   explicit cuda_event(cudaStream_t stream) : stream_(stream) {
-    GPUPOOL_CUDA_CHECK(cudaEventCreateWithFlags(
-        &event_,
-        cudaEventDisableTiming |
-            (event_wait_mode() == event_wait::spin ? 0u : unsigned{cudaEventBlockingSync})));
+    GPUPOOL_CUDA_CHECK(
+        cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | event_wait_flags()));
   }
   cuda_event(const cuda_event&) = delete;
   cuda_event& operator=(const cuda_event&) = delete;
@@ -114,15 +102,7 @@ class cuda_event final : public backend_event {
     GPUPOOL_CUDA_CHECK(status);
     return true;
   }
-  void wait() override {
-    if (event_wait_mode() == event_wait::poll) {
-      const auto until = std::chrono::steady_clock::now() + poll_before_sleep;
-      do {
-        if (ready()) return;
-      } while (std::chrono::steady_clock::now() < until);
-    }
-    GPUPOOL_CUDA_CHECK(cudaEventSynchronize(event_));
-  }
+  void wait() override { GPUPOOL_CUDA_CHECK(cudaEventSynchronize(event_)); }
 
  private:
   cudaStream_t stream_;
