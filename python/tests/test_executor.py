@@ -42,6 +42,38 @@ def test_as_completed_wait_and_callbacks_work_unchanged(executor):
     assert event.wait(10) and seen == ["x"]
 
 
+def test_a_future_nobody_waits_on_makes_no_condition(executor):
+    """A submit loop's futures make no Condition (most of what the cyclic collector would track
+    per future) unless something waits on, cancels or watches them; those still work."""
+    import gc
+
+    x = np.arange(8, dtype=np.float64)
+    futures = [executor.submit(gpupool.kernels.square, x) for _ in range(20)]
+    futures += [executor.submit(lambda i=i: i) for i in range(20)]
+    deadline = time.monotonic() + 30
+    while not all(f.done() for f in futures) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert all(f.done() for f in futures)
+    for f in futures[:20]:
+        assert np.array_equal(f.result(), x * x)
+    assert [f.result() for f in futures[20:]] == list(range(20))
+    conditions = [o for o in gc.get_objects() if isinstance(o, threading.Condition) and
+                  any(f._made_condition is o for f in futures)]
+    assert conditions == [] and all(f._made_condition is None for f in futures)
+    # A waiter makes one, and is woken by an outcome set after it began to wait.
+    gate = threading.Event()
+    slow = executor.submit(gate.wait, 10)
+    waiting = threading.Thread(target=lambda: cf.wait([slow], timeout=10))
+    waiting.start()
+    time.sleep(0.05)
+    assert slow._made_condition is not None
+    called = []
+    slow.add_done_callback(lambda f: called.append(f.result()))
+    gate.set()
+    waiting.join(10)
+    assert not waiting.is_alive() and slow.result(timeout=10) is True and called == [True]
+
+
 def test_exception_comes_back_with_its_traceback(executor):
     def fails_deep_inside():
         raise KeyError("missing key 17")
