@@ -16,33 +16,16 @@ import importlib
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
 import gpupool
+from gpupool.compare._workloads import check_returned, check_squares
 
 
 def noop(x: Any) -> Any:
     return x
-
-
-class WrongResult(Exception):
-    pass
-
-
-def check_squares(data: List[np.ndarray]) -> Callable[[List[Any]], None]:
-    def check(out: List[Any]) -> None:
-        if len(out) != len(data) or any(not np.array_equal(o, d * d) for o, d in zip(out, data)):
-            raise WrongResult("results differ from NumPy's squares")
-    return check
-
-
-def check_same(data: List[np.ndarray]) -> Callable[[List[Any]], None]:
-    def check(out: List[Any]) -> None:
-        if len(out) != len(data) or any(o is not d for o, d in zip(out, data)):
-            raise WrongResult("the no-op did not return each input, in order")
-    return check
 
 
 def submit_loop(pool: Any, fn: Any, data: List[np.ndarray]) -> Tuple[List[Any], float]:
@@ -79,7 +62,7 @@ def main() -> int:
         return pool(f"tpe {threads}", lambda: ThreadPoolExecutor(max_workers=threads))
 
     def measure(name: str, run: Callable[[], Tuple[List[Any], float]],
-                check: Callable[[List[Any]], None], gc_off: bool = False,
+                check: Callable[[Iterable[Any]], None], gc_off: bool = False,
                 tasks: Optional[int] = None) -> None:
         if args.only is not None and not any(part in name for part in args.only.split("|")):
             return
@@ -102,11 +85,11 @@ def main() -> int:
         rows.append((name, rate, submit_share))
         print(f"{name:62s} {rate:>10,.0f} tasks/s  submits {submit_share:4.0%}", flush=True)
 
-    squares, same = check_squares(data), check_same(data)
+    squares, same = check_squares(data), check_returned(data)
     pinned = [gpupool.pinned_array(d) for d in data]
     squares_pinned = check_squares(pinned)
     few = data[:max(1, len(data) // 10)]
-    same_few, squares_few = check_same(few), check_squares(few)
+    same_few, squares_few = check_returned(few), check_squares(few)
     for when in ("", ", CuPy and PyTorch imported"):
         if when:
             for module in ("cupy", "torch"):

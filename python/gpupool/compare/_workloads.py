@@ -84,6 +84,15 @@ def check_squares(data: Sequence[npt.NDArray[Any]]) -> Check:
     return check
 
 
+def check_returned(inputs: Sequence[object]) -> Check:
+    """The check of a no-op over `inputs`: each input back, itself, in order."""
+    def check(out: Iterable[Any]) -> None:
+        got = list(out)
+        if len(got) != len(inputs) or any(g is not d for g, d in zip(got, inputs)):
+            raise WrongResult("the no-op did not return each input, in order")
+    return check
+
+
 def fma_reference(x: npt.NDArray[Any], fmas: int,
                   add_input: bool = False) -> npt.NDArray[Any]:
     """The FMA chain in float64 with NumPy (the GPU fuses each step in float32; with a = 0.999
@@ -426,19 +435,11 @@ class Comparison:
             ex = self.executor(closers)
             return lambda: [ex.submit(noop, d).result() for d in each]
 
-        def returns(inputs: Chunks) -> Check:
-            """The check of a no-op over `inputs`: each input back, itself, in order."""
-            def check_back(out: Iterable[Any]) -> None:
-                got = list(out)
-                if len(got) != len(inputs) or any(g is not d for g, d in zip(got, inputs)):
-                    raise WrongResult("the no-op did not return each input, in order")
-            return check_back
-
         self.run("W4", "ThreadPoolExecutor, no-op, one at a time, 8 threads (floor)", LIMIT,
-                 unit, float(len(each)), functools.partial(noop_each, stdlib=True), returns(each),
+                 unit, float(len(each)), functools.partial(noop_each, stdlib=True), check_returned(each),
                  {"threads": 8})
         self.run("W4", "gpupool (Python) no-op, one at a time (floor)", LIMIT, unit,
-                 float(len(each)), functools.partial(noop_each, stdlib=False), returns(each))
+                 float(len(each)), functools.partial(noop_each, stdlib=False), check_returned(each))
 
         def gpupool_noop(closers: Closers) -> Callable[[], List[object]]:
             ex = self.executor(closers)
@@ -447,7 +448,7 @@ class Comparison:
         # gpupool's own floor: no work, so no ratio to the rows that square (a LIMIT row, shown
         # beside the standard library's).
         self.run("W4", "gpupool (Python) map of a no-op (floor)", LIMIT, unit, float(len(data)),
-                 gpupool_noop, returns(data))
+                 gpupool_noop, check_returned(data))
 
     # W5 -----------------------------------------------------------------------------------
     def w5(self) -> None:
