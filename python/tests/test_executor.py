@@ -331,8 +331,17 @@ def test_a_shutdown_that_cancels_while_another_drains_never_runs_a_call_after_a_
     # what is still queued. Calls end in order: some run, then the rest cancelled, none of them
     # run after one that was cancelled.
     hold = threading.Event()
+    started = threading.Event()
+
+    def hold_the_lane():
+        started.set()
+        return hold.wait(10)
+
     ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1)
-    blocker = ex.submit(hold.wait, 10)
+    blocker = ex.submit(hold_the_lane)
+    # Running before anything is cancelled (on a busy machine the lane may not have taken it yet,
+    # and the cancelling shutdown would cancel it too).
+    assert started.wait(10)
     futures = [ex.submit(time.sleep, 0.001) for _ in range(100)]
     ex.shutdown(wait=False)
     cancelling = threading.Thread(target=ex.shutdown, kwargs={"cancel_futures": True})
