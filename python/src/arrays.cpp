@@ -167,13 +167,17 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
     else
       return std::tuple<long long, long long, double>{0, 0, static_cast<double>(limits::max())};
   });
+  // The refusals are spelled out only when one is made: a value that passes costs no repr.
   const std::string type_name = gpupool::to_string(type);
-  char largest_text[32];
-  std::snprintf(largest_text, sizeof largest_text, "%.8g", largest);
-  const std::string out_of_float_range =
-      ", out of range for " + type_name + " (largest magnitude " + largest_text + ")";
-  const std::string what = "gpupool: " + where + " is " + describe_value(n.value) +
-                           (n.kind == number_kind::integer ? ", an " : ", a ") + kind_name(n.kind);
+  const auto out_of_float_range = [&] {
+    char largest_text[32];
+    std::snprintf(largest_text, sizeof largest_text, "%.8g", largest);
+    return ", out of range for " + type_name + " (largest magnitude " + largest_text + ")";
+  };
+  const auto what = [&] {
+    return "gpupool: " + where + " is " + describe_value(n.value) +
+           (n.kind == number_kind::integer ? ", an " : ", a ") + kind_name(n.kind);
+  };
   PyObject* p = n.value.ptr();
   switch (n.kind) {
     case number_kind::boolean: {
@@ -187,7 +191,7 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
         const long long v = PyLong_AsLongLongAndOverflow(p, &overflow);
         if (v == -1 && PyErr_Occurred()) throw nb::python_error();
         if (overflow != 0 || v < low || v > high)
-          throw_python(PyExc_OverflowError, what + ", out of range for " + type_name + " (" +
+          throw_python(PyExc_OverflowError, what() + ", out of range for " + type_name + " (" +
                                                 std::to_string(low) + ".." + std::to_string(high) +
                                                 ")");
         return gpupool::kernel_argument(static_cast<long>(v));
@@ -195,25 +199,26 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
       const double d = PyLong_AsDouble(p);
       if (d == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
-        throw_python(PyExc_OverflowError, what + ", too large for " + type_name);
+        throw_python(PyExc_OverflowError, what() + ", too large for " + type_name);
       }
-      if (std::fabs(d) > largest) throw_python(PyExc_OverflowError, what + out_of_float_range);
+      if (std::fabs(d) > largest) throw_python(PyExc_OverflowError, what() + out_of_float_range());
       return gpupool::kernel_argument(d);
     }
     case number_kind::real: {
       if (integer_type)
         throw_python(PyExc_TypeError,
-                     what + "; NumPy's same_kind casting does not turn a float into " + type_name +
-                         " (it would drop the fraction): pass an int");
+                     what() + "; NumPy's same_kind casting does not turn a float into " +
+                         type_name + " (it would drop the fraction): pass an int");
       const double d = PyFloat_AsDouble(p);
       if (std::isfinite(d) && std::fabs(d) > largest)
-        throw_python(PyExc_OverflowError, what + out_of_float_range);
+        throw_python(PyExc_OverflowError, what() + out_of_float_range());
       return gpupool::kernel_argument(d);
     }
     case number_kind::complex:
       break;
   }
-  throw_python(PyExc_TypeError, what + "; NumPy's same_kind casting does not turn a complex into " +
+  throw_python(PyExc_TypeError, what() +
+                                    "; NumPy's same_kind casting does not turn a complex into " +
                                     type_name + ": pass a real number");
 }
 

@@ -29,25 +29,28 @@ std::string shown(double v) {
 void store_scalar(const std::string& kernel, const kernel_argument& arg, const kernel_parameter& p,
                   unsigned char* out) {
   auto store = [&](auto value) { std::memcpy(out, &value, sizeof value); };
-  const std::string what = "gpupool: kernel '" + kernel + "': argument '" + p.name + "' ";
-  const std::string given = arg.is_integer() ? std::to_string(arg.integer()) : shown(arg.value());
+  // Spelled out only for a refusal: a map over device arrays stores thousands of scalars.
+  const auto what = [&] { return "gpupool: kernel '" + kernel + "': argument '" + p.name + "' "; };
+  const auto given = [&] {
+    return arg.is_integer() ? std::to_string(arg.integer()) : shown(arg.value());
+  };
   visit_dtype(p.type, [&]<class T>() {
     if constexpr (std::is_integral_v<T>) {
       if (!arg.is_integer())
-        throw argument_kind_error(what + "is a floating-point number (" + given +
+        throw argument_kind_error(what() + "is a floating-point number (" + given() +
                                   "), but the kernel declares " + to_string(p.type) +
                                   " (NumPy's same_kind rule casts no float to an integer type)");
       using limits = std::numeric_limits<T>;
       if (sizeof(T) < sizeof(arg.integer()) &&
           (arg.integer() < limits::min() || arg.integer() > limits::max()))
-        throw argument_range_error(what + "= " + given + " is out of the range of " +
+        throw argument_range_error(what() + "= " + given() + " is out of the range of " +
                                    to_string(p.type) + " [" + std::to_string(limits::min()) + ", " +
                                    std::to_string(limits::max()) + "]");
       store(static_cast<T>(arg.integer()));
     } else {
       if (!arg.is_integer() && std::isfinite(arg.value()) &&
           std::fabs(arg.value()) > std::numeric_limits<T>::max())
-        throw argument_range_error(what + "= " + given + " is out of the range of " +
+        throw argument_range_error(what() + "= " + given() + " is out of the range of " +
                                    to_string(p.type) + " (" + shown(std::numeric_limits<T>::max()) +
                                    " at most)");
       store(arg.is_integer() ? static_cast<T>(arg.integer()) : static_cast<T>(arg.value()));
