@@ -258,7 +258,8 @@ class py_executor {
   // CuPy arrays (of type `cupy_ndarray`) are read directly, any other device array through
   // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape). Calls are
   // grouped by device; each group's outputs are views into one buffer that
-  // `allocate_flat(anchor array, ordinal, count, dtype name)` -> (buffer, address) makes;
+  // `allocate_flat(anchor array, ordinal, count, dtype name)` -> (buffer, address) makes, and
+  // `split_flat(buffer, ends)` cuts into one 1-D view per call (elements [previous end, end));
   // `before_launch()` runs once everything is checked and allocated (it waits for the streams
   // the inputs' producers use), then each group is one batched map_on_device. Returns
   // (outputs in call order, one future of `future_type` per group, whose result is the group's
@@ -267,8 +268,8 @@ class py_executor {
   template <class K>
   nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
                              nb::callable describe_other, nb::callable allocate_flat,
-                             nb::callable before_launch, nb::object keep_alive,
-                             nb::handle future_type, bool single) {
+                             nb::callable split_flat, nb::callable before_launch,
+                             nb::object keep_alive, nb::handle future_type, bool single) {
     const std::size_t n = nb::len(calls);
     if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
     const std::size_t arity = k.inputs().size();
@@ -392,21 +393,26 @@ class py_executor {
       batches.emplace_back(ordinal, std::move(work));
       flats.emplace_back(std::move(flat), std::move(offsets));
     }
-    // The view of call `c`, which group `g`'s member `m` is.
-    const auto view_of = [&](std::size_t g, std::size_t m) {
-      const std::size_t c = groups[g].second[m];
-      const std::size_t offset = flats[g].second[m];
-      const std::size_t count = batches[g].second[m].count;
-      nb::object range =
-          nb::steal(PySlice_New(nb::int_(offset).ptr(), nb::int_(offset + count).ptr(), nullptr));
-      if (!range.is_valid()) throw nb::python_error();
-      nb::object view = nb::steal(PyObject_GetItem(flats[g].first.ptr(), range.ptr()));
-      if (!view.is_valid()) throw nb::python_error();
-      if (nb::len(described[c].shape) > 1) view = view.attr("reshape")(described[c].shape);
-      return view;
+    // The views of group `g`'s calls, in member order, made by one call (CuPy's array_split
+    // makes each in a fraction of what a slice through __getitem__ takes).
+    const auto views_of = [&](std::size_t g) {
+      const std::size_t members = groups[g].second.size();
+      nb::list ends;
+      for (std::size_t m = 0; m < members; ++m)
+        ends.append(flats[g].second[m] + batches[g].second[m].count);
+      nb::object pieces = split_flat(flats[g].first, ends);
+      if (nb::len(pieces) < members)
+        throw std::runtime_error("gpupool: split_flat gave fewer views than calls");
+      std::vector<nb::object> views(members);
+      for (std::size_t m = 0; m < members; ++m) {
+        views[m] = pieces[m];
+        const nb::object& shape = described[groups[g].second[m]].shape;
+        if (nb::len(shape) > 1) views[m] = views[m].attr("reshape")(shape);
+      }
+      return views;
     };
     std::vector<nb::object> outputs(n);
-    if (single) outputs.front() = view_of(0, 0);  // the future's result: made before it can end
+    if (single) outputs.front() = views_of(0).front();  // the future's result: made before it ends
     before_launch();
 
     // Everything is queued before the output views are made (CuPy takes microseconds for each),
@@ -428,12 +434,13 @@ class py_executor {
                                          std::move(result), held));
       }
       if (!single)
-        for (std::size_t g = 0; g < groups.size(); ++g)
-          for (std::size_t m = 0; m < groups[g].second.size(); ++m) {
-            nb::object view = view_of(g, m);
-            batch_outputs[g].append(view);
-            outputs[groups[g].second[m]] = std::move(view);
+        for (std::size_t g = 0; g < groups.size(); ++g) {
+          std::vector<nb::object> views = views_of(g);
+          for (std::size_t m = 0; m < views.size(); ++m) {
+            batch_outputs[g].append(views[m]);
+            outputs[groups[g].second[m]] = std::move(views[m]);
           }
+        }
     } catch (...) {
       // What runs keeps its buffers (`held`) until it ends.
       for (std::size_t b = 0; b < nb::len(futures); ++b) futures[b].attr("cancel")();
@@ -618,10 +625,10 @@ void bind_executor(nb::module_& m) {
            "args"_a, "future_type"_a)
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
            "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
+           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
            "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
+           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)

@@ -44,6 +44,11 @@ class FakeCupyArrayWithFlag(FakeCupyArray):
         del self.flags  # must not be needed
 
 
+def split_host(flat, ends):
+    """split_flat for the extension: views of a NumPy buffer ending at each of `ends`."""
+    return np.split(flat, ends)
+
+
 def describe_host(obj, where):
     if not isinstance(obj, np.ndarray):
         raise TypeError(f"gpupool: {where} is not a device array while others are")
@@ -72,8 +77,8 @@ def run(core, calls, cupy_type=None, flats=None):
     flats = flats or Flats()
     launched = []
     outputs, futures = core.map_device_calls(SCALE, calls, cupy_type, describe_host, flats,
-                                             lambda: launched.append(len(flats.made)), (),
-                                             _Future)
+                                             split_host, lambda: launched.append(len(flats.made)),
+                                             (), _Future)
     for f in futures:
         assert isinstance(f, cf.Future)
         assert all(a is b for a, b in zip(f.result(timeout=30), outputs))
@@ -92,6 +97,28 @@ def test_many_arrays_in_one_call_each_output_a_view_of_one_buffer(core):
     assert launched == [1]  # once, after everything was checked and allocated
 
 
+def test_each_device_buffer_is_cut_into_views_by_one_call(core):
+    cuts = []
+
+    def split(flat, ends):
+        cuts.append(list(ends))
+        return split_host(flat, ends)
+
+    xs = [np.arange(n, dtype=np.float64) for n in (2, 0, 5)]
+    outputs, _ = core.map_device_calls(SCALE, [[x, 3.0] for x in xs], None, describe_host,
+                                       Flats(), split, lambda: None, (), _Future)
+    assert cuts == [[2, 2, 7]]  # once, with each call's end in the one buffer
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 3.0)
+
+
+def test_a_split_that_gives_too_few_views_is_an_error_and_nothing_is_left_running(core):
+    xs = [np.arange(4, dtype=np.float64) for _ in range(3)]
+    with pytest.raises(RuntimeError, match="fewer views than calls"):
+        core.map_device_calls(SCALE, [[x, 1.0] for x in xs], None, describe_host, Flats(),
+                              lambda flat, ends: [flat], lambda: None, (), _Future)
+
+
 @pytest.mark.parametrize("fake", [FakeCupyArray, FakeCupyArrayWithFlag])
 def test_cupy_arrays_are_read_through_their_own_attributes(core, fake):
     # CuPy's readonly _c_contiguous is read when there is one, flags.c_contiguous otherwise.
@@ -106,7 +133,7 @@ def test_cupys_contiguity_flag_refuses_a_strided_array(core):
     strided = FakeCupyArrayWithFlag(np.ones((4, 4))[:, 1])
     with pytest.raises(ValueError, match="call 0 argument 0 is not C-contiguous"):
         core.map_device_calls(SCALE, [[strided, 1.0]], FakeCupyArrayWithFlag, describe_host,
-                              Flats(), lambda: pytest.fail("launched"), (), _Future)
+                              Flats(), split_host, lambda: pytest.fail("launched"), (), _Future)
 
 
 def test_a_number_given_to_every_call_is_checked_once_and_each_call_gets_its_own(core):
@@ -119,7 +146,7 @@ def test_a_number_given_to_every_call_is_checked_once_and_each_call_gets_its_own
     with pytest.raises(OverflowError):  # the one check still refuses, in every call
         core.map_device_calls(gpupool.elementwise("float64 x, int32 a", "float64 y", "y = x * a",
                                                   "device_map_int"),
-                              [[x, 2**40] for x in xs], None, describe_host, Flats(),
+                              [[x, 2**40] for x in xs], None, describe_host, Flats(), split_host,
                               lambda: pytest.fail("launched"), (), _Future)
 
 
@@ -135,7 +162,7 @@ def test_every_call_is_checked_before_anything_runs(core, calls, error, message)
     flats = Flats()
     with pytest.raises(error, match=message):
         core.map_device_calls(SCALE, calls(np.ones(4)), FakeCupyArray, describe_host, flats,
-                              lambda: pytest.fail("launched"), (), _Future)
+                              split_host, lambda: pytest.fail("launched"), (), _Future)
     assert flats.made == []
 
 
@@ -143,18 +170,18 @@ def test_arrays_of_one_call_on_two_gpus_are_refused(core):
     two = gpupool.elementwise("float64 x, float64 z", "float64 y", "y = x + z", "device_map_add")
     calls = [[FakeCupyArray(np.ones(4), 0), FakeCupyArray(np.ones(4), 1)]]
     with pytest.raises(ValueError, match="arrays on GPUs 0 and 1"):
-        core.map_device_calls(two, calls, FakeCupyArray, describe_host, Flats(),
+        core.map_device_calls(two, calls, FakeCupyArray, describe_host, Flats(), split_host,
                               lambda: pytest.fail("launched"), (), _Future)
 
 
 def test_one_call_gives_one_future_whose_result_is_its_output(core):
     x = np.arange(6, dtype=np.float64).reshape(2, 3)
     outputs, futures = core.map_device_calls(SCALE, [[x, 4.0]], None, describe_host, Flats(),
-                                             lambda: None, (), _Future, True)
+                                             split_host, lambda: None, (), _Future, True)
     assert len(futures) == 1 and futures[0].result(timeout=30) is outputs[0]
     np.testing.assert_array_equal(outputs[0], x * 4.0)
     with pytest.raises(ValueError, match="exactly one call"):
-        core.map_device_calls(SCALE, [[x, 1.0], [x, 1.0]], None, describe_host, Flats(),
+        core.map_device_calls(SCALE, [[x, 1.0], [x, 1.0]], None, describe_host, Flats(), split_host,
                               lambda: pytest.fail("launched"), (), _Future, True)
 
 
@@ -172,5 +199,12 @@ def test_w5_many_cupy_arrays_through_executor_map():
     for o, c in zip(out[:8], chunks[:8]):
         assert isinstance(o, cp.ndarray) and o.shape == c.shape
         cp.testing.assert_array_equal(o, c * 2 + 1)
-    # Views into one buffer per device, as the one-call bookkeeping makes them.
+    # Views into one buffer per device, as the one-call bookkeeping makes them, each where its
+    # call's elements are, C-contiguous like any new array.
     assert len({o.data.mem.ptr for o in out if o.size}) == 1
+    offset = out[0].data.ptr
+    for o, c in zip(out, chunks):
+        assert o.flags.c_contiguous and o.shape == c.shape
+        assert o.data.ptr == offset or o.size == 0
+        offset += c.nbytes
+    cp.testing.assert_array_equal(out[-1], chunks[-1] * 2 + 1)

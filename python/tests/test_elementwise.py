@@ -178,10 +178,12 @@ def test_many_small_cupy_arrays_stay_on_the_gpu(gpu_executor):
 def test_raw_kernels_and_torch_tensors_on_the_gpu(gpu_executor):
     torch = pytest.importorskip("torch")
     k = gpupool.raw_kernel(SAXPY, "saxpy", "float32* x, float32 a, float32* y", "float32* out")
-    xs = [torch.rand(n, device="cuda") for n in (3, 5000, 70_000)]
-    ys = [torch.rand(n, device="cuda") for n in (3, 5000, 70_000)]
+    shapes = (3, 5000, 70_000, (40, 50))
+    xs = [torch.rand(n, device="cuda") for n in shapes]
+    ys = [torch.rand(n, device="cuda") for n in shapes]
     for out, x, y in zip(gpu_executor.map(k, xs, 3.0, ys), xs, ys):
         assert isinstance(out, torch.Tensor) and out.device.type == "cuda"
+        assert out.shape == x.shape and out.is_contiguous()
         assert torch.allclose(out, 3.0 * x + y)
 
 
