@@ -91,6 +91,12 @@ def main() -> None:
             shape, flat.dtype, flat.data + i * args.size * itemsize),
         "the memory pointer alone": lambda i: flat.data + i * args.size * itemsize,
     }
+    ends = [(i + 1) * args.size for i in range(args.chunks)]
+    split = cp.array_split(flat, ends)  # what gpupool does: all the views in one call
+    if any(split[i].data.ptr != flat.data.ptr + i * args.size * itemsize
+           or split[i].shape != shape for i in (0, args.chunks - 1)):
+        raise SystemExit("FAIL: a view made by array_split is not where it should be")
+    del split
     for name in ("a slice", "ndarray(memptr=data + offset)"):
         for i in (0, args.chunks - 1):
             view = ways[name](i)
@@ -103,6 +109,10 @@ def main() -> None:
         for c in chunks:
             c.dtype, c._c_contiguous, c.data.ptr, c.data.device_id, c.size, c.shape
         reads.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        made = cp.array_split(flat, ends)
+        timings.setdefault("array_split, all in one call", []).append(time.perf_counter() - t0)
+        del made
         for name, make in ways.items():
             t0 = time.perf_counter()
             made = [make(i) for i in range(args.chunks)]
