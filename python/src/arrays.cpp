@@ -169,7 +169,9 @@ gpupool::kernel_argument scalar_argument(const number& n, gpupool::dtype type,
   });
   // The refusals are spelled out only when one is made: a value that passes costs no repr.
   const std::string type_name = gpupool::to_string(type);
-  const auto out_of_float_range = [&] {
+  // (`largest` copied in: a lambda may capture a structured binding only from C++20 compilers
+  // newer than clang 14.)
+  const auto out_of_float_range = [&, largest = largest] {
     char largest_text[32];
     std::snprintf(largest_text, sizeof largest_text, "%.8g", largest);
     return ", out of range for " + type_name + " (largest magnitude " + largest_text + ")";

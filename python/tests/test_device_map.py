@@ -112,11 +112,32 @@ def test_each_device_buffer_is_cut_into_views_by_one_call(core):
         np.testing.assert_array_equal(out, x * 3.0)
 
 
-def test_a_split_that_gives_too_few_views_is_an_error_and_nothing_is_left_running(core):
+def test_a_split_that_gives_too_few_views_is_an_error_and_the_executor_goes_on(core):
     xs = [np.arange(4, dtype=np.float64) for _ in range(3)]
     with pytest.raises(RuntimeError, match="fewer views than calls"):
         core.map_device_calls(SCALE, [[x, 1.0] for x in xs], None, describe_host, Flats(),
                               lambda flat, ends: [flat], lambda: None, (), _Future)
+    outputs, _, _, _ = run(core, [[x, 2.0] for x in xs])
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 2.0)
+
+
+def test_the_views_of_a_pytorch_buffer_come_from_its_tensor_split():
+    # _split_flat tells the two kinds of buffer apart by their module; both give every call's
+    # view and the rest of the buffer last.
+    from gpupool import _device
+
+    class FakeTensor:
+        __module__ = "torch"
+
+        def __init__(self, host):
+            self.host = host
+
+        def tensor_split(self, ends):
+            return [FakeTensor(h) for h in np.split(self.host, ends)]
+
+    pieces = _device._split_flat(FakeTensor(np.arange(10.0)), [3, 3, 7])
+    assert [p.host.tolist() for p in pieces] == [[0, 1, 2], [], [3, 4, 5, 6], [7, 8, 9]]
 
 
 @pytest.mark.parametrize("fake", [FakeCupyArray, FakeCupyArrayWithFlag])
