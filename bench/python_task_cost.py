@@ -11,6 +11,7 @@ profile one, or to compare a few under another setting).
 """
 
 import argparse
+import functools
 import gc
 import importlib
 import statistics
@@ -99,19 +100,24 @@ def main() -> int:
                     print(f"({module} not imported: {e})")
         for threads in (1, 8):
             measure(f"ThreadPoolExecutor no-op map, {threads} thread(s){when}",
-                    lambda t=threads: ([*tpe(t).map(noop, data)], 0.0), same)
+                    functools.partial(lambda t: ([*tpe(t).map(noop, data)], 0.0), threads),
+                    same)
             measure(f"ThreadPoolExecutor no-op submit loop, {threads} thread(s){when}",
-                    lambda t=threads: submit_loop(tpe(t), noop, data), same)
+                    functools.partial(lambda t: submit_loop(tpe(t), noop, data), threads), same)
         for lanes in (None, 1):
             label = "default lanes" if lanes is None else f"{lanes} lane"
             measure(f"gpupool square submit loop, {label}{when}",
-                    lambda n=lanes: submit_loop(executor(n), square, data), squares)
+                    functools.partial(lambda n: submit_loop(executor(n), square, data), lanes),
+                    squares)
             measure(f"gpupool square submit loop, {label}, gc off{when}",
-                    lambda n=lanes: submit_loop(executor(n), square, data), squares, gc_off=True)
+                    functools.partial(lambda n: submit_loop(executor(n), square, data), lanes),
+                    squares, gc_off=True)
             measure(f"gpupool no-op submit loop, {label}{when}",
-                    lambda n=lanes: submit_loop(executor(n), noop, data), same)
+                    functools.partial(lambda n: submit_loop(executor(n), noop, data), lanes),
+                    same)
             measure(f"gpupool no-op map, {label}{when}",
-                    lambda n=lanes: ([*executor(n).map(noop, data)], 0.0), same)
+                    functools.partial(lambda n: ([*executor(n).map(noop, data)], 0.0), lanes),
+                    same)
         measure(f"gpupool square map, default lanes{when}",
                 lambda: ([*executor(None).map(square, data)], 0.0), squares)
         measure(f"gpupool square submit loop, pinned inputs, default lanes{when}",

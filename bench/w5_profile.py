@@ -26,7 +26,7 @@ def main() -> None:
     parser.add_argument("--fmas", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    import cupy as cp
+    import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     data = cp.random.uniform(-1, 1, args.chunks * args.size, dtype=cp.float32)
     chunks = [data[i * args.size:(i + 1) * args.size] for i in range(args.chunks)]

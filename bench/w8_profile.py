@@ -21,6 +21,7 @@ inside the calls, so the rates of the timed runs are a little lower than the unt
 """
 
 import argparse
+import functools
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -53,7 +54,7 @@ def _timed_steps(value: Any, steps: Any) -> Any:
 
 
 def timed_motivating(chunk: Any) -> Any:
-    import cupy as cp
+    import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
     return _timed_steps(chunk, (("cp.array", cp.array), ("** 2", lambda d: d ** 2),
                                 ("cp.asnumpy", cp.asnumpy)))
@@ -61,7 +62,7 @@ def timed_motivating(chunk: Any) -> Any:
 
 def lane_square(chunk: Any) -> Any:
     lane = gpupool.current_lane()
-    device = lane.upload(chunk)
+    device: Any = lane.upload(chunk)  # a CuPy array (CuPy carries no type annotations)
     return lane.download(device * device)
 
 
@@ -127,7 +128,8 @@ def main() -> None:
               f"lanes {gp.threads_per_gpu}, chunk {gp.chunk_bytes}; best of {args.repeat}")
         for name, p in (("tpe", tpe), ("tpe, own streams", tpe_streams), ("gpupool", gp5),
                         ("gpupool, no runner", gp5_bare)):
-            runs[name] = lambda p=p, f=fw.motivating_square: list(p.map(f, data))
+            runs[name] = functools.partial(lambda pool: list(pool.map(fw.motivating_square, data)),
+                                           p)
         runs["tpe no-op"] = lambda: list(tpe.map(noop, data))
         runs["gpupool no-op"] = lambda: list(gp5.map(noop, data))
         runs["lane, default lanes"] = lambda: list(gp.map(lane_square, data))

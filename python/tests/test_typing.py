@@ -96,3 +96,17 @@ def test_the_package_passes_mypy_strict(tmp_path):
             found = [done.stdout + done.stderr]
         errors += found
     assert not errors, f"{len(errors)} mypy --strict error(s):\n" + "\n".join(errors)
+
+
+def test_the_benchmark_scripts_pass_mypy(tmp_path):
+    """bench/*.py, at mypy's default strictness: they run only on GPU machines, where nothing
+    else would notice a call that no longer fits the package (CuPy, which has no annotations,
+    is imported with an ignore)."""
+    pytest.importorskip("mypy")
+    bench = pathlib.Path(__file__).resolve().parents[2] / "bench"
+    scripts = sorted(str(path) for path in bench.glob("*.py"))
+    assert str(bench / "w5_profile.py") in scripts, scripts
+    done = subprocess.run([sys.executable, "-m", "mypy", "--no-incremental",
+                           "--follow-imports=silent", *scripts],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
