@@ -11,7 +11,6 @@ profile one, or to compare a few under another setting).
 """
 
 import argparse
-import functools
 import gc
 import importlib
 import statistics
@@ -62,7 +61,18 @@ def main() -> int:
     def tpe(threads: int) -> Any:
         return pool(f"tpe {threads}", lambda: ThreadPoolExecutor(max_workers=threads))
 
-    def measure(name: str, run: Callable[[], Tuple[List[Any], float]],
+    Run = Callable[[], Tuple[List[Any], float]]
+
+    # A run over every input through pool_of(size), made at the first run (a variant --only
+    # leaves out makes no pool): its map, or a submit loop.
+    def mapped(pool_of: Callable[[Any], Any], size: Any, fn: Any) -> Run:
+        return lambda: ([*pool_of(size).map(fn, data)], 0.0)
+
+    def looped(pool_of: Callable[[Any], Any], size: Any, fn: Any,
+               inputs: Optional[List[np.ndarray]] = None) -> Run:
+        return lambda: submit_loop(pool_of(size), fn, data if inputs is None else inputs)
+
+    def measure(name: str, run: Run,
                 check: Callable[[Iterable[Any]], None], gc_off: bool = False,
                 tasks: Optional[int] = None) -> None:
         if args.only is not None and not any(part in name for part in args.only.split("|")):
@@ -100,28 +110,22 @@ def main() -> int:
                     print(f"({module} not imported: {e})")
         for threads in (1, 8):
             measure(f"ThreadPoolExecutor no-op map, {threads} thread(s){when}",
-                    functools.partial(lambda t: ([*tpe(t).map(noop, data)], 0.0), threads),
-                    same)
+                    mapped(tpe, threads, noop), same)
             measure(f"ThreadPoolExecutor no-op submit loop, {threads} thread(s){when}",
-                    functools.partial(lambda t: submit_loop(tpe(t), noop, data), threads), same)
+                    looped(tpe, threads, noop), same)
         for lanes in (None, 1):
             label = "default lanes" if lanes is None else f"{lanes} lane"
-            measure(f"gpupool square submit loop, {label}{when}",
-                    functools.partial(lambda n: submit_loop(executor(n), square, data), lanes),
+            measure(f"gpupool square submit loop, {label}{when}", looped(executor, lanes, square),
                     squares)
             measure(f"gpupool square submit loop, {label}, gc off{when}",
-                    functools.partial(lambda n: submit_loop(executor(n), square, data), lanes),
-                    squares, gc_off=True)
-            measure(f"gpupool no-op submit loop, {label}{when}",
-                    functools.partial(lambda n: submit_loop(executor(n), noop, data), lanes),
+                    looped(executor, lanes, square), squares, gc_off=True)
+            measure(f"gpupool no-op submit loop, {label}{when}", looped(executor, lanes, noop),
                     same)
-            measure(f"gpupool no-op map, {label}{when}",
-                    functools.partial(lambda n: ([*executor(n).map(noop, data)], 0.0), lanes),
-                    same)
-        measure(f"gpupool square map, default lanes{when}",
-                lambda: ([*executor(None).map(square, data)], 0.0), squares)
+            measure(f"gpupool no-op map, {label}{when}", mapped(executor, lanes, noop), same)
+        measure(f"gpupool square map, default lanes{when}", mapped(executor, None, square),
+                squares)
         measure(f"gpupool square submit loop, pinned inputs, default lanes{when}",
-                lambda: submit_loop(executor(None), square, pinned), squares_pinned)
+                looped(executor, None, square, pinned), squares_pinned)
         # One task in flight: the round trip of a task (a tenth of the tasks).
         measure(f"ThreadPoolExecutor no-op one at a time, 8 threads{when}",
                 lambda: ([tpe(8).submit(noop, d).result() for d in few], 0.0), same_few,

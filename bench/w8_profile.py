@@ -53,6 +53,10 @@ def _timed_steps(value: Any, steps: Any) -> Any:
     return value
 
 
+def _map_all(pool: Any, fn: Callable[[Any], Any], data: List[Any]) -> List[Any]:
+    return list(pool.map(fn, data))
+
+
 def timed_motivating(chunk: Any) -> Any:
     import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
@@ -128,8 +132,7 @@ def main() -> None:
               f"lanes {gp.threads_per_gpu}, chunk {gp.chunk_bytes}; best of {args.repeat}")
         for name, p in (("tpe", tpe), ("tpe, own streams", tpe_streams), ("gpupool", gp5),
                         ("gpupool, no runner", gp5_bare)):
-            runs[name] = functools.partial(lambda pool: list(pool.map(fw.motivating_square, data)),
-                                           p)
+            runs[name] = functools.partial(_map_all, p, fw.motivating_square, data)
         runs["tpe no-op"] = lambda: list(tpe.map(noop, data))
         runs["gpupool no-op"] = lambda: list(gp5.map(noop, data))
         runs["lane, default lanes"] = lambda: list(gp.map(lane_square, data))

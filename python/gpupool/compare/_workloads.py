@@ -436,8 +436,8 @@ class Comparison:
             return lambda: [ex.submit(noop, d).result() for d in each]
 
         self.run("W4", "ThreadPoolExecutor, no-op, one at a time, 8 threads (floor)", LIMIT,
-                 unit, float(len(each)), functools.partial(noop_each, stdlib=True), check_returned(each),
-                 {"threads": 8})
+                 unit, float(len(each)), functools.partial(noop_each, stdlib=True),
+                 check_returned(each), {"threads": 8})
         self.run("W4", "gpupool (Python) no-op, one at a time (floor)", LIMIT, unit,
                  float(len(each)), functools.partial(noop_each, stdlib=False), check_returned(each))
 
