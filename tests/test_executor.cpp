@@ -632,8 +632,10 @@ TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
     }
     ::unsetenv(name);
   }
-  ::setenv("GPUPOOL_EVENT_WAIT", "spin", 1);
-  EXPECT_NO_THROW(executor{options()});
+  for (const char* accepted : {"spin", "block", ""}) {
+    ::setenv("GPUPOOL_EVENT_WAIT", accepted, 1);
+    EXPECT_NO_THROW(executor{options()}) << "GPUPOOL_EVENT_WAIT=" << accepted;
+  }
   ::unsetenv("GPUPOOL_EVENT_WAIT");
 }
 

@@ -102,7 +102,7 @@ def test_outputs_that_cannot_be_written_are_errors(args):
 def test_bad_environment_values_are_refused():
     done = run(MODULE, "info", env=dict(QUIET, GPUPOOL_EVENT_WAIT="bogus"))
     assert done.returncode != 0
-    assert "GPUPOOL_EVENT_WAIT must be 'block' or 'spin', not 'bogus'" in done.stderr
+    assert "GPUPOOL_EVENT_WAIT must be 'spin' or 'block', not 'bogus'" in done.stderr
     with pytest.raises(ValueError, match="GPUPOOL_PINNED_CACHE_BYTES"):
         os.environ["GPUPOOL_PINNED_CACHE_BYTES"] = "lots"
         try:

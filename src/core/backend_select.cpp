@@ -9,6 +9,7 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/lanes/event_wait.hpp"
 #include "core/memory/host_memory.hpp"
 #include "gpupool/availability.hpp"
 #include "gpupool/error.hpp"
@@ -48,11 +49,7 @@ bool quiet_from_environment() {
 // here too, so that a typo is refused when an executor is made, on every backend, instead of
 // being ignored on one.
 void check_environment() {
-  if (const char* v = std::getenv("GPUPOOL_EVENT_WAIT"); v != nullptr && *v != '\0') {
-    const std::string s(v);
-    if (s != "block" && s != "spin")
-      throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'block' or 'spin', not '" + s + "'");
-  }
+  (void)event_wait_from_environment();
   if (const char* v = std::getenv("GPUPOOL_PINNED_CACHE_BYTES"); v != nullptr && *v != '\0') {
     const std::string s(v);
     if (s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos)

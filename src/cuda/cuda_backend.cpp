@@ -18,6 +18,7 @@
 
 #include "core/backend.hpp"
 #include "core/kernels/kernel_source.hpp"
+#include "core/lanes/event_wait.hpp"
 #include "core/memory/host_memory.hpp"
 #include "cuda/cuda_check.hpp"
 #include "cuda/elementwise.hpp"
@@ -68,25 +69,19 @@ class device_scope {
   int previous_ = 0;
 };
 
-// How a lane waits for its oldest task: `block` (default) sleeps in the driver, leaving the core
-// to lanes busy with staging copies; `spin` polls, for the lowest latency on tiny tasks.
-// GPUPOOL_EVENT_WAIT=spin|block chooses.
-unsigned event_wait_flags() {
-  static const unsigned flags = [] {
-    const char* value = std::getenv("GPUPOOL_EVENT_WAIT");
-    if (value == nullptr || std::string(value) == "block") return unsigned{cudaEventBlockingSync};
-    if (std::string(value) == "spin") return 0u;
-    throw std::invalid_argument("GPUPOOL_EVENT_WAIT must be 'spin' or 'block', not '" +
-                                std::string(value) + "'");
-  }();
-  return flags;
+// How a lane waits for its stream (GPUPOOL_EVENT_WAIT, read once): see core/lanes/event_wait.hpp.
+// A spinning event leaves the polling to the driver (cudaEventSynchronize under the device's
+// default scheduling, which spins while the process has fewer CUDA contexts than cores).
+event_wait lane_event_wait() {
+  static const event_wait how = event_wait_from_environment();
+  return how;
 }
 
 class cuda_event final : public backend_event {
  public:
   explicit cuda_event(cudaStream_t stream) : stream_(stream) {
-    GPUPOOL_CUDA_CHECK(
-        cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | event_wait_flags()));
+    const unsigned wait = lane_event_wait() == event_wait::block ? cudaEventBlockingSync : 0u;
+    GPUPOOL_CUDA_CHECK(cudaEventCreateWithFlags(&event_, cudaEventDisableTiming | wait));
   }
   cuda_event(const cuda_event&) = delete;
   cuda_event& operator=(const cuda_event&) = delete;
