@@ -1,6 +1,8 @@
 // Exception types thrown by gpupool.
 #pragma once
 
+#include <cstddef>
+#include <memory>
 #include <stdexcept>
 #include <string>
 
@@ -78,6 +80,23 @@ class argument_kind_error : public std::invalid_argument {
 class argument_range_error : public std::overflow_error {
  public:
   using std::overflow_error::overflow_error;
+};
+
+/// A call of executor::map_on_device refused by its checks. what() is the reason followed by
+/// " (call N)"; call() is N, the call's index in the vector given, and reason() the message
+/// without it (for a caller that numbers the calls its own way).
+class call_error : public std::invalid_argument {
+ public:
+  call_error(std::size_t call, const std::string& reason)
+      : std::invalid_argument(reason + " (call " + std::to_string(call) + ")"),
+        call_(call),
+        reason_(std::make_shared<const std::string>(reason)) {}
+  [[nodiscard]] std::size_t call() const noexcept { return call_; }
+  [[nodiscard]] const std::string& reason() const noexcept { return *reason_; }
+
+ private:
+  std::size_t call_;
+  std::shared_ptr<const std::string> reason_;  // shared: copying an exception must not throw
 };
 
 }  // namespace gpupool

@@ -278,8 +278,8 @@ class executor {
   /// lanes: on CUDA an elementwise kernel runs each batch as one launch, so thousands of small
   /// arrays cost a few launches, not thousands. The future is ready once every call is done.
   /// Arrays must stay alive, and not be written by other work, until then.
-  /// @throw std::invalid_argument naming the bad call; compile_error; std::out_of_range for an
-  ///        unknown device.
+  /// @throw call_error (a std::invalid_argument) naming the first bad call, before anything is
+  ///        queued; compile_error; std::out_of_range for an unknown device.
   future<void> map_on_device(int device, const elementwise_kernel& k,
                              const std::vector<device_call>& calls);
   future<void> map_on_device(int device, const raw_kernel& k,

@@ -222,12 +222,15 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
                  single: bool = False) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
-    device, calls grouped by device, each group one batched map there. Every call is checked
-    before anything runs. Outputs are new arrays of the first array's kind, shape and device
-    (views into one buffer per device). The per-array work is done by the extension in one
-    call (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. The
-    futures (of `future_type`, one per device) give the outputs; with `single` (one call) the
-    one future gives that call's output."""
+    device, calls grouped by device, each group one batched map there. The calls are read in
+    blocks that double in size (64, 128, ...), each checked and queued before the next is
+    read, so that the GPUs start while later calls are still being looked at; a bad call
+    raises before this returns (the blocks before it run into buffers nobody gets). Outputs
+    are new arrays of the first array's kind, shape and device (views into one buffer per
+    device and block). The per-array work is done by the extension in one call
+    (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. The futures
+    (of `future_type`, one per device and block) give the outputs; with `single` (one call)
+    the one future gives that call's output."""
     cupy = sys.modules.get("cupy")
     # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream.
     streams: _Streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()

@@ -256,15 +256,23 @@ class py_executor {
   // A compiled kernel over many calls whose arrays live on GPUs, every array looked at here
   // (W5 from Python: no Python loop per array): numbers are checked against their parameter,
   // CuPy arrays (of type `cupy_ndarray`) are read directly, any other device array through
-  // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape). Calls are
-  // grouped by device; each group's outputs are views into one buffer that
-  // `allocate_flat(anchor array, ordinal, count, dtype name)` -> (buffer, address) makes, and
-  // `split_flat(buffer, ends)` cuts into one 1-D view per call (elements [previous end, end));
-  // `before_launch()` runs once everything is checked and allocated (it waits for the streams
-  // the inputs' producers use), then each group is one batched map_on_device. Returns
-  // (outputs in call order, one future of `future_type` per group, whose result is the group's
+  // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape).
+  //
+  // Calls are taken in blocks that double in size (first_device_block calls, then twice as
+  // many, ...), so that the GPUs start on the first calls while the later ones are still being
+  // looked at: a block's calls are checked, grouped by device, given their outputs and queued
+  // (one batched map_on_device per device) before the next block is read. Each group's outputs
+  // are views into one buffer that `allocate_flat(anchor array, ordinal, count, dtype name)` ->
+  // (buffer, address) makes and `split_flat(buffer, ends)` cuts into one 1-D view per call
+  // (elements [previous end, end)); `before_launch()` runs before each block is queued (it
+  // waits for the streams the inputs' producers use). A bad call stops the map with its error:
+  // the blocks queued before it are cancelled where they have not started, and what runs keeps
+  // its buffers until it ends (their outputs are never handed out). Returns (outputs in call
+  // order, one future of `future_type` per group of each block, whose result is the group's
   // outputs, or with `single` (one call) that call's output); `keep_alive` is held until they
   // end.
+  static constexpr std::size_t first_device_block = 64;
+
   template <class K>
   nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
                              nb::callable describe_other, nb::callable allocate_flat,
@@ -283,7 +291,8 @@ class py_executor {
     // A number broadcast to every call is the same object in each: checked and converted once.
     std::vector<nb::object> last_number(arity);
     std::vector<std::optional<gpupool::kernel_argument>> last_number_argument(arity);
-    for (std::size_t c = 0; c < n; ++c) {
+    std::vector<bool> first_pattern;  // which of call 0's arguments are arrays
+    const auto describe = [&](std::size_t c) {
       nb::object args = calls[c];
       const std::size_t given = nb::len(args);
       if (given != arity)
@@ -351,99 +360,128 @@ class py_executor {
         throw nb::type_error(
             ("gpupool: call " + std::to_string(c) + " of kernel '" + k.name() + "' has no array")
                 .c_str());
-    }
-
-    // Group by device (empty arrays may not know theirs: they join GPU 0), in first-seen order.
-    std::vector<std::pair<int, std::vector<std::size_t>>> groups;
-    for (std::size_t c = 0; c < n; ++c) {
-      const int ordinal = std::max(described[c].ordinal, 0);
-      auto it = std::find_if(groups.begin(), groups.end(),
-                             [&](const auto& g) { return g.first == ordinal; });
-      if (it == groups.end()) {
-        groups.push_back({ordinal, {}});
-        it = std::prev(groups.end());
+      // One compiled kernel serves the whole map, as in map_on_device, across blocks too.
+      if (c == 0) {
+        for (const auto& in : d.work.inputs) first_pattern.push_back(in.is_array());
+      } else {
+        for (std::size_t i = 0; i < arity; ++i)
+          if (d.work.inputs[i].is_array() != first_pattern[i])
+            throw nb::value_error(("gpupool: kernel '" + k.name() +
+                                   "': the call mixes arrays and scalars differently from the "
+                                   "first call; pass each pattern in its own map (call " +
+                                   std::to_string(c) + ")")
+                                      .c_str());
       }
-      it->second.push_back(c);
-    }
+    };
+
     const auto out_type = k.output().type;
     const std::string out_name = gpupool::to_string(out_type);
     const std::size_t itemsize = gpupool::size_of(out_type);
-    // Each group's outputs are consecutive in one flat buffer: (buffer, offsets of its calls).
-    std::vector<std::pair<nb::object, std::vector<std::size_t>>> flats;
-    std::vector<std::pair<int, std::vector<gpupool::device_call>>> batches;
+    // One device's calls of one block: their outputs are consecutive in one flat buffer.
+    struct group {
+      int ordinal = 0;
+      std::vector<std::size_t> members;  // call indices, in call order
+      nb::object flat;
+      std::vector<std::size_t> ends;  // each member's end in `flat`, in elements
+    };
+    std::vector<group> groups;
     nb::list held_flats;  // kept with `keep_alive` until the batches end
-    for (auto& [ordinal, members] : groups) {
-      std::size_t total = 0;
-      for (std::size_t c : members) total += described[c].work.count;
-      auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(allocate_flat(
-          described[members.front()].anchor, ordinal, std::max<std::size_t>(total, 1), out_name));
-      held_flats.append(flat);
-      std::vector<gpupool::device_call> work;
-      work.reserve(members.size());
-      std::vector<std::size_t> offsets;
-      offsets.reserve(members.size());
-      std::size_t offset = 0;
-      for (std::size_t c : members) {
-        auto& d = described[c];
-        d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
-        offsets.push_back(offset);
-        offset += d.work.count;
-        work.push_back(std::move(d.work));
-      }
-      batches.emplace_back(ordinal, std::move(work));
-      flats.emplace_back(std::move(flat), std::move(offsets));
-    }
+    nb::object held = nb::make_tuple(keep_alive, held_flats);
+    nb::list futures;
+    std::vector<nb::list> group_outputs;  // each future's result, filled once all are queued
+    std::vector<nb::object> outputs(n);
     // The views of group `g`'s calls, in member order, made by one call (CuPy's array_split
     // makes each in a fraction of what a slice through __getitem__ takes).
-    const auto views_of = [&](std::size_t g) {
-      const std::size_t members = groups[g].second.size();
+    const auto views_of = [&](const group& g) {
       nb::list ends;
-      for (std::size_t m = 0; m < members; ++m)
-        ends.append(flats[g].second[m] + batches[g].second[m].count);
-      nb::object pieces = split_flat(flats[g].first, ends);
-      if (nb::len(pieces) < members)
+      for (std::size_t end : g.ends) ends.append(end);
+      nb::object pieces = split_flat(g.flat, ends);
+      if (nb::len(pieces) < g.members.size())
         throw std::runtime_error("gpupool: split_flat gave fewer views than calls");
-      std::vector<nb::object> views(members);
-      for (std::size_t m = 0; m < members; ++m) {
+      std::vector<nb::object> views(g.members.size());
+      for (std::size_t m = 0; m < views.size(); ++m) {
         views[m] = pieces[m];
-        const nb::object& shape = described[groups[g].second[m]].shape;
+        const nb::object& shape = described[g.members[m]].shape;
         if (nb::len(shape) > 1) views[m] = views[m].attr("reshape")(shape);
       }
       return views;
     };
-    std::vector<nb::object> outputs(n);
-    if (single) outputs.front() = views_of(0).front();  // the future's result: made before it ends
-    before_launch();
 
-    // Everything is queued before the output views are made (CuPy takes microseconds for each),
-    // so that the GPUs compute meanwhile. A future's result is its group's list of views, filled
-    // below: nobody can look at it before this call returns.
-    std::vector<nb::list> batch_outputs(batches.size());
-    nb::object held = nb::make_tuple(keep_alive, held_flats);
-    nb::list futures;
     try {
-      for (std::size_t b = 0; b < batches.size(); ++b) {
-        const int device = device_of_ordinal(batches[b].first);
-        gpupool::future<void> f;
-        {
-          nb::gil_scoped_release nogil;
-          f = get().map_on_device(device, k, batches[b].second);
+      for (std::size_t begin = 0, size = first_device_block; begin < n; begin += size, size *= 2) {
+        const std::size_t end = std::min(n, begin + size);
+        for (std::size_t c = begin; c < end; ++c) describe(c);
+        // Grouped by device (empty arrays may not know theirs: they join GPU 0), in first-seen
+        // order.
+        const std::size_t first_group = groups.size();
+        for (std::size_t c = begin; c < end; ++c) {
+          const int ordinal = std::max(described[c].ordinal, 0);
+          auto it =
+              std::find_if(groups.begin() + static_cast<std::ptrdiff_t>(first_group), groups.end(),
+                           [&](const group& g) { return g.ordinal == ordinal; });
+          if (it == groups.end()) {
+            groups.push_back({ordinal, {}, {}, {}});
+            it = std::prev(groups.end());
+          }
+          it->members.push_back(c);
         }
-        nb::object result = single ? outputs.front() : nb::object(batch_outputs[b]);
-        futures.append(adopt_kernel_task(std::move(f), future_type, {}, std::nullopt,
-                                         std::move(result), held));
+        std::vector<std::vector<gpupool::device_call>> work(groups.size() - first_group);
+        for (std::size_t g = first_group; g < groups.size(); ++g) {
+          group& gr = groups[g];
+          std::size_t total = 0;
+          for (std::size_t c : gr.members) total += described[c].work.count;
+          auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(
+              allocate_flat(described[gr.members.front()].anchor, gr.ordinal,
+                            std::max<std::size_t>(total, 1), out_name));
+          held_flats.append(flat);
+          gr.flat = std::move(flat);
+          auto& calls_here = work[g - first_group];
+          calls_here.reserve(gr.members.size());
+          gr.ends.reserve(gr.members.size());
+          std::size_t offset = 0;
+          for (std::size_t c : gr.members) {
+            auto& d = described[c];
+            d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
+            offset += d.work.count;
+            gr.ends.push_back(offset);
+            calls_here.push_back(std::move(d.work));
+          }
+        }
+        if (single) outputs.front() = views_of(groups.front()).front();  // made before it ends
+        before_launch();
+        for (std::size_t g = first_group; g < groups.size(); ++g) {
+          const int device = device_of_ordinal(groups[g].ordinal);
+          gpupool::future<void> f;
+          try {
+            nb::gil_scoped_release nogil;
+            f = get().map_on_device(device, k, work[g - first_group]);
+          } catch (const gpupool::call_error& e) {
+            // Numbered within its group: named here by its place among all the calls.
+            throw nb::value_error(
+                (e.reason() + " (call " + std::to_string(groups[g].members.at(e.call())) + ")")
+                    .c_str());
+          }
+          // A future's result is its group's list of views, filled below: nobody can look at
+          // it before this call returns.
+          group_outputs.emplace_back();
+          nb::object result = single ? outputs.front() : nb::object(group_outputs.back());
+          futures.append(adopt_kernel_task(std::move(f), future_type, {}, std::nullopt,
+                                           std::move(result), held));
+        }
       }
+      // Everything is queued before the output views are made (CuPy takes microseconds for
+      // each), so that the GPUs compute meanwhile.
       if (!single)
         for (std::size_t g = 0; g < groups.size(); ++g) {
-          std::vector<nb::object> views = views_of(g);
+          std::vector<nb::object> views = views_of(groups[g]);
           for (std::size_t m = 0; m < views.size(); ++m) {
-            batch_outputs[g].append(views[m]);
-            outputs[groups[g].second[m]] = std::move(views[m]);
+            group_outputs[g].append(views[m]);
+            outputs[groups[g].members[m]] = std::move(views[m]);
           }
         }
     } catch (...) {
       // What runs keeps its buffers (`held`) until it ends.
-      for (std::size_t b = 0; b < nb::len(futures); ++b) futures[b].attr("cancel")();
+      for (std::size_t f = 0; f < nb::len(futures); ++f) futures[f].attr("cancel")();
       throw;
     }
     nb::list all;

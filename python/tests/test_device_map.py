@@ -79,9 +79,10 @@ def run(core, calls, cupy_type=None, flats=None):
     outputs, futures = core.map_device_calls(SCALE, calls, cupy_type, describe_host, flats,
                                              split_host, lambda: launched.append(len(flats.made)),
                                              (), _Future)
-    for f in futures:
-        assert isinstance(f, cf.Future)
-        assert all(a is b for a, b in zip(f.result(timeout=30), outputs))
+    assert all(isinstance(f, cf.Future) for f in futures)
+    # One device: each block's future gives that block's outputs, the blocks in call order.
+    given = [out for f in futures for out in f.result(timeout=30)]
+    assert len(given) == len(outputs) and all(a is b for a, b in zip(given, outputs))
     return outputs, futures, flats, launched
 
 
@@ -179,12 +180,52 @@ def test_a_number_given_to_every_call_is_checked_once_and_each_call_gets_its_own
     (lambda x: [[FakeCupyArray(x.astype(np.float16)), 1.0]], TypeError, "unsupported dtype"),
     (lambda x: [[FakeCupyArray(np.ones((4, 4))[:, 1]), 1.0]], ValueError, "not C-contiguous"),
 ])
-def test_every_call_is_checked_before_anything_runs(core, calls, error, message):
+def test_a_bad_call_in_the_first_block_stops_the_map_before_anything_runs(core, calls, error,
+                                                                          message):
     flats = Flats()
     with pytest.raises(error, match=message):
         core.map_device_calls(SCALE, calls(np.ones(4)), FakeCupyArray, describe_host, flats,
                               split_host, lambda: pytest.fail("launched"), (), _Future)
     assert flats.made == []
+
+
+def test_long_maps_are_queued_in_doubling_blocks_while_later_calls_are_read(core):
+    # 64 calls, then 128, 256, 512 and the rest: each block is checked, given its buffer and
+    # queued (before_launch first) before the next one is read; the outputs are in call order.
+    xs = [np.arange(i % 7 + 1, dtype=np.float64) + i for i in range(1000)]
+    outputs, futures, flats, launched = run(core, [[x, 0.5] for x in xs])
+    blocks = [64, 128, 256, 512, 40]
+    assert len(futures) == len(blocks)
+    assert flats.made == [(0, sum(x.size for x in xs[sum(blocks[:b]):sum(blocks[:b + 1])]),
+                           "float64") for b in range(len(blocks))]
+    assert launched == [1, 2, 3, 4, 5]  # each block waits for the producers, then is queued
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 0.5)
+
+
+@pytest.mark.parametrize("bad, error, message, queued", [
+    # Refused while its block is read: only the first block (calls 0-63) was queued.
+    (lambda x: [x, "two"], TypeError, "call 150 argument 1 is not a device array", [1]),
+    (lambda x: [x[:2], x], ValueError, r"mixes arrays and scalars.*\(call 150\)", [1]),
+    # Refused by map_on_device's own check of its block (calls 64-191), numbered within it.
+    (lambda x: [x.astype(np.float32), 1.0], ValueError, r"float32 array.*\(call 150\)", [1, 2]),
+])
+def test_a_bad_call_in_a_later_block_stops_the_map_and_the_executor_goes_on(core, bad, error,
+                                                                            message, queued):
+    # The blocks queued before it run into buffers nobody gets (or are cancelled); the error
+    # names the call by its place in the whole map, and the next map runs as usual.
+    xs = [np.arange(5, dtype=np.float64) + i for i in range(300)]
+    calls = [[x, 2.0] for x in xs]
+    calls[150] = bad(xs[150])
+    flats, launched = Flats(), []
+    with pytest.raises(error, match=message):
+        core.map_device_calls(SCALE, calls, None, describe_host, flats, split_host,
+                              lambda: launched.append(len(flats.made)), (), _Future)
+    assert launched == queued
+    assert flats.made[0] == (0, 64 * 5, "float64")
+    outputs, _, _, _ = run(core, [[x, 3.0] for x in xs])
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 3.0)
 
 
 def test_arrays_of_one_call_on_two_gpus_are_refused(core):
@@ -220,12 +261,21 @@ def test_w5_many_cupy_arrays_through_executor_map():
     for o, c in zip(out[:8], chunks[:8]):
         assert isinstance(o, cp.ndarray) and o.shape == c.shape
         cp.testing.assert_array_equal(o, c * 2 + 1)
-    # Views into one buffer per device, as the one-call bookkeeping makes them, each where its
-    # call's elements are, C-contiguous like any new array.
-    assert len({o.data.mem.ptr for o in out if o.size}) == 1
-    offset = out[0].data.ptr
-    for o, c in zip(out, chunks):
-        assert o.flags.c_contiguous and o.shape == c.shape
-        assert o.data.ptr == offset or o.size == 0
-        offset += c.nbytes
-    cp.testing.assert_array_equal(out[-1], chunks[-1] * 2 + 1)
+    # Views into one buffer per device and block (64 calls, then 128, 256, ...), as the one-call
+    # bookkeeping makes them, each where its call's elements are, C-contiguous like any new
+    # array.
+    pairs = list(zip(out, chunks))
+    begin, size, buffers = 0, 64, set()
+    while begin < len(pairs):
+        block = pairs[begin:begin + size]
+        memory = {o.data.mem.ptr for o, _ in block if o.size}
+        assert len(memory) == 1 and not memory & buffers, f"block from call {begin}"
+        buffers |= memory
+        offset = block[0][0].data.ptr
+        for o, c in block:
+            assert o.flags.c_contiguous and o.shape == c.shape
+            assert o.data.ptr == offset or o.size == 0
+            offset += c.nbytes
+        begin, size = begin + size, size * 2
+    assert len(buffers) == 6  # 64 + 128 + 256 + 512 + 1024 calls, and the last 16
+    cp.testing.assert_array_equal(cp.concatenate(out), cp.concatenate(chunks) * 2 + 1)

@@ -854,14 +854,14 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
     try {
       prepared.push_back(detail::prepare_call(k, calls[i].inputs, out_type, calls[i].count));
     } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(std::string(e.what()) + " (call " + std::to_string(i) + ")");
+      throw call_error(i, e.what());
     }
     if (calls[i].out == nullptr && calls[i].count > 0)
-      throw std::invalid_argument("gpupool: call " + std::to_string(i) + " has no output");
+      throw call_error(i, "gpupool: kernel '" + k.name() + "': the call has no output");
     if (i > 0 && prepared[i].is_array != prepared[0].is_array)
-      throw std::invalid_argument("gpupool: kernel '" + k.name() + "': call " + std::to_string(i) +
-                                  " mixes arrays and scalars differently from call 0; pass "
-                                  "each pattern in its own map");
+      throw call_error(i, "gpupool: kernel '" + k.name() +
+                              "': the call mixes arrays and scalars differently from the first "
+                              "call; pass each pattern in its own map");
   }
   if (calls.empty()) return nothing_to_do();
   auto state = std::make_shared<detail::shared_state<void>>();
