@@ -228,9 +228,9 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
     raises before this returns (the blocks before it run into buffers nobody gets). Outputs
     are new arrays of the first array's kind, shape and device (views into one buffer per
     device and block). The per-array work is done by the extension in one call
-    (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. The futures
-    (of `future_type`, one per device and block) give the outputs; with `single` (one call)
-    the one future gives that call's output."""
+    (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. Its one
+    future (of `future_type`) gives the outputs, or with `single` (one call) that call's
+    output."""
     cupy = sys.modules.get("cupy")
     # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream.
     streams: _Streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()

@@ -268,9 +268,10 @@ class py_executor {
   // waits for the streams the inputs' producers use). A bad call stops the map with its error:
   // the blocks queued before it are cancelled where they have not started, and what runs keeps
   // its buffers until it ends (their outputs are never handed out). Returns (outputs in call
-  // order, one future of `future_type` per group of each block, whose result is the group's
-  // outputs, or with `single` (one call) that call's output); `keep_alive` is held until they
-  // end.
+  // order, [one future of `future_type` for the whole map, whose result is the outputs, or with
+  // `single` (one call) that call's output]); `keep_alive` is held until it ends. Only the last
+  // batch to end takes the GIL to hand the future over, so lanes never wait for the GIL this
+  // call holds while it reads later blocks.
   static constexpr std::size_t first_device_block = 64;
 
   template <class K>
@@ -387,8 +388,7 @@ class py_executor {
     std::vector<group> groups;
     nb::list held_flats;  // kept with `keep_alive` until the batches end
     nb::object held = nb::make_tuple(keep_alive, held_flats);
-    nb::list futures;
-    std::vector<nb::list> group_outputs;  // each future's result, filled once all are queued
+    std::vector<gpupool::future<void>> queued;  // one per group
     std::vector<nb::object> outputs(n);
     // The views of group `g`'s calls, in member order, made by one call (CuPy's array_split
     // makes each in a fraction of what a slice through __getitem__ takes).
@@ -451,41 +451,42 @@ class py_executor {
         before_launch();
         for (std::size_t g = first_group; g < groups.size(); ++g) {
           const int device = device_of_ordinal(groups[g].ordinal);
-          gpupool::future<void> f;
           try {
             nb::gil_scoped_release nogil;
-            f = get().map_on_device(device, k, work[g - first_group]);
+            queued.push_back(get().map_on_device(device, k, work[g - first_group]));
           } catch (const gpupool::call_error& e) {
             // Numbered within its group: named here by its place among all the calls.
             throw nb::value_error(
                 (e.reason() + " (call " + std::to_string(groups[g].members.at(e.call())) + ")")
                     .c_str());
           }
-          // A future's result is its group's list of views, filled below: nobody can look at
-          // it before this call returns.
-          group_outputs.emplace_back();
-          nb::object result = single ? outputs.front() : nb::object(group_outputs.back());
-          futures.append(adopt_kernel_task(std::move(f), future_type, {}, std::nullopt,
-                                           std::move(result), held));
         }
       }
       // Everything is queued before the output views are made (CuPy takes microseconds for
       // each), so that the GPUs compute meanwhile.
       if (!single)
-        for (std::size_t g = 0; g < groups.size(); ++g) {
-          std::vector<nb::object> views = views_of(groups[g]);
-          for (std::size_t m = 0; m < views.size(); ++m) {
-            group_outputs[g].append(views[m]);
-            outputs[groups[g].members[m]] = std::move(views[m]);
-          }
+        for (const group& g : groups) {
+          std::vector<nb::object> views = views_of(g);
+          for (std::size_t m = 0; m < views.size(); ++m)
+            outputs[g.members[m]] = std::move(views[m]);
         }
     } catch (...) {
-      // What runs keeps its buffers (`held`) until it ends.
-      for (std::size_t f = 0; f < nb::len(futures); ++f) futures[f].attr("cancel")();
+      // What was queued is cancelled where it has not started; what runs keeps its buffers
+      // (`held`) until it ends, through a future nobody sees.
+      for (auto& f : queued) (void)f.cancel();
+      try {
+        (void)adopt_kernel_tasks(queued, future_type, nb::none(), held);
+      } catch (...) {
+        nb::gil_scoped_release nogil;
+        for (auto& f : queued) f.wait();  // no future could hold them: wait here instead
+      }
       throw;
     }
     nb::list all;
     for (auto& o : outputs) all.append(o);
+    nb::object result = single ? outputs.front() : nb::object(all);
+    nb::list futures;
+    futures.append(adopt_kernel_tasks(std::move(queued), future_type, std::move(result), held));
     return nb::make_tuple(all, futures);
   }
 

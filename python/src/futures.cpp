@@ -238,15 +238,31 @@ class kernel_outcome {
   PyObject* future_ = nullptr;
 };
 
-// A kernel future's handle on its task in gpupool's queue.
+// A kernel future's handle on its tasks in gpupool's queue (one, or the blocks of a map).
 class queued_task {
  public:
-  explicit queued_task(gpupool::future<void> f) : future_(std::move(f)) {}
-  // True if the task had not started and is now cancelled (its future is then ended cancelled).
-  bool cancel() { return future_.cancel(); }
+  explicit queued_task(gpupool::future<void> f) { futures_.push_back(std::move(f)); }
+  explicit queued_task(std::vector<gpupool::future<void>> fs) : futures_(std::move(fs)) {}
+  // True if no task had started and all are now cancelled (the future then ends cancelled).
+  // Otherwise the ones not yet started are still cancelled, and the future ends cancelled once
+  // the rest have ended.
+  bool cancel() {
+    bool all = true;
+    for (auto& f : futures_) all = f.cancel() && all;
+    return all;
+  }
 
  private:
-  gpupool::future<void> future_;
+  std::vector<gpupool::future<void>> futures_;
+};
+
+// How the tasks of one future ended so far: the first failure, or whether any was cancelled.
+struct joint_ending {
+  explicit joint_ending(std::size_t tasks) : remaining(tasks) {}
+  std::mutex lock;
+  std::size_t remaining;
+  bool cancelled = false;
+  std::exception_ptr failure;
 };
 
 // How task `done` ended: cancelled, or failed with what.
@@ -438,6 +454,41 @@ nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
     post_handover([outcome, cancelled, failure] { outcome->finish(cancelled, failure); });
   });
   nb::object task = nb::cast(queued_task(std::move(f)));
+  if (PyObject_SetAttr(future.ptr(), names().task, task.ptr()) != 0) throw nb::python_error();
+  return future;
+}
+
+nb::object adopt_kernel_tasks(std::vector<gpupool::future<void>> fs, nb::handle future_type,
+                              nb::object result, nb::object keep_alive) {
+  auto outcome = std::make_shared<kernel_outcome>(std::vector<input_array>{}, std::nullopt,
+                                                  std::move(result), std::move(keep_alive));
+  nb::object future = future_type();
+  outcome->set_future(future);
+  if (fs.empty()) {
+    outcome->finish(false, nullptr);
+    return future;
+  }
+  // Only the last task to end hands over (taking the GIL): the others end on their lanes
+  // without it, which matters while the caller holds the GIL queueing more of the map.
+  auto ending = std::make_shared<joint_ending>(fs.size());
+  for (auto& f : fs)
+    f.on_complete([outcome, ending](gpupool::future<void>& done) {
+      auto [cancelled, failure] = ending_of(done);
+      bool cancelled_all = false;
+      std::exception_ptr first_failure;
+      {
+        std::lock_guard<std::mutex> hold(ending->lock);
+        ending->cancelled = ending->cancelled || cancelled;
+        if (failure && !ending->failure) ending->failure = failure;
+        if (--ending->remaining > 0) return;
+        first_failure = ending->failure;
+        cancelled_all = ending->cancelled && !first_failure;
+      }
+      post_handover([outcome, cancelled_all, first_failure] {
+        outcome->finish(cancelled_all, first_failure);
+      });
+    });
+  nb::object task = nb::cast(queued_task(std::move(fs)));
   if (PyObject_SetAttr(future.ptr(), names().task, task.ptr()) != 0) throw nb::python_error();
   return future;
 }

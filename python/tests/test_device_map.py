@@ -80,8 +80,9 @@ def run(core, calls, cupy_type=None, flats=None):
                                              split_host, lambda: launched.append(len(flats.made)),
                                              (), _Future)
     assert all(isinstance(f, cf.Future) for f in futures)
-    # One device: each block's future gives that block's outputs, the blocks in call order.
-    given = [out for f in futures for out in f.result(timeout=30)]
+    # One future for the whole map, whatever the blocks and devices: its result is the outputs.
+    assert len(futures) == 1
+    given = futures[0].result(timeout=30)
     assert len(given) == len(outputs) and all(a is b for a, b in zip(given, outputs))
     return outputs, futures, flats, launched
 
@@ -90,7 +91,7 @@ def test_many_arrays_in_one_call_each_output_a_view_of_one_buffer(core):
     xs = [np.arange(n, dtype=np.float64) for n in (3, 1, 0, 1000, 7)]
     xs.append(np.arange(12, dtype=np.float64).reshape(3, 4))
     outputs, futures, flats, launched = run(core, [[x, 2.5] for x in xs])
-    assert len(outputs) == len(xs) and len(futures) == 1  # one device: one batch
+    assert len(outputs) == len(xs)
     for x, out in zip(xs, outputs):
         assert out.shape == x.shape
         np.testing.assert_array_equal(out, x * 2.5)
@@ -195,12 +196,33 @@ def test_long_maps_are_queued_in_doubling_blocks_while_later_calls_are_read(core
     xs = [np.arange(i % 7 + 1, dtype=np.float64) + i for i in range(1000)]
     outputs, futures, flats, launched = run(core, [[x, 0.5] for x in xs])
     blocks = [64, 128, 256, 512, 40]
-    assert len(futures) == len(blocks)
     assert flats.made == [(0, sum(x.size for x in xs[sum(blocks[:b]):sum(blocks[:b + 1])]),
                            "float64") for b in range(len(blocks))]
     assert launched == [1, 2, 3, 4, 5]  # each block waits for the producers, then is queued
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 0.5)
+
+
+def test_the_maps_one_future_cancels_every_block_that_has_not_started():
+    # Both lanes held by Python calls: the map's blocks wait in the queue, so cancelling its one
+    # future cancels all of them and the future ends cancelled; the lanes then go on.
+    import threading
+
+    release = threading.Event()
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu") as ex:
+        holders = [ex.submit(release.wait, 30) for _ in range(2)]
+        xs = [np.arange(3, dtype=np.float64) for _ in range(300)]
+        try:
+            _, futures = ex._core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None,
+                                                   describe_host, Flats(), split_host,
+                                                   lambda: None, (), _Future)
+            assert len(futures) == 1
+            assert futures[0].cancel() and futures[0].cancelled()
+        finally:
+            release.set()
+        assert all(h.result(timeout=30) for h in holders)
+        outputs, _, _, _ = run(ex._core, [[x, 4.0] for x in xs])
+        np.testing.assert_array_equal(outputs[-1], xs[-1] * 4.0)
 
 
 @pytest.mark.parametrize("bad, error, message, queued", [
