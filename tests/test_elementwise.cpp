@@ -225,43 +225,40 @@ TEST_P(ElementwiseTest, MapOnDeviceRunsManySmallCallsInBatches) {
     }
 }
 
+// `map` must refuse call `index` with call_error, whose reason (without the call's number)
+// says `why`.
+template <class Map>
+void expect_call_error(Map&& map, std::size_t index, const std::string& why) {
+  try {
+    (void)map();
+    ADD_FAILURE() << "call " << index << " was accepted (" << why << ")";
+  } catch (const call_error& e) {
+    EXPECT_EQ(e.call(), index) << e.what();
+    EXPECT_NE(std::string(e.what()).find("(call " + std::to_string(index) + ")"), std::string::npos)
+        << e.what();
+    EXPECT_NE(e.reason().find(why), std::string::npos) << e.reason();
+    EXPECT_EQ(e.reason().find("(call"), std::string::npos) << e.reason();
+  }
+}
+
 TEST_P(ElementwiseTest, MapOnDeviceChecksEveryCallFirst) {
   executor ex(options());
   elementwise_kernel k("float64 x", "float64 y", "y = x;", "copy");
   std::vector<double> a(10), b(9), out(10);
   std::vector<device_call> work{{{std::span<const double>(a)}, out.data(), 10},
                                 {{std::span<const double>(b)}, out.data(), 10}};
-  try {
-    (void)ex.map_on_device(0, k, work);
-    FAIL() << "a call with a short array was accepted";
-  } catch (const call_error& e) {
-    EXPECT_EQ(e.call(), 1u);
-    EXPECT_NE(std::string(e.what()).find("(call 1)"), std::string::npos) << e.what();
-    EXPECT_NE(e.reason().find("has 9 elements"), std::string::npos) << e.reason();
-    EXPECT_EQ(e.reason().find("(call"), std::string::npos) << e.reason();
-  }
-  // Every call checked: the pattern of arrays and numbers must match the first call's.
-  std::vector<device_call> mixed{{{std::span<const double>(a)}, out.data(), 10},
-                                 {{std::span<const double>(a)}, out.data(), 10},
-                                 {{std::span<const double>(a)}, nullptr, 10}};
-  try {
-    (void)ex.map_on_device(0, k, mixed);
-    FAIL() << "a call without an output was accepted";
-  } catch (const call_error& e) {
-    EXPECT_EQ(e.call(), 2u) << e.what();
-    EXPECT_NE(e.reason().find("no output"), std::string::npos) << e.reason();
-  }
+  expect_call_error([&] { return ex.map_on_device(0, k, work); }, 1, "has 9 elements");
+  std::vector<device_call> no_output{{{std::span<const double>(a)}, out.data(), 10},
+                                     {{std::span<const double>(a)}, out.data(), 10},
+                                     {{std::span<const double>(a)}, nullptr, 10}};
+  expect_call_error([&] { return ex.map_on_device(0, k, no_output); }, 2, "no output");
+  // The pattern of arrays and numbers must match the first call's.
   elementwise_kernel scale("float64 x, float64 a", "float64 y", "y = x * a;", "scale_mixed");
   std::vector<device_call> patterns{
       {{std::span<const double>(a), 2.0}, out.data(), 10},
       {{std::span<const double>(a), std::span<const double>(a)}, out.data(), 10}};
-  try {
-    (void)ex.map_on_device(0, scale, patterns);
-    FAIL() << "calls mixing arrays and numbers differently were accepted";
-  } catch (const call_error& e) {
-    EXPECT_EQ(e.call(), 1u) << e.what();
-    EXPECT_NE(e.reason().find("mixes arrays and scalars"), std::string::npos) << e.reason();
-  }
+  expect_call_error([&] { return ex.map_on_device(0, scale, patterns); }, 1,
+                    "mixes arrays and scalars");
   EXPECT_THROW((void)ex.map_on_device(5, k, work), std::out_of_range);
   ex.map_on_device(0, k, {}).get();  // nothing to do is fine
 }
