@@ -13,7 +13,7 @@ Every program checks its own results (the demo counts wrong elements, the benchm
 with the CPU, python_task_cost checks each result) and a failed run stops this script. Prints
 one table: per measurement, the median over rounds for each wait and its ratio to the first.
 
-    python3 bench/event_wait.py --bin build-gpu [--waits block,spin,poll:20] [--rounds 2]
+    python3 bench/event_wait.py --bin build-gpu [--waits block,spin] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -125,6 +125,11 @@ def main() -> None:
                              "harness's program), W2, W3, python")
     a = parser.parse_args()
     waits = [w for w in a.waits.split(",") if w]
+    unknown = [w for w in waits if w not in ("spin", "block")]
+    if unknown or not waits:
+        parser.error(f"--waits takes 'spin' and 'block', not {unknown or a.waits!r}")
+    if a.rounds < 1:
+        parser.error("--rounds must be at least 1")
     available: Dict[str, Callable[[str], List[Row]]] = {
         "W1": demo(a.bin, "W1", ["--repeat", "30"]),
         "W1py": w1_python,

@@ -259,6 +259,17 @@ TEST_P(ElementwiseTest, MapOnDeviceChecksEveryCallFirst) {
       {{std::span<const double>(a), std::span<const double>(a)}, out.data(), 10}};
   expect_call_error([&] { return ex.map_on_device(0, scale, patterns); }, 1,
                     "mixes arrays and scalars");
+  // The check's own error is nested: a number out of its parameter's range stays one.
+  elementwise_kernel by_int("float64 x, int32 n", "float64 y", "y = x * n;", "scale_int");
+  std::vector<device_call> too_big{
+      {{std::span<const double>(a), std::int64_t{2}}, out.data(), 10},
+      {{std::span<const double>(a), std::int64_t{1} << 40}, out.data(), 10}};
+  expect_call_error([&] { return ex.map_on_device(0, by_int, too_big); }, 1, "out of the range");
+  try {
+    (void)ex.map_on_device(0, by_int, too_big);
+  } catch (const call_error& e) {
+    EXPECT_THROW(std::rethrow_if_nested(e), argument_range_error);
+  }
   EXPECT_THROW((void)ex.map_on_device(5, k, work), std::out_of_range);
   ex.map_on_device(0, k, {}).get();  // nothing to do is fine
 }

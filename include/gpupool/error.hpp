@@ -84,7 +84,9 @@ class argument_range_error : public std::overflow_error {
 
 /// A call of executor::map_on_device refused by its checks. what() is the reason followed by
 /// " (call N)"; call() is N, the call's index in the vector given, and reason() the message
-/// without it (for a caller that numbers the calls its own way).
+/// without it (for a caller that numbers the calls its own way). The check's own error (an
+/// argument_kind_error, an argument_range_error, ...) is nested in it: std::rethrow_if_nested
+/// throws it.
 class call_error : public std::invalid_argument {
  public:
   call_error(std::size_t call, const std::string& reason)

@@ -279,7 +279,8 @@ class executor {
   /// arrays cost a few launches, not thousands. The future is ready once every call is done.
   /// Arrays must stay alive, and not be written by other work, until then.
   /// @throw call_error (a std::invalid_argument) naming the first bad call, before anything is
-  ///        queued; compile_error; std::out_of_range for an unknown device.
+  ///        queued, with the check's own error nested; compile_error; std::out_of_range for an
+  ///        unknown device.
   future<void> map_on_device(int device, const elementwise_kernel& k,
                              const std::vector<device_call>& calls);
   future<void> map_on_device(int device, const raw_kernel& k,

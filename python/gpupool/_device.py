@@ -193,8 +193,8 @@ def _split_flat(flat: Any, ends: List[int]) -> Sequence[Any]:
 
 
 class CompiledMap:
-    """The outputs of a compiled kernel over device-array calls, and the futures of the
-    per-device batches that fill them."""
+    """The outputs of a compiled kernel over device-array calls, and the one future that ends
+    when every batch filling them has ended."""
 
     def __init__(self, futures: List[Future[Any]], outputs: List[object]) -> None:
         self.futures = futures
@@ -222,10 +222,10 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
                  single: bool = False) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
-    device, calls grouped by device, each group one batched map there. The calls are read in
-    blocks that double in size (64, 128, ...), each checked and queued before the next is
-    read, so that the GPUs start while later calls are still being looked at; a bad call
-    raises before this returns (the blocks before it run into buffers nobody gets). Outputs
+    device. The calls are read in blocks that double in size (64, 128, ...); each block's
+    calls are checked, grouped by device and queued as one batched map per device before the
+    next block is read, so that the GPUs start while later calls are still being looked at. A
+    bad call raises before this returns, once the blocks queued before it have stopped. Outputs
     are new arrays of the first array's kind, shape and device (views into one buffer per
     device and block). The per-array work is done by the extension in one call
     (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. Its one

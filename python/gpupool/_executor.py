@@ -108,7 +108,9 @@ class _Future(_futures.Future[Any]):
     the lane that ran a Python call, or in bulk once tasks end).
 
     cancel() succeeds only while no lane has taken the task (a task that started runs to its
-    end, and cancel() returns False), and a cancelled future is reported finished at once
+    end, and cancel() returns False; a compiled kernel's map over device arrays, one future for
+    many batches, is cancelled while any batch has not started, the others running to their
+    end), and a cancelled future is reported finished at once
     (waiters of ``wait``/``as_completed`` wake, callbacks run), as
     ``set_running_or_notify_cancel`` does for the standard executors. A kernel's task is
     cancelled in gpupool's queue; a Python call's is skipped by the lane that takes it."""

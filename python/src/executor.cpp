@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -265,9 +267,9 @@ class py_executor {
   // are views into one buffer that `allocate_flat(anchor array, ordinal, count, dtype name)` ->
   // (buffer, address) makes and `split_flat(buffer, ends)` cuts into one 1-D view per call
   // (elements [previous end, end)); `before_launch()` runs before each block is queued (it
-  // waits for the streams the inputs' producers use). A bad call stops the map with its error:
-  // the blocks queued before it are cancelled where they have not started, and what runs keeps
-  // its buffers until it ends (their outputs are never handed out). Returns (outputs in call
+  // waits for the streams the inputs' producers use). A bad call stops the map with its error,
+  // naming the call by its index in `calls`, once the blocks queued before it have stopped:
+  // those not started are cancelled, the others waited for. Returns (outputs in call
   // order, [one future of `future_type` for the whole map, whose result is the outputs, or with
   // `single` (one call) that call's output]); `keep_alive` is held until it ends. Only the last
   // batch to end takes the GIL to hand the future over, so lanes never wait for the GIL this
@@ -374,6 +376,34 @@ class py_executor {
                                       .c_str());
       }
     };
+    // describe(c), whose refusals all name the call (some say only which argument was wrong):
+    // by the time a later block is read, earlier ones run, so the number is what tells.
+    const auto describe_numbered = [&](std::size_t c) {
+      try {
+        describe(c);
+      } catch (const nb::builtin_exception& e) {
+        throw nb::builtin_exception(e.type(), numbered(e.what(), c).c_str());
+      } catch (const gpupool::argument_range_error& e) {
+        throw gpupool::argument_range_error(numbered(e.what(), c));
+      } catch (const gpupool::argument_kind_error& e) {
+        throw gpupool::argument_kind_error(numbered(e.what(), c));
+      } catch (const std::invalid_argument& e) {
+        throw std::invalid_argument(numbered(e.what(), c));
+      } catch (const nb::python_error& e) {
+        // gpupool's own refusals raised as Python errors (a number out of range, say): the same
+        // error with the call's number; anything else as it came.
+        const nb::handle type = e.type();
+        if (type.is(PyExc_TypeError) || type.is(PyExc_ValueError) || type.is(PyExc_OverflowError)) {
+          nb::object args = e.value().attr("args");
+          if (nb::len(args) == 1 && PyUnicode_Check(nb::handle(args[0]).ptr())) {
+            const std::string message = nb::cast<std::string>(args[0]);
+            const std::string renamed = numbered(message, c);
+            if (renamed != message) throw_python(type.ptr(), renamed);
+          }
+        }
+        throw;
+      }
+    };
 
     const auto out_type = k.output().type;
     const std::string out_name = gpupool::to_string(out_type);
@@ -410,7 +440,7 @@ class py_executor {
     try {
       for (std::size_t begin = 0, size = first_device_block; begin < n; begin += size, size *= 2) {
         const std::size_t end = std::min(n, begin + size);
-        for (std::size_t c = begin; c < end; ++c) describe(c);
+        for (std::size_t c = begin; c < end; ++c) describe_numbered(c);
         // Grouped by device (empty arrays may not know theirs: they join GPU 0), in first-seen
         // order.
         const std::size_t first_group = groups.size();
@@ -449,6 +479,7 @@ class py_executor {
         }
         if (single) outputs.front() = views_of(groups.front()).front();  // made before it ends
         before_launch();
+        queued.reserve(queued.size() + (groups.size() - first_group));  // no throw once queued
         for (std::size_t g = first_group; g < groups.size(); ++g) {
           const int device = device_of_ordinal(groups[g].ordinal);
           try {
@@ -456,9 +487,7 @@ class py_executor {
             queued.push_back(get().map_on_device(device, k, work[g - first_group]));
           } catch (const gpupool::call_error& e) {
             // Numbered within its group: named here by its place among all the calls.
-            throw nb::value_error(
-                (e.reason() + " (call " + std::to_string(groups[g].members.at(e.call())) + ")")
-                    .c_str());
+            rethrow_renumbered(e, groups[g].members.at(e.call()));
           }
         }
       }
@@ -470,24 +499,23 @@ class py_executor {
           for (std::size_t m = 0; m < views.size(); ++m)
             outputs[g.members[m]] = std::move(views[m]);
         }
+      nb::list all;
+      for (auto& o : outputs) all.append(o);
+      nb::object result = single ? outputs.front() : nb::object(all);
+      nb::list futures;
+      futures.append(adopt_kernel_tasks(queued, future_type, std::move(result), held));
+      return nb::make_tuple(all, futures);
     } catch (...) {
-      // What was queued is cancelled where it has not started; what runs keeps its buffers
-      // (`held`) until it ends, through a future nobody sees.
+      // Nothing of this map runs on once it has raised: what was queued is cancelled where it
+      // has not started, and what started is waited for here (it writes into `held`'s
+      // buffers). Only the error path waits.
       for (auto& f : queued) (void)f.cancel();
-      try {
-        (void)adopt_kernel_tasks(queued, future_type, nb::none(), held);
-      } catch (...) {
+      {
         nb::gil_scoped_release nogil;
-        for (auto& f : queued) f.wait();  // no future could hold them: wait here instead
+        for (auto& f : queued) f.wait();
       }
       throw;
     }
-    nb::list all;
-    for (auto& o : outputs) all.append(o);
-    nb::object result = single ? outputs.front() : nb::object(all);
-    nb::list futures;
-    futures.append(adopt_kernel_tasks(std::move(queued), future_type, std::move(result), held));
-    return nb::make_tuple(all, futures);
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -526,6 +554,31 @@ class py_executor {
     throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
                            ", which this executor does not use")
                               .c_str());
+  }
+
+  // `message` with " (call c)" after it, unless it already names call c.
+  static std::string numbered(const std::string& message, std::size_t c) {
+    const std::string name = "call " + std::to_string(c);
+    const auto at = message.find(name);
+    const bool names_it = at != std::string::npos &&
+                          (at + name.size() == message.size() ||
+                           !std::isdigit(static_cast<unsigned char>(message[at + name.size()])));
+    return names_it ? message : message + " (" + name + ")";
+  }
+
+  // A call_error of map_on_device again, naming call `c` of the whole map, as the error it
+  // wraps (a scalar out of range stays an OverflowError, say).
+  [[noreturn]] static void rethrow_renumbered(const gpupool::call_error& e, std::size_t c) {
+    const std::string message = e.reason() + " (call " + std::to_string(c) + ")";
+    try {
+      std::rethrow_if_nested(e);
+    } catch (const gpupool::argument_range_error&) {
+      throw gpupool::argument_range_error(message);
+    } catch (const gpupool::argument_kind_error&) {
+      throw gpupool::argument_kind_error(message);
+    } catch (...) {
+    }
+    throw nb::value_error(message.c_str());
   }
 
   static gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,

@@ -243,25 +243,26 @@ class queued_task {
  public:
   explicit queued_task(gpupool::future<void> f) { futures_.push_back(std::move(f)); }
   explicit queued_task(std::vector<gpupool::future<void>> fs) : futures_(std::move(fs)) {}
-  // True if no task had started and all are now cancelled (the future then ends cancelled).
-  // Otherwise the ones not yet started are still cancelled, and the future ends cancelled once
-  // the rest have ended.
+  // Cancels every task that has not started. True if one was: the future can then never have
+  // its result, and ends cancelled (tasks that started run to their end meanwhile).
   bool cancel() {
-    bool all = true;
-    for (auto& f : futures_) all = f.cancel() && all;
-    return all;
+    bool any = false;
+    for (auto& f : futures_) any = f.cancel() || any;
+    return any;
   }
 
  private:
   std::vector<gpupool::future<void>> futures_;
 };
 
-// How the tasks of one future ended so far: the first failure, or whether any was cancelled.
+// How the tasks of one future ended so far: whether any was cancelled, and the failure of the
+// earliest task (in the order given) that failed.
 struct joint_ending {
   explicit joint_ending(std::size_t tasks) : remaining(tasks) {}
   std::mutex lock;
   std::size_t remaining;
   bool cancelled = false;
+  std::size_t failed_task = 0;
   std::exception_ptr failure;
 };
 
@@ -458,7 +459,7 @@ nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
   return future;
 }
 
-nb::object adopt_kernel_tasks(std::vector<gpupool::future<void>> fs, nb::handle future_type,
+nb::object adopt_kernel_tasks(const std::vector<gpupool::future<void>>& fs, nb::handle future_type,
                               nb::object result, nb::object keep_alive) {
   auto outcome = std::make_shared<kernel_outcome>(std::vector<input_array>{}, std::nullopt,
                                                   std::move(result), std::move(keep_alive));
@@ -468,35 +469,41 @@ nb::object adopt_kernel_tasks(std::vector<gpupool::future<void>> fs, nb::handle 
     outcome->finish(false, nullptr);
     return future;
   }
+  nb::object task = nb::cast(queued_task(fs));
+  if (PyObject_SetAttr(future.ptr(), names().task, task.ptr()) != 0) throw nb::python_error();
   // Only the last task to end hands over (taking the GIL): the others end on their lanes
-  // without it, which matters while the caller holds the GIL queueing more of the map.
+  // without it, which matters while a caller holds the GIL queueing more of a map.
   auto ending = std::make_shared<joint_ending>(fs.size());
-  for (auto& f : fs)
-    f.on_complete([outcome, ending](gpupool::future<void>& done) {
+  for (std::size_t i = 0; i < fs.size(); ++i) {
+    gpupool::future<void> f = fs[i];  // a handle on the same task
+    f.on_complete([outcome, ending, i](gpupool::future<void>& done) {
       auto [cancelled, failure] = ending_of(done);
-      bool cancelled_all = false;
+      bool cancelled_any = false;
       std::exception_ptr first_failure;
       {
         std::lock_guard<std::mutex> hold(ending->lock);
         ending->cancelled = ending->cancelled || cancelled;
-        if (failure && !ending->failure) ending->failure = failure;
+        if (failure && (!ending->failure || i < ending->failed_task)) {
+          ending->failure = failure;
+          ending->failed_task = i;
+        }
         if (--ending->remaining > 0) return;
+        cancelled_any = ending->cancelled;
         first_failure = ending->failure;
-        cancelled_all = ending->cancelled && !first_failure;
       }
-      post_handover([outcome, cancelled_all, first_failure] {
-        outcome->finish(cancelled_all, first_failure);
+      // Cancelled wins: a cancel() that returned True has already ended the future so.
+      post_handover([outcome, cancelled_any, first_failure] {
+        outcome->finish(cancelled_any, cancelled_any ? nullptr : first_failure);
       });
     });
-  nb::object task = nb::cast(queued_task(std::move(fs)));
-  if (PyObject_SetAttr(future.ptr(), names().task, task.ptr()) != 0) throw nb::python_error();
+  }
   return future;
 }
 
 void bind_futures(nb::module_& m) {
-  nb::class_<queued_task>(m, "QueuedTask", "A kernel future's handle on its queued task.")
+  nb::class_<queued_task>(m, "QueuedTask", "A kernel future's handle on its queued tasks.")
       .def("cancel", &queued_task::cancel,
-           "True if the task had not started and is now cancelled.");
+           "Cancels every task not started; True if one was (the future then ends cancelled).");
 }
 
 }  // namespace gpupool_python

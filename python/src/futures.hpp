@@ -69,10 +69,12 @@ nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
                              std::vector<input_array> inputs, std::optional<pinned_result> pinned,
                              nb::object result = {}, nb::object keep_alive = {});
 
-// One Python future (as adopt_kernel_task's) for many kernel tasks `fs`: it ends when the last of
-// them has ended, with the first failure among them, else cancelled if any was cancelled, else
-// with `result`; `keep_alive` is held until then. Its cancel() cancels every task not started.
-nb::object adopt_kernel_tasks(std::vector<gpupool::future<void>> fs, nb::handle future_type,
+// One Python future (as adopt_kernel_task's) for many kernel tasks `fs` (the blocks of a map):
+// it ends when the last of them has ended: cancelled if any was cancelled, else with the failure
+// of the first task in `fs` that failed, else with `result`; `keep_alive` is held until then.
+// Its cancel() cancels every task not started, and succeeds if one was. The callbacks on `fs`
+// are registered last: if this throws, nothing of the tasks refers to the future.
+nb::object adopt_kernel_tasks(const std::vector<gpupool::future<void>>& fs, nb::handle future_type,
                               nb::object result, nb::object keep_alive);
 
 }  // namespace gpupool_python

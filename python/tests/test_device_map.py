@@ -4,6 +4,8 @@ array. On the CPU backend host memory stands in for device memory, so the C++ si
 NumPy arrays described as device arrays; python/tests/test_gpu_frameworks.py runs it on CuPy."""
 
 import concurrent.futures as cf
+import threading
+import time
 
 import gpupool
 import numpy as np
@@ -60,10 +62,12 @@ class Flats:
 
     def __init__(self):
         self.made = []
+        self.made_arrays = []
 
     def __call__(self, anchor, ordinal, count, dtype):
         flat = np.full(count, -1.0, dtype)
         self.made.append((ordinal, count, dtype))
+        self.made_arrays.append(flat)
         return flat, flat.ctypes.data
 
 
@@ -206,7 +210,6 @@ def test_long_maps_are_queued_in_doubling_blocks_while_later_calls_are_read(core
 def test_the_maps_one_future_cancels_every_block_that_has_not_started():
     # Both lanes held by Python calls: the map's blocks wait in the queue, so cancelling its one
     # future cancels all of them and the future ends cancelled; the lanes then go on.
-    import threading
 
     release = threading.Event()
     with gpupool.Executor(threads_per_gpu=2, backend="cpu") as ex:
@@ -225,12 +228,64 @@ def test_the_maps_one_future_cancels_every_block_that_has_not_started():
         np.testing.assert_array_equal(outputs[-1], xs[-1] * 4.0)
 
 
+def test_cancelling_a_map_whose_first_block_ran_cancels_the_rest_and_ends_it_cancelled():
+    # One lane. Before the second block is queued, the first has run and a Python call holds
+    # the lane: the later blocks wait behind it. cancel() then cancels them and succeeds, and
+    # the future ends cancelled though its first block ran; the lane goes on afterwards.
+    release = threading.Event()
+    flats = Flats()
+    holder = []
+    xs = [np.arange(3, dtype=np.float64) + i for i in range(300)]
+
+    def before_launch():
+        if len(flats.made) == 2:  # the first block was queued before this
+            first = flats.made_arrays[0]
+            deadline = time.monotonic() + 30
+            while first[-1] == -1.0 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            holder.append(ex.submit(release.wait, 30))
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        try:
+            outputs, futures = ex._core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None,
+                                                         describe_host, flats, split_host,
+                                                         before_launch, (), _Future)
+            assert futures[0].cancel() and futures[0].cancelled()
+        finally:
+            release.set()
+        with pytest.raises(cf.CancelledError):
+            futures[0].result(timeout=30)
+        assert holder[0].result(timeout=30)
+        for x, out in zip(xs[:64], outputs[:64]):  # the block that ran
+            np.testing.assert_array_equal(out, x * 2.0)
+        again, _, _, _ = run(ex._core, [[x, 5.0] for x in xs])
+        np.testing.assert_array_equal(again[-1], xs[-1] * 5.0)
+
+
+def test_calls_on_two_devices_are_named_by_their_place_in_the_whole_map():
+    # Calls alternate between two stand-in devices: each block has a group per device, and a
+    # call refused by its group's check is still named by its index among all the calls.
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=2) as ex:
+        xs = [np.arange(4, dtype=np.float64) + i for i in range(300)]
+        calls = [[FakeCupyArray(x, i % 2), 1.5] for i, x in enumerate(xs)]
+        outputs, _, flats, _ = run(ex._core, calls, cupy_type=FakeCupyArray)
+        assert [ordinal for ordinal, _, _ in flats.made[:2]] == [0, 1]  # one buffer each
+        for x, out in zip(xs, outputs):
+            np.testing.assert_array_equal(out, x * 1.5)
+        calls[151] = [FakeCupyArray(xs[151].astype(np.float32), 1), 1.5]
+        with pytest.raises(ValueError, match=r"float32 array.*\(call 151\)"):
+            run(ex._core, calls, cupy_type=FakeCupyArray)
+
+
 @pytest.mark.parametrize("bad, error, message, queued", [
     # Refused while its block is read: only the first block (calls 0-63) was queued.
     (lambda x: [x, "two"], TypeError, "call 150 argument 1 is not a device array", [1]),
     (lambda x: [x[:2], x], ValueError, r"mixes arrays and scalars.*\(call 150\)", [1]),
     # Refused by map_on_device's own check of its block (calls 64-191), numbered within it.
     (lambda x: [x.astype(np.float32), 1.0], ValueError, r"float32 array.*\(call 150\)", [1, 2]),
+    # Refusals that name only the argument get the call's number too.
+    (lambda x: [x, 2**1100], OverflowError, r"\(call 150\)", [1]),
+    (lambda x: [x], TypeError, r"takes 2 argument.*\(call 150\)", [1]),
 ])
 def test_a_bad_call_in_a_later_block_stops_the_map_and_the_executor_goes_on(core, bad, error,
                                                                             message, queued):

@@ -854,7 +854,9 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
     try {
       prepared.push_back(detail::prepare_call(k, calls[i].inputs, out_type, calls[i].count));
     } catch (const std::invalid_argument& e) {
-      throw call_error(i, e.what());
+      std::throw_with_nested(call_error(i, e.what()));  // the check's own error, nested
+    } catch (const std::overflow_error& e) {
+      std::throw_with_nested(call_error(i, e.what()));  // a scalar out of its type's range
     }
     if (calls[i].out == nullptr && calls[i].count > 0)
       throw call_error(i, "gpupool: kernel '" + k.name() + "': the call has no output");
