@@ -381,27 +381,9 @@ class py_executor {
     const auto describe_numbered = [&](std::size_t c) {
       try {
         describe(c);
-      } catch (const nb::builtin_exception& e) {
-        throw nb::builtin_exception(e.type(), numbered(e.what(), c).c_str());
-      } catch (const gpupool::argument_range_error& e) {
-        throw gpupool::argument_range_error(numbered(e.what(), c));
-      } catch (const gpupool::argument_kind_error& e) {
-        throw gpupool::argument_kind_error(numbered(e.what(), c));
-      } catch (const std::invalid_argument& e) {
-        throw std::invalid_argument(numbered(e.what(), c));
-      } catch (const nb::python_error& e) {
-        // gpupool's own refusals raised as Python errors (a number out of range, say): the same
-        // error with the call's number; anything else as it came.
-        const nb::handle type = e.type();
-        if (type.is(PyExc_TypeError) || type.is(PyExc_ValueError) || type.is(PyExc_OverflowError)) {
-          nb::object args = e.value().attr("args");
-          if (nb::len(args) == 1 && PyUnicode_Check(nb::handle(args[0]).ptr())) {
-            const std::string message = nb::cast<std::string>(args[0]);
-            const std::string renamed = numbered(message, c);
-            if (renamed != message) throw_python(type.ptr(), renamed);
-          }
-        }
-        throw;
+      } catch (...) {
+        rethrow_reworded(std::current_exception(),
+                         [c](const std::string& message) { return numbered(message, c); });
       }
     };
 
@@ -486,8 +468,14 @@ class py_executor {
             nb::gil_scoped_release nogil;
             queued.push_back(get().map_on_device(device, k, work[g - first_group]));
           } catch (const gpupool::call_error& e) {
-            // Numbered within its group: named here by its place among all the calls.
-            rethrow_renumbered(e, groups[g].members.at(e.call()));
+            // Numbered within its group: named here by its place among all the calls, as the
+            // error the check made (a number out of range stays an OverflowError, say).
+            const std::string message =
+                e.reason() + " (call " + std::to_string(groups[g].members.at(e.call())) + ")";
+            const auto* nested = dynamic_cast<const std::nested_exception*>(&e);
+            rethrow_reworded(nested != nullptr && nested->nested_ptr() ? nested->nested_ptr()
+                                                                       : std::current_exception(),
+                             [&](const std::string&) { return message; });
           }
         }
       }
@@ -566,19 +554,35 @@ class py_executor {
     return names_it ? message : message + " (" + name + ")";
   }
 
-  // A call_error of map_on_device again, naming call `c` of the whole map, as the error it
-  // wraps (a scalar out of range stays an OverflowError, say).
-  [[noreturn]] static void rethrow_renumbered(const gpupool::call_error& e, std::size_t c) {
-    const std::string message = e.reason() + " (call " + std::to_string(c) + ")";
+  // `failure` again, of the same kind (TypeError, ValueError, OverflowError, ...), with
+  // `message_for(its message)` as its message; a failure of any other kind as it came.
+  template <class Message>
+  [[noreturn]] static void rethrow_reworded(const std::exception_ptr& failure,
+                                            const Message& message_for) {
     try {
-      std::rethrow_if_nested(e);
-    } catch (const gpupool::argument_range_error&) {
-      throw gpupool::argument_range_error(message);
-    } catch (const gpupool::argument_kind_error&) {
-      throw gpupool::argument_kind_error(message);
-    } catch (...) {
+      std::rethrow_exception(failure);
+    } catch (const nb::builtin_exception& e) {
+      throw nb::builtin_exception(e.type(), message_for(e.what()).c_str());
+    } catch (const gpupool::argument_range_error& e) {
+      throw gpupool::argument_range_error(message_for(e.what()));
+    } catch (const gpupool::argument_kind_error& e) {
+      throw gpupool::argument_kind_error(message_for(e.what()));
+    } catch (const std::invalid_argument& e) {
+      throw std::invalid_argument(message_for(e.what()));
+    } catch (const nb::python_error& e) {
+      // gpupool's own refusals raised as Python errors (a number out of range, say): the same
+      // error with the new message; anything else as it came.
+      const nb::handle type = e.type();
+      if (type.is(PyExc_TypeError) || type.is(PyExc_ValueError) || type.is(PyExc_OverflowError)) {
+        nb::object args = e.value().attr("args");
+        if (nb::len(args) == 1 && PyUnicode_Check(nb::handle(args[0]).ptr())) {
+          const std::string message = nb::cast<std::string>(args[0]);
+          const std::string reworded = message_for(message);
+          if (reworded != message) throw_python(type.ptr(), reworded);
+        }
+      }
+      throw;
     }
-    throw nb::value_error(message.c_str());
   }
 
   static gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
