@@ -111,9 +111,10 @@ def test_each_device_buffer_is_cut_into_views_by_one_call(core):
         return split_host(flat, ends)
 
     xs = [np.arange(n, dtype=np.float64) for n in (2, 0, 5)]
-    outputs, _ = core.map_device_calls(SCALE, [[x, 3.0] for x in xs], None, describe_host,
-                                       Flats(), split, lambda: None, (), _Future)
+    outputs, futures = core.map_device_calls(SCALE, [[x, 3.0] for x in xs], None, describe_host,
+                                             Flats(), split, lambda: None, (), _Future)
     assert cuts == [[2, 2, 7]]  # once, with each call's end in the one buffer
+    futures[0].result(timeout=30)  # the outputs are written once the map's future is done
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 3.0)
 
