@@ -61,7 +61,9 @@ def test_a_future_nobody_waits_on_makes_no_condition(executor):
     slow = executor.submit(gate.wait, 10)
     waiting = threading.Thread(target=lambda: cf.wait([slow], timeout=10))
     waiting.start()
-    time.sleep(0.05)
+    deadline = time.monotonic() + 10  # until the waiter has begun to wait (a loaded machine)
+    while slow._made_condition is None and time.monotonic() < deadline:
+        time.sleep(0.001)
     assert slow._made_condition is not None
     called = []
     slow.add_done_callback(lambda f: called.append(f.result()))
