@@ -8,8 +8,10 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "gpupool/elementwise.hpp"
@@ -97,6 +99,29 @@ class backend_stream {
   [[nodiscard]] virtual bool idle() noexcept = 0;
 };
 
+/// The kernels one backend has compiled, by a key naming everything compiling depends on
+/// (detail::compile_for makes it). Thread-safe; entries live as long as the backend.
+class compiled_memo {
+ public:
+  /// The kernel stored under `key`, else `compile()`'s, stored (a compile that throws stores
+  /// nothing). Compiles outside the lock: a first compile can take seconds, and the backend's
+  /// own caches already make racing compiles of one kernel wait for each other.
+  template <class Compile>
+  std::shared_ptr<const compiled_kernel> get(const std::string& key, Compile compile) {
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = kernels_.find(key); it != kernels_.end()) return it->second;
+    }
+    std::shared_ptr<const compiled_kernel> made = compile();
+    std::lock_guard lock(mutex_);
+    return kernels_.try_emplace(key, std::move(made)).first->second;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::unordered_map<std::string, std::shared_ptr<const compiled_kernel>> kernels_;
+};
+
 /// How far a failure reaches (backend::classify_fault).
 enum class fault_scope { none, device, every_device };
 
@@ -133,6 +158,11 @@ class backend {
     return dynamic_cast<const device_fault*>(&e) != nullptr ? fault_scope::device
                                                             : fault_scope::none;
   }
+  /// What this backend has compiled (detail::compile_for looks there first).
+  [[nodiscard]] compiled_memo& compiled() noexcept { return compiled_; }
+
+ private:
+  compiled_memo compiled_;
 };
 
 /// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else the first

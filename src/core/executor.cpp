@@ -848,11 +848,19 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
                                                 const std::vector<device_call>& calls) {
   require_accepting();
   const dtype out_type = k.output().type;
-  std::vector<detail::prepared_call> prepared;
-  prepared.reserve(calls.size());
+  // Every call is checked into one prepared_call in turn (no allocation per call: a map from
+  // Python brings thousands) and leaves its row in one table, in call order; the batches below
+  // take consecutive rows of it. The first call's check is kept: its pattern of arrays and
+  // scalars chooses the compiled kernel, and every later call must match it.
+  const std::size_t row_size = k.inputs().size() + 2;  // see prepared_call::append_row
+  std::vector<std::uint64_t> table;
+  table.reserve(calls.size() * row_size);
+  detail::prepared_call first, call;
+  std::size_t array_bytes_per_element = 0;  // over the array inputs, the same for every call
   for (std::size_t i = 0; i < calls.size(); ++i) {
+    detail::prepared_call& checked = i == 0 ? first : call;
     try {
-      prepared.push_back(detail::prepare_call(k, calls[i].inputs, out_type, calls[i].count));
+      detail::prepare_call_into(checked, k, calls[i].inputs, out_type, calls[i].count);
     } catch (const std::invalid_argument& e) {
       std::throw_with_nested(call_error(i, e.what()));  // the check's own error, nested
     } catch (const std::overflow_error& e) {
@@ -860,16 +868,19 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
     }
     if (calls[i].out == nullptr && calls[i].count > 0)
       throw call_error(i, "gpupool: kernel '" + k.name() + "': the call has no output");
-    if (i > 0 && prepared[i].is_array != prepared[0].is_array)
+    if (i > 0 && call.is_array != first.is_array)
       throw call_error(i, "gpupool: kernel '" + k.name() +
                               "': the call mixes arrays and scalars differently from the first "
                               "call; pass each pattern in its own map");
+    checked.append_row(table, calls[i].out, calls[i].count);
   }
   if (calls.empty()) return nothing_to_do();
+  for (const auto& op : first.operands)
+    if (op.is_array) array_bytes_per_element += op.element_size;
   auto state = std::make_shared<detail::shared_state<void>>();
   const int ordinal = ordinals[static_cast<std::size_t>(device)];
   auto job = std::make_shared<detail::device_calls_job>(
-      k.name(), detail::compile_for(*owner, k, prepared[0], ordinal), state);
+      k.name(), detail::compile_for(*owner, k, first, ordinal), state);
 
   // Two batches per lane of the device keep every lane busy while letting each launch cover
   // many calls (one launch per batch where the backend runs tables).
@@ -878,18 +889,16 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
   std::vector<detail::work_item_ptr> items;
   items.reserve(batches);
   for (std::size_t b = 0; b < batches; ++b) {
-    const std::size_t first = calls.size() * b / batches;
-    const std::size_t last = calls.size() * (b + 1) / batches;
-    std::vector<std::uint64_t> table;
-    std::size_t bytes_in = 0, bytes_out = 0;
-    for (std::size_t i = first; i < last; ++i) {
-      prepared[i].append_row(table, calls[i].out, calls[i].count);
-      for (const auto& op : prepared[i].operands)
-        if (op.is_array) bytes_in += calls[i].count * op.element_size;
-      bytes_out += calls[i].count * size_of(out_type);
-    }
+    const std::size_t begin = calls.size() * b / batches;
+    const std::size_t end = calls.size() * (b + 1) / batches;
+    std::size_t elements = 0;
+    for (std::size_t i = begin; i < end; ++i) elements += calls[i].count;
+    const auto rows = table.begin() + static_cast<std::ptrdiff_t>(begin * row_size);
     items.push_back(std::make_unique<detail::device_batch_piece>(
-        job, std::move(table), last - first, bytes_in, bytes_out));
+        job,
+        std::vector<std::uint64_t>(rows,
+                                   rows + static_cast<std::ptrdiff_t>((end - begin) * row_size)),
+        end - begin, elements * array_bytes_per_element, elements * size_of(out_type)));
     stamp(*items.back());
   }
   job->set_piece_count(items.size());

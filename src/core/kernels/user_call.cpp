@@ -85,17 +85,20 @@ user_operand operand_for(const std::string& kernel, const kernel_argument& arg,
   return op;
 }
 
-prepared_call prepare(const std::string& kernel, const std::vector<kernel_parameter>& params,
-                      const kernel_parameter& output, bool declared_arrays,
-                      const std::vector<kernel_argument>& inputs, dtype out_type,
-                      std::size_t count) {
+void prepare(prepared_call& call, const std::string& kernel,
+             const std::vector<kernel_parameter>& params, const kernel_parameter& output,
+             bool declared_arrays, const std::vector<kernel_argument>& inputs, dtype out_type,
+             std::size_t count) {
   if (inputs.size() != params.size())
     bad_call(kernel, "takes " + std::to_string(params.size()) + " input(s), but " +
                          std::to_string(inputs.size()) + " were given");
   if (out_type != output.type)
     bad_call(kernel, "the output is " + std::string(to_string(out_type)) +
                          ", but the kernel declares " + to_string(output.type));
-  prepared_call call;
+  call.operands.clear();
+  call.is_array.clear();
+  call.operands.reserve(inputs.size());
+  call.is_array.reserve(inputs.size());
   call.widest = size_of(out_type);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
     call.operands.push_back(operand_for(kernel, inputs[i], params[i], declared_arrays, count));
@@ -103,7 +106,33 @@ prepared_call prepare(const std::string& kernel, const std::vector<kernel_parame
     if (call.operands.back().is_array)
       call.widest = std::max(call.widest, call.operands.back().element_size);
   }
-  return call;
+}
+
+// What compiling depends on, as one string: the kind of kernel, its text and signature, the
+// call's pattern of arrays and scalars (elementwise kernels) and the device.
+void append_parameter(std::string& key, const kernel_parameter& p) {
+  key += p.name;
+  key += ':';
+  key += to_string(p.type);
+  key += p.array ? "*," : ",";
+}
+
+std::string memo_key(const elementwise_kernel& k, const std::vector<bool>& is_array, int ordinal) {
+  std::string key = "elementwise\n" + k.name() + '\n' + k.body() + '\n';
+  for (const auto& p : k.inputs()) append_parameter(key, p);
+  key += "->";
+  append_parameter(key, k.output());
+  for (bool array : is_array) key += array ? 'a' : 's';
+  return key + '@' + std::to_string(ordinal);
+}
+
+std::string memo_key(const raw_kernel& k, int ordinal) {
+  std::string key = "raw\n" + k.entry() + '\n' + k.source() + '\n';
+  for (const auto& p : k.inputs()) append_parameter(key, p);
+  key += "->";
+  append_parameter(key, k.output());
+  key += std::to_string(k.shape().block) + 'x' + std::to_string(k.shape().grid);
+  return key + '@' + std::to_string(ordinal);
 }
 
 }  // namespace
@@ -152,24 +181,41 @@ void backend_stream::launch_compiled_batch(const compiled_kernel& k, const std::
   }
 }
 
+void prepare_call_into(prepared_call& call, const elementwise_kernel& k,
+                       const std::vector<kernel_argument>& inputs, dtype out_type,
+                       std::size_t count) {
+  prepare(call, k.name(), k.inputs(), k.output(), false, inputs, out_type, count);
+}
+
+void prepare_call_into(prepared_call& call, const raw_kernel& k,
+                       const std::vector<kernel_argument>& inputs, dtype out_type,
+                       std::size_t count) {
+  prepare(call, k.name(), k.inputs(), k.output(), true, inputs, out_type, count);
+}
+
 prepared_call prepare_call(const elementwise_kernel& k, const std::vector<kernel_argument>& inputs,
                            dtype out_type, std::size_t count) {
-  return prepare(k.name(), k.inputs(), k.output(), false, inputs, out_type, count);
+  prepared_call call;
+  prepare_call_into(call, k, inputs, out_type, count);
+  return call;
 }
 
 prepared_call prepare_call(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
                            dtype out_type, std::size_t count) {
-  return prepare(k.name(), k.inputs(), k.output(), true, inputs, out_type, count);
+  prepared_call call;
+  prepare_call_into(call, k, inputs, out_type, count);
+  return call;
 }
 
 std::shared_ptr<const compiled_kernel> compile_for(backend& b, const elementwise_kernel& k,
                                                    const prepared_call& call, int ordinal) {
-  return b.compile(k, call.is_array, ordinal);
+  return b.compiled().get(memo_key(k, call.is_array, ordinal),
+                          [&] { return b.compile(k, call.is_array, ordinal); });
 }
 
 std::shared_ptr<const compiled_kernel> compile_for(backend& b, const raw_kernel& k,
                                                    const prepared_call& /*call*/, int ordinal) {
-  return b.compile(k, ordinal);
+  return b.compiled().get(memo_key(k, ordinal), [&] { return b.compile(k, ordinal); });
 }
 
 }  // namespace gpupool::detail

@@ -44,8 +44,20 @@ prepared_call prepare_call(const elementwise_kernel& k, const std::vector<kernel
                            dtype out_type, std::size_t count);
 prepared_call prepare_call(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
                            dtype out_type, std::size_t count);
+/// The same into `call`, whose vectors keep their storage from one call to the next: a map over
+/// thousands of calls checks each into one prepared_call without allocating.
+void prepare_call_into(prepared_call& call, const elementwise_kernel& k,
+                       const std::vector<kernel_argument>& inputs, dtype out_type,
+                       std::size_t count);
+void prepare_call_into(prepared_call& call, const raw_kernel& k,
+                       const std::vector<kernel_argument>& inputs, dtype out_type,
+                       std::size_t count);
 
-/// The kernel compiled for backend device `ordinal` and the call's array/scalar pattern.
+/// The kernel compiled for backend device `ordinal` and the call's array/scalar pattern. Looked
+/// up first in the backend's memo of what it compiled (backend::compiled), by the kernel's text,
+/// the pattern and the device: making the source, its hash and the disk cache's path, as the
+/// backend's compile does before its own caches answer, costs tens of microseconds, and every
+/// task of a compiled kernel asks.
 std::shared_ptr<const compiled_kernel> compile_for(backend& b, const elementwise_kernel& k,
                                                    const prepared_call& call, int ordinal);
 std::shared_ptr<const compiled_kernel> compile_for(backend& b, const raw_kernel& k,
