@@ -220,14 +220,16 @@ class CompiledMap:
 
 def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel],
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
-                 single: bool = False) -> CompiledMap:
+                 single: bool = False, out: Optional[Sequence[object]] = None) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device. The calls are read in blocks that double in size (64, 128, ...); each block's
     calls are checked, grouped by device and queued as one batched map per device before the
     next block is read, so that the GPUs start while later calls are still being looked at. A
     bad call raises before this returns, once the blocks queued before it have stopped. Outputs
     are new arrays of the first array's kind, shape and device (views into one buffer per
-    device and block). The per-array work is done by the extension in one call
+    device and block), or with `out` the arrays given there, one per call, written in place
+    (checked first: each of its call's length, device and the kernel's output type, C-contiguous,
+    and none written by one call while another reads or writes it). The per-array work is done by the extension in one call
     (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. Its one
     future (of `future_type`) gives the outputs, or with `single` (one call) that call's
     output."""
@@ -251,5 +253,5 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
     outputs, futures = core.map_device_calls(
         kernel, calls, cupy.ndarray if cupy is not None else None, describe_other,
         allocate_flat, _split_flat, lambda: _wait_for(streams), tuple(calls), future_type,
-        single)
+        single, out)
     return CompiledMap(futures, outputs)

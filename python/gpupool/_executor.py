@@ -459,15 +459,17 @@ class Executor(_futures.Executor):
 
     @overload
     def map(self, fn: AnyKernel, *iterables: Any, timeout: Optional[float] = None,
-            chunksize: int = 1, progress: bool = False) -> Iterator[npt.NDArray[Any]]: ...
+            chunksize: int = 1, progress: bool = False,
+            out: Optional[Iterable[Any]] = None) -> Iterator[npt.NDArray[Any]]: ...
 
     @overload
     def map(self, fn: Callable[..., _T], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1,
-            progress: bool = False) -> Iterator[_T]: ...
+            progress: bool = False, out: Optional[Iterable[Any]] = None) -> Iterator[_T]: ...
 
     def map(self, fn: Any, *iterables: Any, timeout: Optional[float] = None,
-            chunksize: int = 1, progress: bool = False) -> Iterator[Any]:
+            chunksize: int = 1, progress: bool = False,
+            out: Optional[Iterable[Any]] = None) -> Iterator[Any]:
         """Returns an iterator of ``fn(*items)`` in input order, like Executor.map.
 
         With a built-in kernel, every array is checked at the call (TypeError/ValueError before
@@ -475,18 +477,32 @@ class Executor(_futures.Executor):
         arrays. For two-input kernels the two iterables must have the same length.
 
         With ``progress=True`` a progress bar (tqdm) with rate and ETA advances as results come
-        back; it stays silent when standard error is not a terminal."""
+        back; it stays silent when standard error is not a terminal.
+
+        ``out`` (a compiled kernel over device arrays only): one device array per call that the
+        call writes instead of a new one; the results are those arrays. Each must be C-contiguous,
+        of the kernel's output dtype, of its call's length and on its call's GPU, and may be one
+        of its own call's inputs (in place), but no memory another call of the map reads or
+        writes (ValueError or TypeError before anything runs). It saves making a new array per
+        call, which with thousands of small arrays costs the host as much as reading them."""
         del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
+        outputs = None if out is None else list(out)
+        if outputs is not None and not isinstance(fn, _COMPILED):
+            raise TypeError("gpupool: out is for compiled kernels (elementwise, raw) over device "
+                            "arrays")
         if isinstance(fn, _COMPILED):
             calls, on_device = _compiled_calls(iterables)
+            if outputs is not None and not on_device:
+                raise TypeError("gpupool: out is for maps over device arrays; a map over host "
+                                "arrays returns new arrays in pinned memory")
             with self._lock:
                 self._check_open()
                 if on_device:
                     if self.backend != "cuda":
                         raise TypeError("gpupool: device arrays need the CUDA backend")
-                    results = _device.map_compiled(self._core, fn, calls, _Future).results(
-                        deadline)
+                    results = _device.map_compiled(self._core, fn, calls, _Future,
+                                                   out=outputs).results(deadline)
                     if progress:
                         results = _with_progress(results, len(calls), fn.name)
                     return results
@@ -799,8 +815,18 @@ def _lane_download(self: _ext.Lane, device_array: Any,
                    out: Optional[npt.NDArray[Any]] = None) -> npt.NDArray[Any]:
     """Copies a CuPy array on this lane's device into ``out`` (or a new NumPy array in pinned
     memory from gpupool's cache, so the copy runs at full speed and no pageable memory is
-    allocated per call), ordered on the lane's stream; returns once the data is on the host."""
-    _require_cupy(self)
+    allocated per call), ordered on the lane's stream; returns once the data is on the host.
+    The extension takes the common case itself (a C-contiguous array of one of gpupool's
+    dtypes, no ``out``); this helper the rest."""
+    cupy = _require_cupy(self)
+    if not device_array.flags.c_contiguous:
+        # A strided view is copied into a contiguous array first, on the lane's stream, as
+        # CuPy's own get() does; its bytes as they lie would be other elements.
+        if cupy.cuda.get_current_stream().ptr == self.stream:
+            device_array = cupy.ascontiguousarray(device_array)
+        else:
+            with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
+                device_array = cupy.ascontiguousarray(device_array)
     if out is None:
         out = empty_pinned(device_array.shape, device_array.dtype)
     if out.nbytes != device_array.nbytes or not out.flags.c_contiguous:

@@ -20,12 +20,14 @@
 
 #include "arrays.hpp"
 #include "common.hpp"
+#include "cupy_arrays.hpp"
 #include "errors.hpp"
 #include "futures.hpp"
 #include "gpupool/gpupool.hpp"
 #include "kernel_map.hpp"
 #include "kernels.hpp"
 #include "lane.hpp"
+#include "write_hazards.hpp"
 
 namespace gpupool_python {
 namespace {
@@ -43,80 +45,6 @@ struct orphaned_executors {
 orphaned_executors& orphans() {
   static auto* const state = new orphaned_executors;
   return *state;
-}
-
-// What gpupool needs of one CuPy array, read from CuPy's own attributes (thousands of small
-// arrays are what a device map is for): no interface dict, no dtype name, no flags object.
-struct cupy_array_view {
-  std::uintptr_t address = 0;
-  std::size_t count = 0;
-  gpupool::dtype type{};
-  int ordinal = -1;
-  nb::object shape;
-};
-
-template <class Where>
-cupy_array_view describe_cupy(nb::handle a, const Where& where) {
-  // Attribute names interned once; NumPy's dtype objects of gpupool's types (CuPy arrays carry
-  // NumPy dtypes, and NumPy keeps one object per built-in type).
-  struct cached_names {
-    PyObject* dtype = PyUnicode_InternFromString("dtype");
-    PyObject* c_contiguous = PyUnicode_InternFromString("_c_contiguous");
-    PyObject* data = PyUnicode_InternFromString("data");
-    PyObject* ptr = PyUnicode_InternFromString("ptr");
-    PyObject* device_id = PyUnicode_InternFromString("device_id");
-    PyObject* size = PyUnicode_InternFromString("size");
-    PyObject* shape = PyUnicode_InternFromString("shape");
-    std::vector<std::pair<PyObject*, gpupool::dtype>> dtypes = [] {
-      std::vector<std::pair<PyObject*, gpupool::dtype>> out;
-      nb::object numpy_dtype = nb::module_::import_("numpy").attr("dtype");
-      for (const gpupool::dtype_info& info : gpupool::dtypes)
-        out.emplace_back(numpy_dtype(info.name).release().ptr(), info.type);
-      return out;
-    }();
-  };
-  static const auto* const names = new cached_names;  // leaked: used until the process ends
-  const auto get = [&](nb::handle o, PyObject* name) {
-    PyObject* r = PyObject_GetAttr(o.ptr(), name);
-    if (r == nullptr) throw nb::python_error();
-    return nb::steal(r);
-  };
-  cupy_array_view view;
-  nb::object dtype = get(a, names->dtype);
-  auto known = std::find_if(names->dtypes.begin(), names->dtypes.end(),
-                            [&](const auto& d) { return d.first == dtype.ptr(); });
-  if (known == names->dtypes.end())  // an equal dtype that is another object (unpickled, say)
-    known = std::find_if(names->dtypes.begin(), names->dtypes.end(), [&](const auto& d) {
-      const int equal = PyObject_RichCompareBool(dtype.ptr(), d.first, Py_EQ);
-      if (equal < 0) throw nb::python_error();
-      return equal == 1;
-    });
-  if (known == names->dtypes.end()) {
-    const std::string name = nb::cast<std::string>(nb::str(dtype));
-    throw nb::type_error(("gpupool: " + where() + " has unsupported dtype " + name + "; expected " +
-                          dtype_names(" or "))
-                             .c_str());
-  }
-  view.type = known->second;
-  // CuPy's readonly `_c_contiguous`; `flags.c_contiguous` (an object made per access) otherwise.
-  PyObject* contiguous = PyObject_GetAttr(a.ptr(), names->c_contiguous);
-  bool is_contiguous = false;
-  if (contiguous != nullptr) {
-    is_contiguous = PyObject_IsTrue(contiguous) == 1;
-    Py_DECREF(contiguous);
-  } else {
-    PyErr_Clear();
-    is_contiguous = nb::cast<bool>(a.attr("flags").attr("c_contiguous"));
-  }
-  if (!is_contiguous)
-    throw nb::value_error(
-        ("gpupool: " + where() + " is not C-contiguous; make a contiguous copy").c_str());
-  nb::object memory = get(a, names->data);
-  view.address = nb::cast<std::uintptr_t>(get(memory, names->ptr));
-  view.ordinal = nb::cast<int>(get(memory, names->device_id));
-  view.count = nb::cast<std::size_t>(get(a, names->size));
-  view.shape = get(a, names->shape);
-  return view;
 }
 
 class py_executor {
@@ -274,27 +202,92 @@ class py_executor {
   // `single` (one call) that call's output]); `keep_alive` is held until it ends. Only the last
   // batch to end takes the GIL to hand the future over, so lanes never wait for the GIL this
   // call holds while it reads later blocks.
+  //
+  // With `out` (a sequence of one device array per call) the calls write there instead, and the
+  // outputs are those arrays: nothing is allocated or cut, which leaves only the reading of the
+  // arrays on the host (CuPy takes about as long to make one view as gpupool to read a call).
+  // Each must be C-contiguous, of the kernel's output type, of its call's length and on its
+  // call's GPU, and no call may write memory another call of the map reads or writes (see
+  // write_hazards).
   static constexpr std::size_t first_device_block = 64;
 
   template <class K>
   nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
                              nb::callable describe_other, nb::callable allocate_flat,
                              nb::callable split_flat, nb::callable before_launch,
-                             nb::object keep_alive, nb::handle future_type, bool single) {
+                             nb::object keep_alive, nb::handle future_type, bool single,
+                             nb::object out) {
     const std::size_t n = nb::len(calls);
     if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
+    const bool given_outputs = out.is_valid() && !out.is_none();
+    if (given_outputs && single) throw nb::value_error("gpupool: out is for maps, not single");
+    if (given_outputs && nb::len(out) != n)
+      throw nb::value_error(("gpupool: out has " + std::to_string(nb::len(out)) + " array(s) for " +
+                             std::to_string(n) + " call(s)")
+                                .c_str());
     const std::size_t arity = k.inputs().size();
     struct described_call {
       gpupool::device_call work;
       nb::object anchor;  // the call's first array
       int ordinal = -1;
       nb::object shape;
+      nb::object output;  // the array given for it in `out`
     };
+    write_hazards hazards;  // with `out`: what the calls read and write so far
     std::vector<described_call> described(n);
     // A number broadcast to every call is the same object in each: checked and converted once.
     std::vector<nb::object> last_number(arity);
     std::vector<std::optional<gpupool::kernel_argument>> last_number_argument(arity);
     std::vector<bool> first_pattern;  // which of call 0's arguments are arrays
+    // A device array other than a CuPy array, through describe_other:
+    // (address, count, type, ordinal, shape).
+    const auto read_other = [&](nb::handle a, const std::string& where) {
+      auto [address, count, name, ordinal, shape] =
+          nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string, int, nb::object>>(
+              describe_other(a, where));
+      return std::make_tuple(address, count, dtype_from_name(name), ordinal, std::move(shape));
+    };
+    // Call `c`'s array in `out`, checked against the call (whose inputs `d` holds) and against
+    // what the map's other calls read and write.
+    const auto read_output = [&](std::size_t c, described_call& d) {
+      const auto where = [&] { return "call " + std::to_string(c) + "'s output"; };
+      nb::object o = out[c];
+      std::uintptr_t address = 0;
+      std::size_t count = 0;
+      gpupool::dtype type{};
+      int ordinal = -1;
+      if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && o.type().is(cupy_ndarray)) {
+        const cupy_array_view view = describe_cupy(o, where);
+        std::tie(address, count, type, ordinal) =
+            std::make_tuple(view.address, view.count, view.type, view.ordinal);
+      } else {
+        std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where());
+      }
+      if (type != k.output().type)
+        throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) +
+                              "; kernel '" + k.name() + "' writes " +
+                              gpupool::to_string(k.output().type))
+                                 .c_str());
+      if (count != d.work.count)
+        throw nb::value_error(("gpupool: " + where() + " has " + std::to_string(count) +
+                               " element(s), the call " + std::to_string(d.work.count))
+                                  .c_str());
+      if (count != 0 && ordinal != d.ordinal)
+        throw nb::value_error(("gpupool: " + where() + " is on GPU " + std::to_string(ordinal) +
+                               ", the call's arrays on GPU " + std::to_string(d.ordinal))
+                                  .c_str());
+      for (const gpupool::kernel_argument& in : d.work.inputs) {
+        if (!in.is_array()) continue;
+        const auto begin = reinterpret_cast<std::uintptr_t>(in.data());
+        if (auto problem =
+                hazards.add_input(begin, begin + in.size() * gpupool::size_of(in.type()), c))
+          throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
+      }
+      if (auto problem = hazards.add_output(address, address + count * gpupool::size_of(type), c))
+        throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
+      d.work.out = reinterpret_cast<void*>(address);
+      d.output = std::move(o);
+    };
     const auto describe = [&](std::size_t c) {
       nb::object args = calls[c];
       const std::size_t given = nb::len(args);
@@ -319,8 +312,7 @@ class py_executor {
         if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && a.type().is(cupy_ndarray)) {
           // The common case, kept cheap: CuPy's own attributes rather than its interface dict.
           cupy_view = describe_cupy(a, where);
-          if (PyTuple_Check(cupy_view->shape.ptr()) &&
-              PyTuple_GET_SIZE(cupy_view->shape.ptr()) == 0)
+          if (cupy_view->ndim == 0)
             cupy_view.reset();  // a 0-d array is a number (as_number below), as in a submit
         }
         if (cupy_view) {
@@ -341,11 +333,7 @@ class py_executor {
           last_number_argument[i] = d.work.inputs.back();
           continue;
         } else {
-          auto t = nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string, int, nb::object>>(
-              describe_other(a, where()));
-          std::string name;
-          std::tie(address, count, name, ordinal, shape) = std::move(t);
-          type = dtype_from_name(name);
+          std::tie(address, count, type, ordinal, shape) = read_other(a, where());
         }
         d.work.inputs.push_back(device_argument(address, count, type));
         if (!d.anchor.is_valid()) {
@@ -363,6 +351,7 @@ class py_executor {
         throw nb::type_error(
             ("gpupool: call " + std::to_string(c) + " of kernel '" + k.name() + "' has no array")
                 .c_str());
+      if (given_outputs) read_output(c, d);
       // One compiled kernel serves the whole map, as in map_on_device, across blocks too.
       if (c == 0) {
         for (const auto& in : d.work.inputs) first_pattern.push_back(in.is_array());
@@ -399,7 +388,7 @@ class py_executor {
     };
     std::vector<group> groups;
     nb::list held_flats;  // kept with `keep_alive` until the batches end
-    nb::object held = nb::make_tuple(keep_alive, held_flats);
+    nb::object held = nb::make_tuple(keep_alive, held_flats, out);
     std::vector<gpupool::future<void>> queued;  // one per group
     std::vector<nb::object> outputs(n);
     // The views of group `g`'s calls, in member order, made by one call (CuPy's array_split
@@ -413,8 +402,8 @@ class py_executor {
       std::vector<nb::object> views(g.members.size());
       for (std::size_t m = 0; m < views.size(); ++m) {
         views[m] = pieces[m];
-        const nb::object& shape = described[g.members[m]].shape;
-        if (nb::len(shape) > 1) views[m] = views[m].attr("reshape")(shape);
+        const nb::object& shape = described[g.members[m]].shape;  // invalid: one dimension
+        if (shape.is_valid() && nb::len(shape) > 1) views[m] = views[m].attr("reshape")(shape);
       }
       return views;
     };
@@ -440,6 +429,15 @@ class py_executor {
         std::vector<std::vector<gpupool::device_call>> work(groups.size() - first_group);
         for (std::size_t g = first_group; g < groups.size(); ++g) {
           group& gr = groups[g];
+          auto& calls_here = work[g - first_group];
+          calls_here.reserve(gr.members.size());
+          if (given_outputs) {
+            for (std::size_t c : gr.members) {
+              outputs[c] = std::move(described[c].output);
+              calls_here.push_back(std::move(described[c].work));
+            }
+            continue;
+          }
           std::size_t total = 0;
           for (std::size_t c : gr.members) total += described[c].work.count;
           auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(
@@ -447,8 +445,6 @@ class py_executor {
                             std::max<std::size_t>(total, 1), out_name));
           held_flats.append(flat);
           gr.flat = std::move(flat);
-          auto& calls_here = work[g - first_group];
-          calls_here.reserve(gr.members.size());
           gr.ends.reserve(gr.members.size());
           std::size_t offset = 0;
           for (std::size_t c : gr.members) {
@@ -481,7 +477,7 @@ class py_executor {
       }
       // Everything is queued before the output views are made (CuPy takes microseconds for
       // each), so that the GPUs compute meanwhile.
-      if (!single)
+      if (!single && !given_outputs)
         for (const group& g : groups) {
           std::vector<nb::object> views = views_of(g);
           for (std::size_t m = 0; m < views.size(); ++m)
@@ -721,10 +717,12 @@ void bind_executor(nb::module_& m) {
            "args"_a, "future_type"_a)
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
            "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
+           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false,
+           "out"_a = nb::none())
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
            "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false)
+           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false,
+           "out"_a = nb::none())
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)

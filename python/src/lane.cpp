@@ -2,13 +2,18 @@
 #include "lane.hpp"
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "arrays.hpp"
+#include "cupy_arrays.hpp"
 #include "gpupool/pinned.hpp"
 
 namespace gpupool_python {
@@ -53,10 +58,55 @@ lane_helpers& helpers() {
 // Uploads up to this size from pageable memory are staged with the GIL held.
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
+// See gil_hold_us.
+constexpr int gil_hold_default_us = 1000;
+
 nb::handle helper(PyObject* function) {
   if (function == nullptr)
     throw std::runtime_error("gpupool: Lane.upload/download need the gpupool package imported");
   return function;
+}
+
+// How long a Python task waits for a small copy of its lane holding the GIL before it lets the
+// GIL go (microseconds; 0: at once). With many lanes running Python, a task that lets the GIL go
+// takes it back only behind the others, each hand-over a thread woken in the kernel; a small copy
+// ends within tens of microseconds, sooner than that. bench/lane_copies.py measures it.
+std::atomic<int> gil_hold_us{gil_hold_default_us};
+
+// Waits until everything enqueued on the lane's stream has finished, with the GIL held on entry:
+// after a copy of `bytes` of at most small_copy_bytes it polls the stream holding the GIL for up
+// to gil_hold_us, then (or at once, after a larger copy) it lets the GIL go and waits.
+void wait_for_lane(gpupool::lane& lane, std::size_t bytes) {
+  const int hold = bytes <= small_copy_bytes ? gil_hold_us.load(std::memory_order_relaxed) : 0;
+  if (hold > 0) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(hold);
+    do {
+      if (lane.stream_idle()) {
+        lane.synchronize();  // at once now; it also ends the lane's hold on its staging buffers
+        return;
+      }
+    } while (std::chrono::steady_clock::now() < deadline);
+  }
+  nb::gil_scoped_release nogil;
+  lane.synchronize();
+}
+
+// Lane.download of a C-contiguous CuPy array of one of gpupool's dtypes into a new NumPy array in
+// pinned memory, read and allocated here rather than in Python (it runs once per task of code
+// written like the motivating program); nothing for anything else, which the Python helper
+// takes.
+std::optional<nb::object> download_cupy(gpupool::lane& lane, nb::handle device_array) {
+  if (lane.backend() != gpupool::backend_kind::cuda) return std::nullopt;
+  nb::handle cupy_ndarray = cupy_ndarray_type();
+  if (!cupy_ndarray.is_valid() || !device_array.type().is(cupy_ndarray)) return std::nullopt;
+  cupy_reading r = read_cupy(device_array);
+  if (r.trouble != cupy_reading::problem::none) return std::nullopt;
+  const std::size_t bytes = r.view.count * gpupool::size_of(r.view.type);
+  std::vector<std::size_t> shape = sizes_of(r.view);
+  auto block = std::make_unique<pinned_block>(std::max<std::size_t>(bytes, 1));
+  lane.download_bytes(block->data(), reinterpret_cast<const void*>(r.view.address), bytes);
+  wait_for_lane(lane, bytes);
+  return pinned_array(std::move(block), shape, dlpack_of(r.view.type));
 }
 
 }  // namespace
@@ -93,7 +143,10 @@ void bind_lane(nb::module_& m) {
           "stream (through the lane's pinned staging slot, or directly when the array is pinned).")
       .def(
           "download",
-          [](nb::handle self, nb::handle device_array, nb::handle out) {
+          [](nb::handle self, nb::handle device_array, nb::handle out) -> nb::object {
+            if (out.is_none())
+              if (auto result = download_cupy(nb::cast<const py_lane&>(self).get(), device_array))
+                return std::move(*result);
             return helper(helpers().download)(self, device_array, out);
           },
           "device_array"_a, "out"_a = nb::none(),
@@ -113,17 +166,42 @@ void bind_lane(nb::module_& m) {
                lane.upload_bytes(dst, src.data(), src.nbytes());
                return;
              }
+             if (pinned) {
+               lane.upload_bytes(dst, src.data(), src.nbytes());  // enqueues the copy only
+               wait_for_lane(lane, src.nbytes());
+               return;
+             }
              nb::gil_scoped_release nogil;
              lane.upload_bytes(dst, src.data(), src.nbytes());
-             if (pinned) lane.synchronize();
            })
       .def("_download", [](const py_lane& l, nb::ndarray<> dst, std::uintptr_t device_src) {
-        // Copies and waits for the copy in one release of the GIL.
+        // Copies and waits for the copy: into pinned memory as wait_for_lane does, into pageable
+        // memory (staged piece by piece) in one release of the GIL.
         auto& lane = l.get();
+        if (gpupool::is_pinned(dst.data())) {
+          lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
+          wait_for_lane(lane, dst.nbytes());
+          return;
+        }
         nb::gil_scoped_release nogil;
         lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
         lane.synchronize();
       });
+
+  m.def(
+      "_lane_gil_hold_us",
+      [](std::optional<int> us) {
+        const int before = gil_hold_us.load();
+        if (us) {
+          if (*us < 0 || *us > 1'000'000)
+            throw nb::value_error("gpupool: the GIL hold is 0 to 1,000,000 microseconds");
+          gil_hold_us.store(*us);
+        }
+        return before;
+      },
+      "us"_a = nb::none(),
+      "How long a task waits for its lane's copies holding the GIL, in microseconds (set when\n"
+      "given); returns the value before.");
 
   m.def(
       "set_lane_helpers",

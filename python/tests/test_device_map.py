@@ -17,7 +17,7 @@ SCALE = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = x * a", "d
 
 class FakeCupyArray:
     """What the extension reads of a CuPy array (dtype, flags, data.ptr, data.device_id, size,
-    shape), over a NumPy array."""
+    ndim, shape), over a NumPy array."""
 
     class _Flags:
         def __init__(self, contiguous):
@@ -34,6 +34,7 @@ class FakeCupyArray:
         self.flags = self._Flags(host.flags.c_contiguous)
         self.data = self._Memory(host.ctypes.data, device_id)
         self.size = host.size
+        self.ndim = host.ndim
         self.shape = host.shape
 
 
@@ -77,12 +78,12 @@ def core():
         yield ex._core
 
 
-def run(core, calls, cupy_type=None, flats=None):
+def run(core, calls, cupy_type=None, flats=None, out=None):
     flats = flats or Flats()
     launched = []
     outputs, futures = core.map_device_calls(SCALE, calls, cupy_type, describe_host, flats,
                                              split_host, lambda: launched.append(len(flats.made)),
-                                             (), _Future)
+                                             (), _Future, out=out)
     assert all(isinstance(f, cf.Future) for f in futures)
     # One future for the whole map, whatever the blocks and devices: its result is the outputs.
     assert len(futures) == 1
@@ -357,3 +358,97 @@ def test_w5_many_cupy_arrays_through_executor_map():
         begin, size = begin + size, size * 2
     assert len(buffers) == 6  # 64 + 128 + 256 + 512 + 1024 calls, and the last 16
     cp.testing.assert_array_equal(cp.concatenate(out), cp.concatenate(chunks) * 2 + 1)
+
+
+# Given outputs (Executor.map(..., out=...)) ------------------------------------------------------
+
+
+@pytest.mark.parametrize("fake", [None, FakeCupyArrayWithFlag])
+def test_given_outputs_are_written_and_returned_and_nothing_is_allocated(core, fake):
+    xs = [np.arange(n, dtype=np.float64) for n in (3, 0, 100, 7)]
+    outs = [np.full(x.shape, -1.0) for x in xs]
+    given = [fake(o) for o in outs] if fake else outs
+    wrap = (lambda x: fake(x)) if fake else (lambda x: x)
+    outputs, _, flats, launched = run(core, [[wrap(x), 2.5] for x in xs], cupy_type=fake,
+                                      out=given)
+    assert all(a is b for a, b in zip(outputs, given))
+    for x, o in zip(xs, outs):
+        np.testing.assert_array_equal(o, x * 2.5)
+    assert flats.made == [] and launched == [0]
+
+
+def test_a_given_output_may_be_its_own_calls_input(core):
+    xs = [np.arange(5, dtype=np.float64) + i for i in range(70)]  # two blocks
+    expected = [x * 3.0 for x in xs]
+    outputs, _, _, _ = run(core, [[x, 3.0] for x in xs], out=xs)
+    for out, x, e in zip(outputs, xs, expected):
+        assert out is x
+        np.testing.assert_array_equal(x, e)
+
+
+def test_outputs_in_one_buffer_side_by_side_are_not_a_hazard(core):
+    flat = np.full(40, -1.0)
+    outs = np.split(flat, 4)
+    xs = [np.arange(10, dtype=np.float64) * (i + 1) for i in range(4)]
+    run(core, [[x, 2.0] for x in xs], out=outs)
+    np.testing.assert_array_equal(flat, np.concatenate(xs) * 2.0)
+
+
+@pytest.mark.parametrize("layout, message", [
+    # call 0 writes what call 1 reads
+    (lambda base, spare: [base[8:16], spare[1]], "call 1 reads memory that call 0 writes"),
+    # call 1 writes what call 0 read
+    (lambda base, spare: [spare[0], base[0:8]], "call 1 writes memory that call 0 reads"),
+    # two calls write one array
+    (lambda base, spare: [spare[0], spare[0]], "call 1 writes memory that call 0 writes too"),
+    # a call writes over its own input, shifted by one element
+    (lambda base, spare: [base[1:9], spare[1]],
+     "call 0 writes memory that it or another call reads"),
+])
+def test_a_call_writing_what_another_reads_or_writes_is_refused_before_anything_runs(
+        core, layout, message):
+    base = np.arange(20, dtype=np.float64)
+    xs = [base[0:8], base[8:16]]
+    spare = [np.full(8, -1.0), np.full(8, -1.0)]
+    flats = Flats()
+    with pytest.raises(ValueError, match=message):
+        core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None, describe_host, flats,
+                              split_host, lambda: pytest.fail("launched"), (), _Future,
+                              out=layout(base, spare))
+    np.testing.assert_array_equal(base, np.arange(20, dtype=np.float64))
+    assert all((s == -1.0).all() for s in spare)
+
+
+def test_an_input_several_calls_share_may_not_be_written(core):
+    x = np.arange(6, dtype=np.float64)
+    with pytest.raises(ValueError, match="call 1 writes memory that it or another call reads"):
+        core.map_device_calls(SCALE, [[x, 2.0], [x, 3.0]], None, describe_host, Flats(),
+                              split_host, lambda: pytest.fail("launched"), (), _Future,
+                              out=[np.empty(6), x])
+
+
+@pytest.mark.parametrize("out, error, message", [
+    ([np.empty(4)], ValueError, "out has 1 array\\(s\\) for 2 call\\(s\\)"),
+    ([np.empty(4), np.empty(5)], ValueError, "call 1's output has 5 element\\(s\\), the call 4"),
+    ([np.empty(4), np.empty(4, np.float32)], TypeError, "call 1's output is float32; kernel "
+     "'device_map_scale' writes float64"),
+    ([np.empty(4), "nope"], TypeError, "call 1's output is not a device array"),
+    ([np.empty(4), FakeCupyArrayWithFlag(np.ones((4, 2))[:, 0])], ValueError,
+     "call 1's output is not C-contiguous"),
+])
+def test_a_given_output_that_does_not_fit_its_call_is_refused(core, out, error, message):
+    xs = [np.ones(4), np.ones(4)]
+    with pytest.raises(error, match=message):
+        core.map_device_calls(SCALE, [[x, 2.0] for x in xs], FakeCupyArrayWithFlag, describe_host,
+                              Flats(), split_host, lambda: pytest.fail("launched"), (), _Future,
+                              out=out)
+
+
+def test_out_is_refused_where_it_does_not_apply():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        with pytest.raises(TypeError, match="out is for compiled kernels"):
+            ex.map(gpupool.kernels.square, [np.ones(3)], out=[np.empty(3)])
+        with pytest.raises(TypeError, match="out is for compiled kernels"):
+            ex.map(abs, [1.0], out=[np.empty(1)])
+        with pytest.raises(TypeError, match="out is for maps over device arrays"):
+            ex.map(SCALE, [np.ones(3)], 2.0, out=[np.empty(3)])

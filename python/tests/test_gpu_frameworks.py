@@ -185,6 +185,92 @@ def test_lane_download_returns_pinned_memory_from_the_cache():
         assert gpupool._ext.pinned_memory_stats()["cached"] >= cached
 
 
+@pytest.mark.parametrize("hold_us", [0, 1000])
+def test_lane_download_keeps_dtype_shape_and_layout_however_long_it_holds_the_gil(hold_us):
+    # The extension downloads C-contiguous CuPy arrays of gpupool's dtypes itself; a strided view
+    # and a dtype of CuPy's alone go through the Python helper, which copies the view
+    # contiguous first. Small copies are waited for holding the GIL (up to hold_us) or not.
+    cp = pytest.importorskip("cupy")
+    rng = np.random.default_rng(7)
+    cases = {
+        "float32 2-D": rng.random((3, 5)).astype(np.float32),
+        "int64": rng.integers(-9, 9, 1001),
+        "int32 0-length": np.zeros(0, np.int32),
+        "float64 large": rng.random(300_000),
+        "float16": rng.random(64).astype(np.float16),
+        "complex128": rng.random(8) + 1j * rng.random(8),
+    }
+
+    def work(x):
+        lane = gpupool.current_lane()
+        d = cp.asarray(x)
+        strided = cp.asarray(np.arange(40.0))[::3]
+        return lane.download(d), lane.download(strided)
+
+    before = gpupool._ext._lane_gil_hold_us(hold_us)
+    try:
+        with gpupool.Executor(threads_per_gpu=4, backend="cuda") as ex:
+            futures = {name: ex.submit(work, x) for name, x in cases.items()}
+            for name, f in futures.items():
+                got, strided = f.result()
+                x = cases[name]
+                assert got.dtype == x.dtype and got.shape == x.shape, name
+                assert np.array_equal(got, x), name
+                assert gpupool.is_pinned(got) or got.size == 0, name
+                assert np.array_equal(strided, np.arange(40.0)[::3]), name
+    finally:
+        gpupool._ext._lane_gil_hold_us(before)
+
+
+def test_many_lanes_each_downloading_small_arrays_while_holding_the_gil_get_their_own():
+    # Lanes that wait for small copies holding the GIL still each get their own results, and a
+    # long kernel behind a copy (longer than the hold) is waited for without the GIL.
+    cp = pytest.importorskip("cupy")
+    xs = [np.random.default_rng(i).random(512) for i in range(400)]
+
+    def square(x):
+        lane = gpupool.current_lane()
+        d = lane.upload(x)
+        return lane.download(d * d)
+
+    def slow(x):
+        lane = gpupool.current_lane()
+        d = lane.upload(x)
+        spin = cp.RawKernel(r"""extern "C" __global__ void spin(long long n) {
+            long long t = clock64(); while (clock64() - t < n) {} }""", "spin")
+        spin((1,), (1,), (np.int64(20_000_000),))  # about 10 ms
+        return lane.download(d + 1)
+
+    with gpupool.Executor(threads_per_gpu=8, backend="cuda") as ex:
+        slow_result = ex.submit(slow, xs[0])
+        for x, r in zip(xs, ex.map(square, xs)):
+            assert np.array_equal(r, x * x)
+        assert np.array_equal(slow_result.result(), xs[0] + 1)
+
+
+def test_a_map_over_cupy_arrays_writes_given_outputs_in_place():
+    cp = pytest.importorskip("cupy")
+    k = gpupool.elementwise("float32 x, float32 a", "float32 y", "y = a * x + 1.0f",
+                            "gpu_given_outputs")
+    data = cp.random.default_rng(5).random(70 * 1000, dtype=cp.float32)
+    xs = [data[i * 1000:(i + 1) * 1000] for i in range(70)]  # two blocks
+    expected = [x * 2 + 1 for x in xs]
+    outs = [cp.full(1000, cp.nan, cp.float32) for _ in range(70)]
+    with gpupool.Executor(threads_per_gpu=4, backend="cuda") as ex:
+        results = list(ex.map(k, xs, 2.0, out=outs))
+        assert all(r is o for r, o in zip(results, outs))
+        for o, e in zip(outs, expected):
+            assert cp.allclose(o, e)
+        in_place = list(ex.map(k, xs, 2.0, out=xs))  # each call over its own input
+        assert all(r is x for r, x in zip(in_place, xs))
+        for x, e in zip(xs, expected):
+            assert cp.allclose(x, e)
+        with pytest.raises(ValueError, match="call 1 reads memory that call 0 writes"):
+            ex.map(k, xs[:2], 2.0, out=[xs[1], outs[1]])
+        with pytest.raises(TypeError, match="writes float32"):
+            ex.map(k, xs[:1], 2.0, out=[cp.empty(1000, cp.float64)])
+
+
 def test_cuda_error_carries_the_cuda_error_name():
     out = gpupool.empty_pinned(512, np.float64)
 
