@@ -8,6 +8,7 @@ CuPy's one launch over all the data. Results are checked against CuPy's own kern
 
 import argparse
 import cProfile
+import gc
 import io
 import pstats
 import statistics
@@ -47,8 +48,31 @@ def main() -> None:
                                     rtol=1e-5, atol=1e-6)):
                 raise SystemExit(f"FAIL: chunk {i} differs from CuPy's kernel")
         del got
-        launch, calls, waits, wholes = [], [], [], []
+        # The same map into outputs made beforehand (out=): no view made per call.
+        given = cp.full_like(data, float("nan"))
+        given_chunks = [given[i * args.size:(i + 1) * args.size] for i in range(args.chunks)]
+        got = list(ex.map(kernel, chunks, A, B, out=given_chunks))
+        cp.cuda.runtime.deviceSynchronize()
+        if any(g is not o for g, o in zip(got, given_chunks)) or not bool(
+                cp.allclose(given, reference, rtol=1e-5, atol=1e-6)):
+            raise SystemExit("FAIL: the map into given outputs differs from CuPy's kernel")
+        del got
+        launch, calls, waits, wholes, gc_off, into = [], [], [], [], [], []
         for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            got = list(ex.map(kernel, chunks, A, B, out=given_chunks))
+            cp.cuda.runtime.deviceSynchronize()
+            into.append(time.perf_counter() - t0)
+            del got
+            # The same map with Python's cyclic collector off: how much of the spread between
+            # rounds its collections make (2,000 views and their lists are young objects).
+            gc.disable()
+            t0 = time.perf_counter()
+            got = list(ex.map(kernel, chunks, A, B))
+            cp.cuda.runtime.deviceSynchronize()
+            gc_off.append(time.perf_counter() - t0)
+            gc.enable()
+            del got
             t0 = time.perf_counter()
             one_launch()
             launch.append(time.perf_counter() - t0)
@@ -70,6 +94,11 @@ def main() -> None:
         print(f"  gpupool map, whole     {ms(wholes):8.2f} ms  ({ms(wholes) / ms(launch):.2f}x one launch)")
         print(f"    the map call         {ms(calls):8.2f} ms  ({1e3 * ms(calls) / args.chunks:.1f} us per array)")
         print(f"    results and wait     {ms(waits):8.2f} ms")
+        print(f"  the collector off      {ms(gc_off):8.2f} ms  ({ms(gc_off) / ms(launch):.2f}x one launch)")
+        print(f"  into given outputs     {ms(into):8.2f} ms  ({ms(into) / ms(launch):.2f}x one launch)")
+        print("  every round (ms): whole " + " ".join(f"{1e3 * t:.2f}" for t in wholes)
+              + "; collector off " + " ".join(f"{1e3 * t:.2f}" for t in gc_off)
+              + "; into given outputs " + " ".join(f"{1e3 * t:.2f}" for t in into))
         profile = cProfile.Profile()
         profile.enable()
         got = list(ex.map(kernel, chunks, A, B))
@@ -85,11 +114,13 @@ def main() -> None:
     flat = cp.empty(args.chunks * args.size, dtype=cp.float32)
     itemsize = flat.dtype.itemsize
     shape = (args.size,)
+    rows = flat.reshape(args.chunks, args.size)
     ways = {
         "a slice": lambda i: flat[i * args.size:(i + 1) * args.size],
         "ndarray(memptr=data + offset)": lambda i: cp.ndarray(
             shape, flat.dtype, flat.data + i * args.size * itemsize),
         "the memory pointer alone": lambda i: flat.data + i * args.size * itemsize,
+        "a row of a 2-D reshape": lambda i: rows[i],
     }
     ends = [(i + 1) * args.size for i in range(args.chunks)]
     split = cp.array_split(flat, ends)  # what gpupool does: all the views in one call
@@ -97,14 +128,16 @@ def main() -> None:
            or split[i].shape != shape for i in (0, args.chunks - 1)):
         raise SystemExit("FAIL: a view made by array_split is not where it should be")
     del split
-    for name in ("a slice", "ndarray(memptr=data + offset)"):
+    for name in ("a slice", "ndarray(memptr=data + offset)", "a row of a 2-D reshape"):
         for i in (0, args.chunks - 1):
             view = ways[name](i)
             if view.data.ptr != flat.data.ptr + i * args.size * itemsize or view.shape != shape:
                 raise SystemExit(f"FAIL: view {i} made by {name} is not where it should be")
     reads: list[float] = []
     split_name = "array_split, all in one call"
-    timings: dict[str, list[float]] = {split_name: [], **{name: [] for name in ways}}
+    iterated = "list() of a 2-D reshape"
+    timings: dict[str, list[float]] = {split_name: [], iterated: [],
+                                       **{name: [] for name in ways}}
     for _ in range(args.repeat):
         t0 = time.perf_counter()
         for c in chunks:
@@ -113,6 +146,10 @@ def main() -> None:
         t0 = time.perf_counter()
         made = cp.array_split(flat, ends)
         timings[split_name].append(time.perf_counter() - t0)
+        del made
+        t0 = time.perf_counter()
+        made = list(flat.reshape(args.chunks, args.size))
+        timings[iterated].append(time.perf_counter() - t0)
         del made
         for name, make in ways.items():
             t0 = time.perf_counter()

@@ -559,6 +559,19 @@ class Comparison:
         self.gpupool_python("W5", unit, amount, check,
                             lambda ex: list(ex.map(kernel, device_chunks, float(a), float(b))),
                             sweep_chunks=False, label="map of a compiled kernel over CuPy arrays")
+        # The same map writing into arrays the caller made beforehand, as CuPy's own loop above
+        # does (NaN until written, so that a call left unwritten fails the check).
+        given = cp.full_like(data, float("nan"))
+        given_chunks = [given[i * size:(i + 1) * size] for i in range(chunks)]
+
+        def into_given(closers: Closers) -> Callable[[], List[Any]]:
+            ex = self.executor(closers, None, None, None)
+            return lambda: list(ex.map(kernel, device_chunks, float(a), float(b),
+                                       out=given_chunks))
+
+        self.run("W5", "gpupool (Python) map of a compiled kernel over CuPy arrays into given "
+                 f"outputs (out=), {self.settings_label(None, None)}", GPUPOOL, unit, amount,
+                 into_given, check, {"lanes": None, "chunk_bytes": None})
 
     # W6, W6c ------------------------------------------------------------------------------
     def many_gpus(self, name: str) -> bool:
