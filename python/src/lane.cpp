@@ -58,8 +58,10 @@ lane_helpers& helpers() {
 // Uploads up to this size from pageable memory are staged with the GIL held.
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
-// See gil_hold_us.
-constexpr int gil_hold_default_us = 1000;
+// See gil_hold_us: off by default. On one H200 with 8 lanes, holding the GIL for up to 1 ms over
+// W8 (b)'s small downloads gave from 0.8x to 1.8x the rate of letting it go at once, round by
+// round (bench/lane_copies.py, bench/results/README.md): no better by the median, far less even.
+constexpr int gil_hold_default_us = 0;
 
 nb::handle helper(PyObject* function) {
   if (function == nullptr)
@@ -69,8 +71,9 @@ nb::handle helper(PyObject* function) {
 
 // How long a Python task waits for a small copy of its lane holding the GIL before it lets the
 // GIL go (microseconds; 0: at once). With many lanes running Python, a task that lets the GIL go
-// takes it back only behind the others, each hand-over a thread woken in the kernel; a small copy
-// ends within tens of microseconds, sooner than that. bench/lane_copies.py measures it.
+// takes it back only behind the others, each hand-over a thread woken in the kernel, while a
+// small copy ends within tens of microseconds; but a task that keeps the GIL keeps every other
+// lane out of Python meanwhile. bench/lane_copies.py measures both (_lane_gil_hold_us sets it).
 std::atomic<int> gil_hold_us{gil_hold_default_us};
 
 // Waits until everything enqueued on the lane's stream has finished, with the GIL held on entry:
