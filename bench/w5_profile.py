@@ -67,11 +67,13 @@ def main() -> None:
             # The same map with Python's cyclic collector off: how much of the spread between
             # rounds its collections make (2,000 views and their lists are young objects).
             gc.disable()
-            t0 = time.perf_counter()
-            got = list(ex.map(kernel, chunks, A, B))
-            cp.cuda.runtime.deviceSynchronize()
-            gc_off.append(time.perf_counter() - t0)
-            gc.enable()
+            try:
+                t0 = time.perf_counter()
+                got = list(ex.map(kernel, chunks, A, B))
+                cp.cuda.runtime.deviceSynchronize()
+                gc_off.append(time.perf_counter() - t0)
+            finally:
+                gc.enable()
             del got
             t0 = time.perf_counter()
             one_launch()

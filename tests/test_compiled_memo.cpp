@@ -105,5 +105,15 @@ TEST_F(CompiledMemo, AFailedCompileLeavesNothingBehind) {
   EXPECT_EQ(b.compiles, 2);  // asked again: the failure was not kept as an answer
 }
 
+TEST_F(CompiledMemo, ARawKernelTheBackendCannotRunIsAskedForEachTime) {
+  // The CPU backend refuses raw CUDA kernels: the refusal is not kept as an answer either.
+  counting_backend b;
+  const raw_kernel k("extern \"C\" __global__ void f(double* y) {}", "f", "", "float64* y");
+  const prepared_call call = prepare_call(k, {}, k.output().type, 4);
+  EXPECT_THROW((void)compile_for(b, k, call, 0), backend_unavailable);
+  EXPECT_THROW((void)compile_for(b, k, call, 0), backend_unavailable);
+  EXPECT_EQ(b.compiles, 2);
+}
+
 }  // namespace
 }  // namespace gpupool::detail

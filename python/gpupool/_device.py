@@ -194,11 +194,14 @@ def _split_flat(flat: Any, ends: List[int]) -> Sequence[Any]:
 
 class CompiledMap:
     """The outputs of a compiled kernel over device-array calls, and the one future that ends
-    when every batch filling them has ended."""
+    when every batch filling them has ended. `given`: the outputs are the caller's own arrays
+    (out=)."""
 
-    def __init__(self, futures: List[Future[Any]], outputs: List[object]) -> None:
+    def __init__(self, futures: List[Future[Any]], outputs: List[object],
+                 given: bool = False) -> None:
         self.futures = futures
         self.outputs = outputs
+        self.given = given
 
     def results(self, deadline: Optional[float]) -> Iterator[object]:
         import time
@@ -215,6 +218,11 @@ class CompiledMap:
             for future in self.futures:
                 if not future.done():
                     future.cancel()
+                    # Batches that had started still write into the caller's own arrays: the
+                    # map does not raise (TimeoutError, Ctrl-C) before they have ended.
+                    task = getattr(future, "_task", None)
+                    if self.given and task is not None:
+                        task.wait()
         yield from self.outputs
 
 
@@ -239,8 +247,9 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
 
     def describe_other(obj: object, where: str) -> _Description:
         if not is_device_array(obj):
-            raise TypeError(f"gpupool: {where} is not a device array while others are; pass "
-                            "host arrays and device arrays in separate maps")
+            raise TypeError(f"gpupool: {where} is not a device array; a map over device arrays "
+                            "takes device arrays and numbers only (host arrays go in a map of "
+                            "their own)")
         address, count, name, ordinal, shape = _describe(obj, where, streams)
         return address, count, name, ordinal, shape
 
@@ -254,4 +263,4 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
         kernel, calls, cupy.ndarray if cupy is not None else None, describe_other,
         allocate_flat, _split_flat, lambda: _wait_for(streams), tuple(calls), future_type,
         single, out)
-    return CompiledMap(futures, outputs)
+    return CompiledMap(futures, outputs, given=out is not None)

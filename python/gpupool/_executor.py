@@ -483,8 +483,11 @@ class Executor(_futures.Executor):
         call writes instead of a new one; the results are those arrays. Each must be C-contiguous,
         of the kernel's output dtype, of its call's length and on its call's GPU, and may be one
         of its own call's inputs (in place), but no memory another call of the map reads or
-        writes (ValueError or TypeError before anything runs). It saves making a new array per
-        call, which with thousands of small arrays costs the host as much as reading them."""
+        writes (ValueError or TypeError naming the call; calls before it, in blocks already
+        queued, may have run). The arrays hold their results once the iterator gives them (it
+        waits for the whole map); after a TimeoutError or Ctrl-C, batches that had started have
+        ended before the error reaches the caller. It saves making a new array per call, which
+        with thousands of small arrays costs the host as much as reading them."""
         del chunksize  # every item is its own task; kept for Executor.map compatibility
         deadline = None if timeout is None else time.monotonic() + timeout
         outputs = None if out is None else list(out)

@@ -83,6 +83,10 @@ cupy_reading read_cupy(nb::handle a) {
   return r;
 }
 
+void prepare_cupy_reading() {
+  static_cast<void>(names());
+}
+
 nb::handle cupy_ndarray_type() {
   PyObject* cupy = PyImport_GetModule(names().cupy);  // new reference, or null
   if (cupy == nullptr) {

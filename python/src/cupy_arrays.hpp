@@ -37,6 +37,11 @@ struct cupy_reading {
 // Reads `a`, a cupy.ndarray. Throws only what CuPy's attributes raise.
 cupy_reading read_cupy(nb::handle a);
 
+// Makes what read_cupy keeps (interned names, NumPy's dtype objects): called once when the module
+// is imported. Made on first use instead, by lanes reading arrays at once, one thread could let
+// the GIL go inside NumPy while making it and another wait for it holding the GIL.
+void prepare_cupy_reading();
+
 // `a` (a cupy.ndarray) as a view, or the refusal for `where()`: TypeError for a dtype gpupool
 // does not compute with, ValueError for a layout that is not C-contiguous.
 template <class Where>
@@ -49,7 +54,7 @@ cupy_array_view describe_cupy(nb::handle a, const Where& where) {
                              .c_str());
   if (r.trouble == cupy_reading::problem::not_contiguous)
     throw nb::value_error(
-        ("gpupool: " + where() + " is not C-contiguous; make a contiguous copy").c_str());
+        ("gpupool: " + where() + " is not C-contiguous; pass a C-contiguous array").c_str());
   return std::move(r.view);
 }
 

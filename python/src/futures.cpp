@@ -250,6 +250,12 @@ class queued_task {
     for (auto& f : futures_) any = f.cancel() || any;
     return any;
   }
+  // Waits until every task has ended (run, failed or cancelled), without the GIL: after a
+  // cancel(), what had started still runs to its end, writing where its calls write.
+  void wait() {
+    nb::gil_scoped_release nogil;
+    for (auto& f : futures_) f.wait();
+  }
 
  private:
   std::vector<gpupool::future<void>> futures_;
@@ -503,7 +509,9 @@ nb::object adopt_kernel_tasks(const std::vector<gpupool::future<void>>& fs, nb::
 void bind_futures(nb::module_& m) {
   nb::class_<queued_task>(m, "QueuedTask", "A kernel future's handle on its queued tasks.")
       .def("cancel", &queued_task::cancel,
-           "Cancels every task not started; True if one was (the future then ends cancelled).");
+           "Cancels every task not started; True if one was (the future then ends cancelled).")
+      .def("wait", &queued_task::wait,
+           "Waits until every task has ended: those a cancel() left running included.");
 }
 
 }  // namespace gpupool_python

@@ -59,7 +59,7 @@ lane_helpers& helpers() {
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
 // See gil_hold_us: off by default. On one H200 with 8 lanes, holding the GIL for up to 1 ms over
-// W8 (b)'s small downloads gave from 0.8x to 1.8x the rate of letting it go at once, round by
+// W8 (b)'s small downloads gave from 0.7x to 1.8x the rate of letting it go at once, round by
 // round (bench/lane_copies.py, bench/results/README.md): no better by the median, far less even.
 constexpr int gil_hold_default_us = 0;
 
@@ -116,6 +116,7 @@ std::optional<nb::object> download_cupy(gpupool::lane& lane, nb::handle device_a
 
 void bind_lane(nb::module_& m) {
   using namespace nb::literals;
+  prepare_cupy_reading();  // before any lane can read a CuPy array (see its comment)
   nb::class_<py_lane>(m, "Lane", "The lane a task runs on; valid only inside that task.")
       .def_prop_ro("device", [](const py_lane& l) { return l.get().device(); })
       .def_prop_ro("index", [](const py_lane& l) { return l.get().index(); })

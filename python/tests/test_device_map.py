@@ -452,3 +452,45 @@ def test_out_is_refused_where_it_does_not_apply():
             ex.map(abs, [1.0], out=[np.empty(1)])
         with pytest.raises(TypeError, match="out is for maps over device arrays"):
             ex.map(SCALE, [np.ones(3)], 2.0, out=[np.empty(3)])
+
+
+def test_a_hazard_between_calls_of_different_blocks_is_refused_after_the_earlier_blocks(core):
+    # Call 100 (the second block: calls 64-191) would write what call 5 (the first) reads; the
+    # first block had already been queued: by the time the map raises, each of its batches has
+    # either run or been cancelled unstarted, and nothing of the second block has run.
+    xs = [np.arange(4, dtype=np.float64) + i for i in range(150)]
+    outs = [np.full(4, -1.0) for _ in xs]
+    outs[100] = xs[5]
+    launched = []
+    with pytest.raises(ValueError, match="call 100 writes memory that call 5 reads"):
+        core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None, describe_host, Flats(),
+                              split_host, lambda: launched.append(1), (), _Future, out=outs)
+    assert launched == [1]  # the first block only
+    for i in range(64):
+        assert (outs[i] == xs[i] * 2.0).all() or (outs[i] == -1.0).all(), i
+    np.testing.assert_array_equal(xs[5], np.arange(4, dtype=np.float64) + 5)
+    assert all((o == -1.0).all() for o in outs[64:100] + outs[101:])
+
+
+def test_a_map_into_given_outputs_that_times_out_waits_for_the_batches_that_had_started():
+    # Its outputs are the caller's own arrays: batches that had started still write into them,
+    # so the TimeoutError waits for them; a map's own new outputs need no such wait.
+    from gpupool import _device
+
+    steps = []
+
+    class Task:
+        def cancel(self):
+            steps.append("cancel")
+            return True
+
+        def wait(self):
+            steps.append("wait")
+
+    for given, expected in ((True, ["cancel", "wait"]), (False, ["cancel"])):
+        steps.clear()
+        future = _Future()
+        future._task = Task()
+        with pytest.raises(cf.TimeoutError):
+            list(_device.CompiledMap([future], [object()], given=given).results(time.monotonic()))
+        assert steps == expected

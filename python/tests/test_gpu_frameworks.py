@@ -222,6 +222,27 @@ def test_lane_download_keeps_dtype_shape_and_layout_however_long_it_holds_the_gi
         gpupool._ext._lane_gil_hold_us(before)
 
 
+def test_lane_download_of_a_contiguous_cupy_array_never_reaches_the_python_helper():
+    # With the package's download helper replaced by one that refuses, a C-contiguous array of
+    # one of gpupool's dtypes still downloads (the extension did it) and a strided one does not.
+    cp = pytest.importorskip("cupy")
+    from gpupool import _executor
+
+    def refuse(*args):
+        raise AssertionError("the Python download helper ran")
+
+    x = np.arange(1000.0)
+    gpupool._ext.set_lane_helpers(_executor._lane_upload, refuse)
+    try:
+        with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+            got = ex.submit(lambda: gpupool.current_lane().download(cp.asarray(x))).result()
+            assert np.array_equal(got, x)
+            with pytest.raises(AssertionError, match="helper ran"):
+                ex.submit(lambda: gpupool.current_lane().download(cp.asarray(x)[::2])).result()
+    finally:
+        gpupool._ext.set_lane_helpers(_executor._lane_upload, _executor._lane_download)
+
+
 def test_many_lanes_each_downloading_small_arrays_while_holding_the_gil_get_their_own():
     # Lanes that wait for small copies holding the GIL still each get their own results, and a
     # long kernel behind a copy (longer than the hold) is waited for without the GIL.
