@@ -18,8 +18,8 @@ from concurrent.futures._base import (CANCELLED as _CANCELLED,
                                       FINISHED as _FINISHED, PENDING as _PENDING,
                                       RUNNING as _RUNNING)
 from types import ModuleType
-from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, NamedTuple, Optional,
-                    Sequence, Tuple, TypeVar, Union, cast, overload)
+from typing import (Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Literal,
+                    NamedTuple, Optional, Sequence, Tuple, TypeVar, Union, cast, overload)
 
 import numpy.typing as npt
 
@@ -793,6 +793,14 @@ def _require_cupy(lane: _ext.Lane) -> ModuleType:
     return cupy
 
 
+def _on_lane_stream(cupy: ModuleType, lane: _ext.Lane) -> ContextManager[Any]:
+    """A scope in which CuPy's work is ordered on `lane`'s stream: none when it already is CuPy's
+    current stream (the task's own, the usual case), else that stream made current."""
+    if cupy.cuda.get_current_stream().ptr == lane.stream:
+        return contextlib.nullcontext()
+    return cast(ContextManager[Any], _cupy_stream(cupy, lane.stream, cupy.cuda.Device().id))
+
+
 # CuPy arrays are Any: CuPy carries no type annotations.
 def _lane_upload(self: _ext.Lane, array: npt.ArrayLike) -> Any:
     """Copies a host array to a new CuPy array on this lane's device, ordered on its stream
@@ -805,11 +813,8 @@ def _lane_upload(self: _ext.Lane, array: npt.ArrayLike) -> Any:
 
     cupy = _require_cupy(self)
     host = np.ascontiguousarray(array)
-    if cupy.cuda.get_current_stream().ptr == self.stream:  # the task's own (the usual case)
+    with _on_lane_stream(cupy, self):
         device = cupy.empty(host.shape, host.dtype)
-    else:
-        with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
-            device = cupy.empty(host.shape, host.dtype)
     self._upload(device.data.ptr, host)  # waits for a copy straight from pinned memory
     return device
 
@@ -825,11 +830,8 @@ def _lane_download(self: _ext.Lane, device_array: Any,
     if not device_array.flags.c_contiguous:
         # A strided view is copied into a contiguous array first, on the lane's stream, as
         # CuPy's own get() does; its bytes as they lie would be other elements.
-        if cupy.cuda.get_current_stream().ptr == self.stream:
+        with _on_lane_stream(cupy, self):
             device_array = cupy.ascontiguousarray(device_array)
-        else:
-            with _cupy_stream(cupy, self.stream, cupy.cuda.Device().id):
-                device_array = cupy.ascontiguousarray(device_array)
     if out is None:
         out = empty_pinned(device_array.shape, device_array.dtype)
     if out.nbytes != device_array.nbytes or not out.flags.c_contiguous:

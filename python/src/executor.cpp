@@ -239,6 +239,9 @@ class py_executor {
     std::vector<nb::object> last_number(arity);
     std::vector<std::optional<gpupool::kernel_argument>> last_number_argument(arity);
     std::vector<bool> first_pattern;  // which of call 0's arguments are arrays
+    // CuPy arrays, the common case, are read through CuPy's own attributes (describe_cupy).
+    const bool cupy_imported = cupy_ndarray.is_valid() && !cupy_ndarray.is_none();
+    const auto is_cupy = [&](nb::handle a) { return cupy_imported && a.type().is(cupy_ndarray); };
     // A device array other than a CuPy array, through describe_other:
     // (address, count, type, ordinal, shape).
     const auto read_other = [&](nb::handle a, const std::string& where) {
@@ -256,7 +259,7 @@ class py_executor {
       std::size_t count = 0;
       gpupool::dtype type{};
       int ordinal = -1;
-      if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && o.type().is(cupy_ndarray)) {
+      if (is_cupy(o)) {
         const cupy_array_view view = describe_cupy(o, where);
         std::tie(address, count, type, ordinal) =
             std::make_tuple(view.address, view.count, view.type, view.ordinal);
@@ -309,8 +312,7 @@ class py_executor {
         int ordinal = -1;
         nb::object shape;
         std::optional<cupy_array_view> cupy_view;
-        if (cupy_ndarray.is_valid() && !cupy_ndarray.is_none() && a.type().is(cupy_ndarray)) {
-          // The common case, kept cheap: CuPy's own attributes rather than its interface dict.
+        if (is_cupy(a)) {
           cupy_view = describe_cupy(a, where);
           if (cupy_view->ndim == 0)
             cupy_view.reset();  // a 0-d array is a number (as_number below), as in a submit

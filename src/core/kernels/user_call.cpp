@@ -110,27 +110,29 @@ void prepare(prepared_call& call, const std::string& kernel,
 
 // What compiling depends on, as one string: the kind of kernel, its text and signature, the
 // call's pattern of arrays and scalars (elementwise kernels) and the device.
-void append_parameter(std::string& key, const kernel_parameter& p) {
-  key += p.name;
-  key += ':';
-  key += to_string(p.type);
-  key += p.array ? "*," : ",";
+void append_signature(std::string& key, const std::vector<kernel_parameter>& inputs,
+                      const kernel_parameter& output) {
+  const auto append = [&](const kernel_parameter& p) {
+    key += p.name;
+    key += ':';
+    key += to_string(p.type);
+    key += p.array ? "*," : ",";
+  };
+  for (const auto& p : inputs) append(p);
+  key += "->";
+  append(output);
 }
 
 std::string memo_key(const elementwise_kernel& k, const std::vector<bool>& is_array, int ordinal) {
   std::string key = "elementwise\n" + k.name() + '\n' + k.body() + '\n';
-  for (const auto& p : k.inputs()) append_parameter(key, p);
-  key += "->";
-  append_parameter(key, k.output());
+  append_signature(key, k.inputs(), k.output());
   for (bool array : is_array) key += array ? 'a' : 's';
   return key + '@' + std::to_string(ordinal);
 }
 
 std::string memo_key(const raw_kernel& k, int ordinal) {
   std::string key = "raw\n" + k.entry() + '\n' + k.source() + '\n';
-  for (const auto& p : k.inputs()) append_parameter(key, p);
-  key += "->";
-  append_parameter(key, k.output());
+  append_signature(key, k.inputs(), k.output());
   key += std::to_string(k.shape().block) + 'x' + std::to_string(k.shape().grid);
   return key + '@' + std::to_string(ordinal);
 }
