@@ -340,6 +340,35 @@ __global__ void twice(const long long* x, long long* out, unsigned long long n) 
   for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], 2 * x[i]) << i;
 }
 
+TEST_P(ElementwiseTest, RawKernelsOfOneSourceKeepTheirOwnLaunchShapes) {
+  if (GetParam() == backend_kind::cpu) GTEST_SKIP() << "raw kernels need a GPU";
+  executor ex(options());
+  // One source and entry, so one compiled image; each kernel must still launch with its own
+  // shape (every element records the threads its launch had).
+  const char* source = R"(
+extern "C" __global__ void threads(const long long* x, long long* out, unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * blockDim.x + threadIdx.x; i < n;
+       i += gridDim.x * blockDim.x)
+    out[i] = x[i] + (long long)gridDim.x * blockDim.x;
+}
+)";
+  const raw_kernel wide(source, "threads", "int64* x", "int64* out", launch_shape{128, 4});
+  const raw_kernel narrow(source, "threads", "int64* x", "int64* out", launch_shape{32, 1});
+  std::vector<std::int64_t> x(5'000, 0), wide_out(x.size()), narrow_out(x.size());
+  ex.submit([&](lane& l) {
+      auto dx = l.upload(std::span<const std::int64_t>(x));
+      auto dy = l.allocate<std::int64_t>(x.size());
+      l.run(wide, {dx}, dy);
+      l.download(dy, std::span<std::int64_t>(wide_out));
+      l.run(narrow, {dx}, dy);
+      l.download(dy, std::span<std::int64_t>(narrow_out));
+    }).get();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    ASSERT_EQ(wide_out[i], 128 * 4) << i;
+    ASSERT_EQ(narrow_out[i], 32) << i;
+  }
+}
+
 TEST_P(ElementwiseTest, RawKernelCompileErrorsCarryTheSourceLine) {
   executor ex(options());
   raw_kernel k(

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <compare>
 #include <cstdint>
 #include <cstdlib>
 #include <map>
@@ -15,6 +16,7 @@
 #include <new>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/kernels/kernel_source.hpp"
@@ -344,7 +346,7 @@ class cuda_backend final : public backend {
                                                  int ordinal) override {
     const auto [major, minor] = compute_capability(ordinal);
     auto image = cuda::compile_cubin(k, is_array, major, minor);
-    return loaded(image.get(), [&] {
+    return loaded({reinterpret_cast<std::uintptr_t>(image.get()), is_array, 0, 0}, [&] {
       return std::make_shared<cuda_compiled>(is_array, *image, kernel_entry_point,
                                              kernel_batch_entry_point, launch_shape{});
     });
@@ -355,10 +357,12 @@ class cuda_backend final : public backend {
     auto image = cuda::compile_raw_cubin(k, major, minor);
     std::vector<bool> is_array;
     for (const auto& p : k.inputs()) is_array.push_back(p.array);
-    return loaded(image.get(), [&] {
-      return std::make_shared<cuda_compiled>(is_array, image->image, image->entry.c_str(), nullptr,
-                                             k.shape());
-    });
+    const launch_shape shape = k.shape();
+    return loaded(
+        {reinterpret_cast<std::uintptr_t>(image.get()), is_array, shape.block, shape.grid}, [&] {
+          return std::make_shared<cuda_compiled>(is_array, image->image, image->entry.c_str(),
+                                                 nullptr, shape);
+        });
   }
 
   std::unique_ptr<backend_stream> open_stream(int ordinal) override {
@@ -370,12 +374,23 @@ class cuda_backend final : public backend {
     return std::make_unique<cuda_stream>(static_cast<unsigned>(sms * threads_per_sm));
   }
 
-  // One loaded library per compiled image (images are cached for the process, so the address
-  // identifies them); shared by every device, which loads it on first launch.
+  // What a loaded kernel is made of: its compiled image (images are cached for the process, so
+  // the address identifies them) and what the image alone does not say. A raw kernel's image
+  // depends only on its source and entry, so two raw kernels of one source with another launch
+  // shape or other array declarations share the image and need entries of their own.
+  struct loaded_key {
+    std::uintptr_t image;
+    std::vector<bool> is_array;
+    unsigned block;
+    unsigned grid;
+    auto operator<=>(const loaded_key&) const = default;
+  };
+
+  // One loaded library per key; shared by every device, which loads it on first launch.
   template <class Make>
-  std::shared_ptr<const compiled_kernel> loaded(const void* image, Make make) {
+  std::shared_ptr<const compiled_kernel> loaded(loaded_key key, Make make) {
     std::lock_guard lock(loaded_mutex_);
-    auto& slot = loaded_[image];
+    auto& slot = loaded_[std::move(key)];
     if (!slot) slot = make();
     return slot;
   }
@@ -444,7 +459,7 @@ class cuda_backend final : public backend {
  private:
   int devices_;
   std::mutex loaded_mutex_;
-  std::map<const void*, std::shared_ptr<const compiled_kernel>> loaded_;
+  std::map<loaded_key, std::shared_ptr<const compiled_kernel>> loaded_;
 };
 
 // Page-locked, portable host memory (usable by every device): what the pinned cache hands out.
