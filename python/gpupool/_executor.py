@@ -164,6 +164,10 @@ class _Future(_futures.Future[Any]):
             return super().set_running_or_notify_cancel()
 
     def cancel(self) -> bool:
+        if self._state in (_RUNNING, _FINISHED):
+            # Neither state ever goes back to one that can be cancelled: no Condition is made
+            # to say so (map cancels every future it hands on, most of them long finished).
+            return False
         with self._condition:
             if self._state in (_RUNNING, _FINISHED):
                 return False
@@ -185,6 +189,12 @@ class _Future(_futures.Future[Any]):
 
     def done(self) -> bool:
         return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED, _FINISHED)  # no Condition
+
+    def cancelled(self) -> bool:
+        return self._state in (_CANCELLED, _CANCELLED_AND_NOTIFIED)  # no Condition
+
+    def running(self) -> bool:
+        return self._state == _RUNNING  # no Condition
 
     def exception(self, timeout: Optional[float] = None) -> Optional[BaseException]:
         self._wait_in_slices(timeout)
@@ -538,7 +548,13 @@ class Executor(_futures.Executor):
                     return in_order
                 pending = self._kernel_futures(fn, xs, ys)
         else:
-            pending = [self.submit(fn, *args) for args in zip(*iterables)]
+            # Every call queued in one call to the extension: the lanes that start on the first
+            # calls want the GIL this thread holds while it queues the rest.
+            python_calls = list(zip(*iterables))
+            with self._lock:
+                self._check_open()
+                pending = cast(List[_futures.Future[Any]],
+                               self._core.submit_calls(fn, python_calls, _Future))
         results = _ordered_results(pending, deadline)
         if progress:
             results = _with_progress(results, len(pending), getattr(fn, "name", None) or
@@ -769,13 +785,35 @@ def _result_or_cancel(future: _futures.Future[_R], timeout: Optional[float] = No
         del future
 
 
+# How far ahead, and for how long at most, _ordered_results waits when the next result is not
+# there yet (see there).
+_LOOKAHEAD = 16
+_LOOKAHEAD_WAIT = 0.002
+
+
+def _wait_ahead(pending: list[_futures.Future[Any]], deadline: Optional[float]) -> None:
+    # A function of its own: the future waited on is not held by _ordered_results' frame.
+    ahead = pending[max(0, len(pending) - 1 - _LOOKAHEAD)]
+    wait = _LOOKAHEAD_WAIT if deadline is None else min(_LOOKAHEAD_WAIT,
+                                                        deadline - time.monotonic())
+    if wait > 0 and isinstance(ahead, _Future):
+        ahead._wait_in_slices(wait)
+
+
 def _ordered_results(pending: list[_futures.Future[Any]],
                      deadline: Optional[float]) -> Iterator[Any]:
     """Yields results in order, holding none once handed on; cancels what is left if the
-    consumer stops early, a result times out or the wait is interrupted (Ctrl-C)."""
+    consumer stops early, a result times out or the wait is interrupted (Ctrl-C).
+
+    When the next result is not there yet, it first waits (for _LOOKAHEAD_WAIT at most) for the
+    one _LOOKAHEAD places further on: lanes end their calls in about the order queued, so one
+    wake-up of this thread then hands on many results. Waking for each result costs, with
+    Python calls on many lanes, one more turn at the GIL per call, which the lanes want too."""
     try:
         pending.reverse()
         while pending:
+            if len(pending) > 1 and not pending[-1].done():
+                _wait_ahead(pending, deadline)
             if deadline is None:
                 yield _result_or_cancel(pending.pop())
             else:

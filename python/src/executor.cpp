@@ -91,6 +91,33 @@ class py_executor {
     submit_python_call(get(), device, fn, args, kwargs, future, runner_, python_calls_);
   }
 
+  // Queues fn(*args) for each tuple of `calls` on any lane, in order; returns their futures, one
+  // `future_type()` each. Executor.map's Python calls in one call from Python: what each call
+  // costs the submitting thread's hold of the GIL (which the lanes running the first calls
+  // already want) is the C++ queueing alone. If one is refused, the calls queued before it are
+  // cancelled (a lane may have started some: they run to their end) and the error raised.
+  nb::list submit_calls(nb::handle fn, nb::sequence calls, nb::handle future_type) {
+    gpupool::executor& exec = get();
+    nb::list futures;
+    try {
+      for (nb::handle args : calls) {
+        if (!PyTuple_Check(args.ptr())) throw nb::type_error("gpupool: each call is a tuple");
+        nb::object future = future_type();
+        submit_python_call(exec, std::nullopt, fn, args, nb::handle(), future, runner_,
+                           python_calls_);
+        futures.append(future);
+      }
+    } catch (...) {
+      for (nb::handle future : futures) {
+        PyObject* cancelled = PyObject_CallMethod(future.ptr(), "cancel", nullptr);
+        if (cancelled == nullptr) PyErr_Clear();  // the first error is the one to raise
+        Py_XDECREF(cancelled);
+      }
+      throw;
+    }
+    return futures;
+  }
+
   // What CUDA lanes call as runner(fn, args, kwargs) instead of fn (None: fn itself).
   void set_runner(nb::object runner) { runner_ = std::move(runner); }
 
@@ -708,6 +735,7 @@ void bind_executor(nb::module_& m) {
       .def(nb::init<const gpupool::executor_options&>(), "options"_a)
       .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),
            "future"_a, "device"_a.none())
+      .def("submit_calls", &py_executor::submit_calls, "fn"_a, "calls"_a, "future_type"_a)
       .def("set_runner", &py_executor::set_runner, "runner"_a.none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
            "future_type"_a)

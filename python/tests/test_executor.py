@@ -30,6 +30,51 @@ def test_map_keeps_input_order(executor):
     assert list(executor.map(slow_square, range(200))) == [i * i for i in range(200)]
 
 
+def test_map_queues_nothing_when_its_iterable_fails(executor):
+    ran = []
+
+    def items():
+        yield 1
+        yield 2
+        raise RuntimeError("the caller's iterable failed")
+
+    with pytest.raises(RuntimeError, match="iterable failed"):
+        executor.map(ran.append, items())
+    executor.submit(lambda: None).result(timeout=30)  # every lane has looked at its queue
+    assert ran == []
+
+
+def test_map_hands_each_result_on_without_waiting_for_later_calls(executor):
+    # Call i waits until the consumer has taken result i - 1: a map that held a result back
+    # until later calls had ended would stall here (each call gives up after 10 s).
+    taken = [threading.Event() for _ in range(60)]
+    taken[0].set()
+
+    def call(i):
+        return taken[i].wait(timeout=10)
+
+    started = time.monotonic()
+    results = []
+    for i, result in enumerate(executor.map(call, range(60))):
+        results.append(result)
+        if i + 1 < len(taken):
+            taken[i + 1].set()
+    assert results == [True] * 60
+    assert time.monotonic() - started < 8
+
+
+def test_cancelling_an_ended_future_makes_no_condition(executor):
+    future = executor.submit(lambda: 5)
+    deadline = time.monotonic() + 30
+    while not future.done() and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert future.done()
+    assert future.cancel() is False and not future.cancelled()
+    assert future.result() == 5
+    # Nobody waited on it: no Condition was ever made (map cancels every future it hands on).
+    assert future._made_condition is None
+
+
 def test_as_completed_wait_and_callbacks_work_unchanged(executor):
     futures = [executor.submit(lambda i=i: i + 1) for i in range(50)]
     assert sorted(f.result() for f in cf.as_completed(futures, timeout=30)) == list(range(1, 51))

@@ -1,0 +1,156 @@
+"""Executor.map over a Python function with many small tasks, before and after its calls were
+queued in one call to the extension and its waits looked ahead: W8 (a) (the motivating function
+unchanged, 5 lanes), W8 (b) (the same math through Lane.upload/download, the default lanes) and a
+no-op, at W4 size (20,000 x 1,024 float64), beside the motivating program (ThreadPoolExecutor,
+5 threads) and careful CuPy on one thread in the same run. Rounds interleave the variants; every
+result is checked before its rate counts.
+
+Variants of gpupool's map:
+  before      a submit() per call, then each result in order, each future's Condition made (what
+              map did: its cancel() of every future it handed on made one)
+  lookahead 0 map as it is, waiting for each next result itself
+  lookahead N map as it is (N = the default: it first waits a little for the result N places on)
+
+    python3 bench/python_map.py [--count 20000] [--size 1024] [--rounds 5] [--holds 0,1000]
+
+`--holds`: for W8 (b), how long a task polls its stream after a small copy holding the GIL (0:
+let it go at once, the default). Without CuPy only the no-op rows run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import statistics
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Dict, List
+
+import numpy as np
+
+import gpupool
+from gpupool import _executor, _ext
+from gpupool.compare import _frameworks as fw
+
+
+def lane_square(chunk: Any) -> Any:
+    """W8 (b) as a user writes it."""
+    lane = gpupool.current_lane()
+    device: Any = lane.upload(chunk)
+    return lane.download(device * device)
+
+
+def no_op(chunk: Any) -> Any:
+    return chunk
+
+
+def map_before(ex: Any, fn: Callable[[Any], Any], data: List[Any]) -> List[Any]:
+    pending = [ex.submit(fn, chunk) for chunk in data]
+    out = []
+    for future in pending:
+        out.append(future.result())
+        future._condition  # what map's cancel() of a finished future made before
+    return out
+
+
+def map_now(ex: Any, fn: Callable[[Any], Any], data: List[Any], lookahead: int) -> List[Any]:
+    _executor._LOOKAHEAD = lookahead
+    return list(ex.map(fn, data))
+
+
+def careful_cupy(data: List[Any]) -> List[Any]:
+    """One thread, a stream of its own: careful CuPy (ANCHORS.md)."""
+    import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+    out = []
+    with cp.cuda.Stream(non_blocking=True):
+        for chunk in data:
+            d = cp.asarray(chunk)
+            out.append(cp.asnumpy(d * d))
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--count", type=int, default=20_000)
+    parser.add_argument("--size", type=int, default=1_024)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--holds", default="0,1000")
+    args = parser.parse_args()
+    try:
+        import cupy  # noqa: F401  (imported before the executors: their lanes bind its streams)
+        gpu = fw.gpu_count() > 0
+    except ImportError:
+        gpu = False
+    default_lookahead = _executor._LOOKAHEAD
+    default_hold = _ext._lane_gil_hold_us()
+    holds = [int(h) for h in args.holds.split(",")]
+    rng = np.random.default_rng(11)
+    data = [rng.standard_normal(args.size) for _ in range(args.count)]
+    squares = [np.square(d) for d in data]
+
+    def checker(expected: List[Any], label: str) -> Callable[[List[Any]], None]:
+        def check(results: List[Any]) -> None:
+            if len(results) != len(expected) or not all(
+                    np.array_equal(np.asarray(r), e) for r, e in zip(results, expected)):
+                raise SystemExit(f"FAIL: {label}: a result differs")
+        return check
+
+    check_square = checker(squares, "square")
+    check_same = checker(data, "no-op")
+    default_lanes = gpupool.Executor()
+    five_lanes = gpupool.Executor(threads_per_gpu=5)
+    tpe = ThreadPoolExecutor(5)
+    # label -> (GIL hold or -1 to leave it, run, check)
+    runs: Dict[str, Any] = {}
+
+    def variants(prefix: str, ex: Any, fn: Callable[[Any], Any], check: Any, hold: int) -> None:
+        runs[f"{prefix}, before"] = (hold, functools.partial(map_before, ex, fn, data), check)
+        for lookahead in sorted({0, default_lookahead}):
+            runs[f"{prefix}, lookahead {lookahead}"] = (
+                hold, functools.partial(map_now, ex, fn, data, lookahead), check)
+
+    runs["no-op, ThreadPoolExecutor 5 threads"] = (-1, functools.partial(
+        lambda d: list(tpe.map(no_op, d)), data), check_same)
+    variants(f"no-op, gpupool {default_lanes.threads_per_gpu} lanes", default_lanes, no_op,
+             check_same, -1)
+    reference = ""
+    if gpu:
+        reference = "motivating program (ThreadPoolExecutor, 5 threads)"
+        runs[reference] = (-1, functools.partial(
+            lambda d: list(tpe.map(fw.motivating_square, d)), data), check_square)
+        runs["careful CuPy, 1 thread"] = (-1, functools.partial(careful_cupy, data), check_square)
+        variants("W8 (a), gpupool 5 lanes", five_lanes, fw.motivating_square, check_square, -1)
+        for hold in holds:
+            variants(f"W8 (b), gpupool {default_lanes.threads_per_gpu} lanes, hold {hold} us",
+                     default_lanes, lane_square, check_square, hold)
+    else:
+        print("no GPU or no CuPy: the no-op rows only", file=sys.stderr)
+    times: Dict[str, List[float]] = {k: [] for k in runs}
+    print(f"== {args.count} x {args.size} float64, {args.rounds} rounds", flush=True)
+    try:
+        for _ in range(args.rounds):
+            for label, (hold, run, check) in runs.items():
+                _ext._lane_gil_hold_us(hold if hold >= 0 else default_hold)
+                t0 = time.perf_counter()
+                results = run()
+                times[label].append(time.perf_counter() - t0)
+                check(results)
+                del results
+    finally:
+        _ext._lane_gil_hold_us(default_hold)
+        _executor._LOOKAHEAD = default_lookahead
+    base = statistics.median(times[reference]) if reference else None
+    for label, seconds in times.items():
+        median = statistics.median(seconds)
+        versus = f"  {base / median:5.2f}x the motivating program" if base else ""
+        print(f"  {label:58s} {args.count / median:>9,.0f} tasks/s{versus}; rounds: "
+              f"{' '.join(f'{args.count / t:,.0f}' for t in seconds)}", flush=True)
+    tpe.shutdown()
+    default_lanes.shutdown()
+    five_lanes.shutdown()
+
+
+if __name__ == "__main__":
+    main()
