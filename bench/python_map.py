@@ -11,10 +11,13 @@ Variants of gpupool's map:
   lookahead 0 map as it is, waiting for each next result itself
   lookahead N map as it is (N = the default: it first waits a little for the result N places on)
 
-    python3 bench/python_map.py [--count 20000] [--size 1024] [--rounds 5] [--holds 0,1000]
+    python3 bench/python_map.py [--count 20000] [--size 1024] [--rounds 5] [--holds 0,50,200,1000]
+        [--long 20000,100000] [--long-count 2000]
 
 `--holds`: for W8 (b), how long a task polls its stream after a small copy holding the GIL (0:
-let it go at once, the default). Without CuPy only the no-op rows run.
+let it go at once). The long-kernel rows run W8 (b) with a kernel of that many dependent adds
+between the copies (tens to hundreds of microseconds), where holding the GIL through the wait
+would keep the other lanes from starting theirs. Without CuPy only the no-op rows run.
 """
 
 from __future__ import annotations
@@ -39,6 +42,29 @@ def lane_square(chunk: Any) -> Any:
     lane = gpupool.current_lane()
     device: Any = lane.upload(chunk)
     return lane.download(device * device)
+
+
+_LONG_KERNELS: Dict[int, Any] = {}
+
+
+def long_kernel(iterations: int) -> Any:
+    """A kernel that adds 1 to each element `iterations` times, one dependent add after another
+    (exact on integers): GPU time that a small copy does not have."""
+    if iterations not in _LONG_KERNELS:
+        import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
+
+        _LONG_KERNELS[iterations] = cp.ElementwiseKernel(
+            "float64 x", "float64 y",
+            f"double v = x; for (int i = 0; i < {iterations}; ++i) v = v + 1.0; y = v;",
+            f"gpupool_bench_long_{iterations}")
+    return _LONG_KERNELS[iterations]
+
+
+def lane_long(iterations: int, chunk: Any) -> Any:
+    """W8 (b) with a long kernel between the copies."""
+    lane = gpupool.current_lane()
+    device: Any = lane.upload(chunk)
+    return lane.download(long_kernel(iterations)(device))
 
 
 def no_op(chunk: Any) -> Any:
@@ -76,7 +102,10 @@ def main() -> None:
     parser.add_argument("--count", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=1_024)
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--holds", default="0,1000")
+    parser.add_argument("--holds", default="0,50,200,1000")
+    parser.add_argument("--long", default="20000,100000",
+                        help="iterations of the long kernel's rows (none: leave them out)")
+    parser.add_argument("--long-count", type=int, default=2_000)
     args = parser.parse_args()
     try:
         import cupy  # noqa: F401  (imported before the executors: their lanes bind its streams)
@@ -87,7 +116,8 @@ def main() -> None:
     default_hold = _ext._lane_gil_hold_us()
     holds = [int(h) for h in args.holds.split(",")]
     rng = np.random.default_rng(11)
-    data = [rng.standard_normal(args.size) for _ in range(args.count)]
+    # Whole numbers, so that the long kernel's adds are exact; squares are exact too.
+    data = [rng.integers(-1000, 1000, args.size).astype(np.float64) for _ in range(args.count)]
     squares = [np.square(d) for d in data]
 
     def checker(expected: List[Any], label: str) -> Callable[[List[Any]], None]:
@@ -105,9 +135,11 @@ def main() -> None:
     # label -> (GIL hold or -1 to leave it, run, check)
     runs: Dict[str, Any] = {}
 
-    def variants(prefix: str, ex: Any, fn: Callable[[Any], Any], check: Any, hold: int) -> None:
-        runs[f"{prefix}, before"] = (hold, functools.partial(map_before, ex, fn, data), check)
-        for lookahead in sorted({0, default_lookahead}):
+    def variants(prefix: str, ex: Any, fn: Callable[[Any], Any], check: Any, hold: int,
+                 lookaheads: Any = (0, default_lookahead), before: bool = True) -> None:
+        if before:
+            runs[f"{prefix}, before"] = (hold, functools.partial(map_before, ex, fn, data), check)
+        for lookahead in sorted(set(lookaheads)):
             runs[f"{prefix}, lookahead {lookahead}"] = (
                 hold, functools.partial(map_now, ex, fn, data, lookahead), check)
 
@@ -124,7 +156,16 @@ def main() -> None:
         variants("W8 (a), gpupool 5 lanes", five_lanes, fw.motivating_square, check_square, -1)
         for hold in holds:
             variants(f"W8 (b), gpupool {default_lanes.threads_per_gpu} lanes, hold {hold} us",
-                     default_lanes, lane_square, check_square, hold)
+                     default_lanes, lane_square, check_square, hold,
+                     lookaheads=(default_lookahead,), before=hold in (0, max(holds)))
+        few = data[:args.long_count]
+        for iterations in [int(n) for n in args.long.split(",") if n and n != "none"]:
+            long_check = checker([d + iterations for d in few], f"long kernel {iterations}")
+            for hold in holds:
+                runs[f"long kernel ({iterations:,} adds), {args.long_count:,} tasks, hold "
+                     f"{hold} us"] = (hold, functools.partial(
+                         map_now, default_lanes, functools.partial(lane_long, iterations), few,
+                         default_lookahead), long_check)
     else:
         print("no GPU or no CuPy: the no-op rows only", file=sys.stderr)
     times: Dict[str, List[float]] = {k: [] for k in runs}
@@ -144,9 +185,11 @@ def main() -> None:
     base = statistics.median(times[reference]) if reference else None
     for label, seconds in times.items():
         median = statistics.median(seconds)
-        versus = f"  {base / median:5.2f}x the motivating program" if base else ""
-        print(f"  {label:58s} {args.count / median:>9,.0f} tasks/s{versus}; rounds: "
-              f"{' '.join(f'{args.count / t:,.0f}' for t in seconds)}", flush=True)
+        count = args.long_count if label.startswith("long") else args.count
+        versus = (f"  {base / median:5.2f}x the motivating program"
+                  if base and count == args.count else "")
+        print(f"  {label:58s} {count / median:>9,.0f} tasks/s{versus}; rounds: "
+              f"{' '.join(f'{count / t:,.0f}' for t in seconds)}", flush=True)
     tpe.shutdown()
     default_lanes.shutdown()
     five_lanes.shutdown()

@@ -58,10 +58,17 @@ lane_helpers& helpers() {
 // Uploads up to this size from pageable memory are staged with the GIL held.
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
-// See gil_hold_us: off by default. On one H200 with 8 lanes, holding the GIL for up to 1 ms over
-// W8 (b)'s small downloads gave from 0.7x to 1.8x the rate of letting it go at once, round by
-// round (bench/lane_copies.py, bench/results/README.md): no better by the median, far less even.
-constexpr int gil_hold_default_us = 0;
+// See gil_hold_us. On one H200 with 8 lanes, W8 (b) (bench/python_map.py, results in
+// bench/results/README.md): 17.2-17.7k tasks/s holding for up to 1 ms against 9.5-9.7k letting
+// the GIL go at once, every round, once Executor.map queued its calls in one call (before, the
+// thread queueing them one by one waited for the GIL behind the holding lanes, and the rates
+// spread from 0.7x to 1.8x round by round).
+constexpr int gil_hold_default_us = 200;
+// A wait that outlasts the hold is a lane whose work takes longer than a copy (a long kernel
+// before the download): holding the GIL through such waits would keep every other lane from
+// starting its own work. The lane then lets the GIL go at once for its next this many small
+// waits before it holds again.
+constexpr int gil_hold_backoff_waits = 64;
 
 nb::handle helper(PyObject* function) {
   if (function == nullptr)
@@ -78,9 +85,15 @@ std::atomic<int> gil_hold_us{gil_hold_default_us};
 
 // Waits until everything enqueued on the lane's stream has finished, with the GIL held on entry:
 // after a copy of `bytes` of at most small_copy_bytes it polls the stream holding the GIL for up
-// to gil_hold_us, then (or at once, after a larger copy) it lets the GIL go and waits.
+// to gil_hold_us, then (or at once, after a larger copy, or while the lane backs off after a
+// hold that ran out) it lets the GIL go and waits.
 void wait_for_lane(gpupool::lane& lane, std::size_t bytes) {
-  const int hold = bytes <= small_copy_bytes ? gil_hold_us.load(std::memory_order_relaxed) : 0;
+  thread_local int waits_without_hold = 0;  // a lane is one thread: counted per lane
+  int hold = bytes <= small_copy_bytes ? gil_hold_us.load(std::memory_order_relaxed) : 0;
+  if (hold > 0 && waits_without_hold > 0) {
+    --waits_without_hold;
+    hold = 0;
+  }
   if (hold > 0) {
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::microseconds(hold);
     do {
@@ -89,6 +102,7 @@ void wait_for_lane(gpupool::lane& lane, std::size_t bytes) {
         return;
       }
     } while (std::chrono::steady_clock::now() < deadline);
+    waits_without_hold = gil_hold_backoff_waits;
   }
   nb::gil_scoped_release nogil;
   lane.synchronize();
