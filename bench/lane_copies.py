@@ -28,13 +28,7 @@ import gpupool
 from gpupool import _ext
 from gpupool._executor import _lane_download  # the Python helper, for the side-by-side rows
 from gpupool.compare import _frameworks as fw
-
-
-def lane_square(chunk: Any) -> Any:
-    """W8 (b) as a user writes it."""
-    lane = gpupool.current_lane()
-    device: Any = lane.upload(chunk)
-    return lane.download(device * device)
+from gpupool.compare._workloads import lane_square  # W8 (b) as a user writes it
 
 
 def lane_square_python_download(chunk: Any) -> Any:
@@ -48,18 +42,6 @@ def mapped(ex: Any, fn: Callable[[Any], Any], data: List[Any]) -> List[Any]:
     return list(ex.map(fn, data))
 
 
-def careful_cupy(data: List[Any]) -> List[Any]:
-    """One thread, a stream of its own, pinned staging: careful CuPy (ANCHORS.md)."""
-    import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
-
-    out = []
-    with cp.cuda.Stream(non_blocking=True):
-        for chunk in data:
-            d = cp.asarray(chunk)
-            out.append(cp.asnumpy(d * d))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=20_000)
@@ -69,7 +51,8 @@ def main() -> None:
     parser.add_argument("--holds", default="0,200,1000")
     parser.add_argument("--w2", action="store_true")
     args = parser.parse_args()
-    import cupy  # noqa: F401  (imported before the executors: their lanes bind its streams)
+    # Imported before the executors: their lanes bind its streams.
+    import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]  # noqa: F401
 
     shapes: List[Tuple[str, int, int]] = [("W4", args.count, args.size)]
     if args.w2:
@@ -94,7 +77,7 @@ def main() -> None:
         runs: Dict[str, Tuple[int, Callable[[], List[Any]]]] = {
             "motivating program (ThreadPoolExecutor, 5 threads)":
                 (-1, lambda: list(tpe.map(fw.motivating_square, data))),
-            "careful CuPy, 1 thread": (-1, lambda: careful_cupy(data)),
+            "careful CuPy, 1 thread": (-1, lambda: fw.careful_cupy_loop(data)),
         }
         for n, ex in pools.items():
             lanes = f"{ex.threads_per_gpu} lanes" + (" (default)" if n == 0 else "")

@@ -35,13 +35,7 @@ import numpy as np
 import gpupool
 from gpupool import _executor, _ext
 from gpupool.compare import _frameworks as fw
-
-
-def lane_square(chunk: Any) -> Any:
-    """W8 (b) as a user writes it."""
-    lane = gpupool.current_lane()
-    device: Any = lane.upload(chunk)
-    return lane.download(device * device)
+from gpupool.compare._workloads import lane_square  # W8 (b) as a user writes it
 
 
 _LONG_KERNELS: Dict[int, Any] = {}
@@ -85,18 +79,6 @@ def map_now(ex: Any, fn: Callable[[Any], Any], data: List[Any], lookahead: int) 
     return list(ex.map(fn, data))
 
 
-def careful_cupy(data: List[Any]) -> List[Any]:
-    """One thread, a stream of its own: careful CuPy (ANCHORS.md)."""
-    import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
-
-    out = []
-    with cp.cuda.Stream(non_blocking=True):
-        for chunk in data:
-            d = cp.asarray(chunk)
-            out.append(cp.asnumpy(d * d))
-    return out
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--count", type=int, default=20_000)
@@ -108,7 +90,8 @@ def main() -> None:
     parser.add_argument("--long-count", type=int, default=2_000)
     args = parser.parse_args()
     try:
-        import cupy  # noqa: F401  (imported before the executors: their lanes bind its streams)
+        # Imported before the executors: their lanes bind its streams.
+        import cupy  # type: ignore[import-not-found, import-untyped, unused-ignore]  # noqa: F401
         gpu = fw.gpu_count() > 0
     except ImportError:
         gpu = False
@@ -152,7 +135,8 @@ def main() -> None:
         reference = "motivating program (ThreadPoolExecutor, 5 threads)"
         runs[reference] = (-1, functools.partial(
             lambda d: list(tpe.map(fw.motivating_square, d)), data), check_square)
-        runs["careful CuPy, 1 thread"] = (-1, functools.partial(careful_cupy, data), check_square)
+        runs["careful CuPy, 1 thread"] = (-1, functools.partial(fw.careful_cupy_loop, data),
+                                          check_square)
         variants("W8 (a), gpupool 5 lanes", five_lanes, fw.motivating_square, check_square, -1)
         for hold in holds:
             variants(f"W8 (b), gpupool {default_lanes.threads_per_gpu} lanes, hold {hold} us",

@@ -114,6 +114,18 @@ def make_motivating(threads: int, data: Chunks,
 
 
 # -- careful CuPy -----------------------------------------------------------------------------
+def careful_cupy_loop(data: Chunks) -> Chunks:
+    """The simplest careful CuPy: one thread, a non-blocking stream of its own (ANCHORS.md), a
+    copy in, the square, a copy out per chunk. What bench/ scripts set beside Python tasks."""
+    cp = need_cupy()
+    out = []
+    with cp.cuda.Stream(non_blocking=True):
+        for chunk in data:
+            d = cp.asarray(chunk)
+            out.append(cp.asnumpy(d * d))
+    return out
+
+
 def make_careful_cupy(threads: int, data: Chunks, closers: List[Callable[[], None]],
                       make_outputs: Optional[Callable[[], Chunks]] = None
                       ) -> Callable[[], Chunks]:
