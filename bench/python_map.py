@@ -1,5 +1,5 @@
 """Executor.map over a Python function with many small tasks, before and after its calls were
-queued in one call to the extension and its waits looked ahead: W8 (a) (the motivating function
+queued in batches by one call to the extension each: W8 (a) (the motivating function
 unchanged, 5 lanes), W8 (b) (the same math through Lane.upload/download, the default lanes) and a
 no-op, at W4 size (20,000 x 1,024 float64), beside the motivating program (ThreadPoolExecutor,
 5 threads) and careful CuPy on one thread in the same run. Rounds interleave the variants; every
@@ -8,8 +8,7 @@ result is checked before its rate counts.
 Variants of gpupool's map:
   before      a submit() per call, then each result in order, each future's Condition made (what
               map did: its cancel() of every future it handed on made one)
-  lookahead 0 map as it is, waiting for each next result itself
-  lookahead N map as it is (N = the default: it first waits a little for the result N places on)
+  now         map as it is
 
     python3 bench/python_map.py [--count 20000] [--size 1024] [--rounds 5] [--holds 0,50,200,1000]
         [--long 20000,100000] [--long-count 2000]
@@ -33,7 +32,7 @@ from typing import Any, Callable, Dict, List
 import numpy as np
 
 import gpupool
-from gpupool import _executor, _ext
+from gpupool import _ext
 from gpupool.compare import _frameworks as fw
 from gpupool.compare._workloads import lane_square  # W8 (b) as a user writes it
 
@@ -74,8 +73,7 @@ def map_before(ex: Any, fn: Callable[[Any], Any], data: List[Any]) -> List[Any]:
     return out
 
 
-def map_now(ex: Any, fn: Callable[[Any], Any], data: List[Any], lookahead: int) -> List[Any]:
-    _executor._LOOKAHEAD = lookahead
+def map_now(ex: Any, fn: Callable[[Any], Any], data: List[Any]) -> List[Any]:
     return list(ex.map(fn, data))
 
 
@@ -95,7 +93,6 @@ def main() -> None:
         gpu = fw.gpu_count() > 0
     except ImportError:
         gpu = False
-    default_lookahead = _executor._LOOKAHEAD
     default_hold = _ext._lane_gil_hold_us()
     holds = [int(h) for h in args.holds.split(",")]
     rng = np.random.default_rng(11)
@@ -119,12 +116,10 @@ def main() -> None:
     runs: Dict[str, Any] = {}
 
     def variants(prefix: str, ex: Any, fn: Callable[[Any], Any], check: Any, hold: int,
-                 lookaheads: Any = (0, default_lookahead), before: bool = True) -> None:
+                 before: bool = True) -> None:
         if before:
             runs[f"{prefix}, before"] = (hold, functools.partial(map_before, ex, fn, data), check)
-        for lookahead in sorted(set(lookaheads)):
-            runs[f"{prefix}, lookahead {lookahead}"] = (
-                hold, functools.partial(map_now, ex, fn, data, lookahead), check)
+        runs[f"{prefix}, now"] = (hold, functools.partial(map_now, ex, fn, data), check)
 
     runs["no-op, ThreadPoolExecutor 5 threads"] = (-1, functools.partial(
         lambda d: list(tpe.map(no_op, d)), data), check_same)
@@ -141,15 +136,18 @@ def main() -> None:
         for hold in holds:
             variants(f"W8 (b), gpupool {default_lanes.threads_per_gpu} lanes, hold {hold} us",
                      default_lanes, lane_square, check_square, hold,
-                     lookaheads=(default_lookahead,), before=hold in (0, max(holds)))
+                     before=hold in (0, max(holds)))
         few = data[:args.long_count]
         for iterations in [int(n) for n in args.long.split(",") if n and n != "none"]:
             long_check = checker([d + iterations for d in few], f"long kernel {iterations}")
             for hold in holds:
-                runs[f"long kernel ({iterations:,} adds), {args.long_count:,} tasks, hold "
-                     f"{hold} us"] = (hold, functools.partial(
-                         map_now, default_lanes, functools.partial(lane_long, iterations), few,
-                         default_lookahead), long_check)
+                label = (f"long kernel ({iterations:,} adds), {args.long_count:,} tasks, hold "
+                         f"{hold} us")
+                long_run = functools.partial(lane_long, iterations)
+                runs[label] = (hold, functools.partial(map_now, default_lanes, long_run, few),
+                               long_check)
+            # Compiled before the rounds, not in the first one.
+            map_now(default_lanes, functools.partial(lane_long, iterations), few[:8])
     else:
         print("no GPU or no CuPy: the no-op rows only", file=sys.stderr)
     times: Dict[str, List[float]] = {k: [] for k in runs}
@@ -165,7 +163,6 @@ def main() -> None:
                 del results
     finally:
         _ext._lane_gil_hold_us(default_hold)
-        _executor._LOOKAHEAD = default_lookahead
     base = statistics.median(times[reference]) if reference else None
     for label, seconds in times.items():
         median = statistics.median(seconds)

@@ -81,6 +81,9 @@ def current_lane() -> _ext.Lane:
     return lane
 
 
+# Python calls of a map queued by one call to the extension (see Executor._submit_calls).
+_SUBMIT_BATCH = 1024
+
 # How often a waiting result() wakes to let Python handle signals (seconds).
 _WAIT_SLICE = 0.05
 # Held while a future's Condition is made and while an outcome is set on a future that has none
@@ -548,13 +551,7 @@ class Executor(_futures.Executor):
                     return in_order
                 pending = self._kernel_futures(fn, xs, ys)
         else:
-            # Every call queued in one call to the extension: the lanes that start on the first
-            # calls want the GIL this thread holds while it queues the rest.
-            python_calls = list(zip(*iterables))
-            with self._lock:
-                self._check_open()
-                pending = cast(List[_futures.Future[Any]],
-                               self._core.submit_calls(fn, python_calls, _Future))
+            pending = self._submit_calls(fn, zip(*iterables))
         results = _ordered_results(pending, deadline)
         if progress:
             results = _with_progress(results, len(pending), getattr(fn, "name", None) or
@@ -595,6 +592,32 @@ class Executor(_futures.Executor):
                 raise TypeError("gpupool: device arrays need the CUDA backend")
             return _device.launch(self._core, kernel, xs, ys, _Future)
         return self._core.map_kernel(kernel, xs, ys, _Future)
+
+    def _submit_calls(self, fn: Callable[..., Any],
+                      calls: Iterator[Tuple[Any, ...]]) -> List[_futures.Future[Any]]:
+        """map's Python calls: queued _SUBMIT_BATCH at a time, each batch in one call to the
+        extension rather than a submit() per call (with many lanes running Python, a thread
+        queueing calls one by one waits for the GIL behind them while they run out of work).
+        Work starts once the first batch is read. If reading the iterables or queueing fails,
+        the calls queued so far are cancelled (those a lane had started run to their end) and
+        the error raised."""
+        pending: List[_futures.Future[Any]] = []
+        try:
+            while True:
+                batch = list(itertools.islice(calls, _SUBMIT_BATCH))
+                if not batch:
+                    return pending
+                # Made before the lock: making them runs Python code, where a finalizer or
+                # signal handler of this thread may submit to this executor.
+                futures: List[_futures.Future[Any]] = [_Future() for _ in batch]
+                pending.extend(futures)
+                with self._lock:
+                    self._check_open()
+                    self._core.submit_calls(fn, batch, futures)
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
 
     def _submit(self, device: Optional[int], fn: object, args: Tuple[Any, ...],
                 kwargs: Dict[str, Any]) -> _futures.Future[Any]:
@@ -785,35 +808,13 @@ def _result_or_cancel(future: _futures.Future[_R], timeout: Optional[float] = No
         del future
 
 
-# How far ahead, and for how long at most, _ordered_results waits when the next result is not
-# there yet (see there).
-_LOOKAHEAD = 16
-_LOOKAHEAD_WAIT = 0.002
-
-
-def _wait_ahead(pending: list[_futures.Future[Any]], deadline: Optional[float]) -> None:
-    # A function of its own: the future waited on is not held by _ordered_results' frame.
-    ahead = pending[max(0, len(pending) - 1 - _LOOKAHEAD)]
-    wait = _LOOKAHEAD_WAIT if deadline is None else min(_LOOKAHEAD_WAIT,
-                                                        deadline - time.monotonic())
-    if wait > 0 and isinstance(ahead, _Future):
-        ahead._wait_in_slices(wait)
-
-
 def _ordered_results(pending: list[_futures.Future[Any]],
                      deadline: Optional[float]) -> Iterator[Any]:
     """Yields results in order, holding none once handed on; cancels what is left if the
-    consumer stops early, a result times out or the wait is interrupted (Ctrl-C).
-
-    When the next result is not there yet, it first waits (for _LOOKAHEAD_WAIT at most) for the
-    one _LOOKAHEAD places further on: lanes end their calls in about the order queued, so one
-    wake-up of this thread then hands on many results. Waking for each result costs, with
-    Python calls on many lanes, one more turn at the GIL per call, which the lanes want too."""
+    consumer stops early, a result times out or the wait is interrupted (Ctrl-C)."""
     try:
         pending.reverse()
         while pending:
-            if len(pending) > 1 and not pending[-1].done():
-                _wait_ahead(pending, deadline)
             if deadline is None:
                 yield _result_or_cancel(pending.pop())
             else:

@@ -91,31 +91,21 @@ class py_executor {
     submit_python_call(get(), device, fn, args, kwargs, future, runner_, python_calls_);
   }
 
-  // Queues fn(*args) for each tuple of `calls` on any lane, in order; returns their futures, one
-  // `future_type()` each. Executor.map's Python calls in one call from Python: what each call
-  // costs the submitting thread's hold of the GIL (which the lanes running the first calls
-  // already want) is the C++ queueing alone. If one is refused, the calls queued before it are
-  // cancelled (a lane may have started some: they run to their end) and the error raised.
-  nb::list submit_calls(nb::handle fn, nb::sequence calls, nb::handle future_type) {
+  // Queues fn(*args) for each tuple of `calls` on any lane, in order, `futures[i]` getting the
+  // outcome of call i: Executor.map's Python calls, many in one call from Python. Runs no Python
+  // code (the futures are made by the caller, outside its lock). If one is refused, the error
+  // is raised and the calls before it stay queued: the caller cancels them.
+  void submit_calls(nb::handle fn, nb::list calls, nb::list futures) {
     gpupool::executor& exec = get();
-    nb::list futures;
-    try {
-      for (nb::handle args : calls) {
-        if (!PyTuple_Check(args.ptr())) throw nb::type_error("gpupool: each call is a tuple");
-        nb::object future = future_type();
-        submit_python_call(exec, std::nullopt, fn, args, nb::handle(), future, runner_,
-                           python_calls_);
-        futures.append(future);
-      }
-    } catch (...) {
-      for (nb::handle future : futures) {
-        PyObject* cancelled = PyObject_CallMethod(future.ptr(), "cancel", nullptr);
-        if (cancelled == nullptr) PyErr_Clear();  // the first error is the one to raise
-        Py_XDECREF(cancelled);
-      }
-      throw;
+    const std::size_t n = nb::len(calls);
+    if (nb::len(futures) != n) throw nb::value_error("gpupool: one future per call");
+    for (std::size_t i = 0; i < n; ++i) {
+      PyObject* args = PyList_GET_ITEM(calls.ptr(), static_cast<Py_ssize_t>(i));
+      if (!PyTuple_Check(args)) throw nb::type_error("gpupool: each call is a tuple");
+      submit_python_call(exec, std::nullopt, fn, args, nb::handle(),
+                         PyList_GET_ITEM(futures.ptr(), static_cast<Py_ssize_t>(i)), runner_,
+                         python_calls_);
     }
-    return futures;
   }
 
   // What CUDA lanes call as runner(fn, args, kwargs) instead of fn (None: fn itself).
@@ -735,7 +725,7 @@ void bind_executor(nb::module_& m) {
       .def(nb::init<const gpupool::executor_options&>(), "options"_a)
       .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),
            "future"_a, "device"_a.none())
-      .def("submit_calls", &py_executor::submit_calls, "fn"_a, "calls"_a, "future_type"_a)
+      .def("submit_calls", &py_executor::submit_calls, "fn"_a, "calls"_a, "futures"_a)
       .def("set_runner", &py_executor::set_runner, "runner"_a.none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
            "future_type"_a)

@@ -58,11 +58,11 @@ lane_helpers& helpers() {
 // Uploads up to this size from pageable memory are staged with the GIL held.
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
-// See gil_hold_us. On one H200 with 8 lanes, W8 (b) (bench/python_map.py, results in
-// bench/results/README.md): 17.2-17.7k tasks/s holding for up to 1 ms against 9.5-9.7k letting
-// the GIL go at once, every round, once Executor.map queued its calls in one call (before, the
-// thread queueing them one by one waited for the GIL behind the holding lanes, and the rates
-// spread from 0.7x to 1.8x round by round).
+// See gil_hold_us. On one H200, W8 (b) through Executor.map (bench/python_map.py, results in
+// bench/results/README.md): 14,424 and 15,655 tasks/s holding for up to 200 us against 7,594
+// and 7,577 letting the GIL go at once, in two runs; with a 100,000-add kernel before each copy,
+// 5,037 against 4,752 (the back-off below; a 1 ms hold, which that kernel never outlasts, gave
+// 2,202).
 constexpr int gil_hold_default_us = 200;
 // A wait that outlasts the hold is a lane whose work takes longer than a copy (a long kernel
 // before the download): holding the GIL through such waits would keep every other lane from
@@ -82,13 +82,22 @@ nb::handle helper(PyObject* function) {
 // small copy ends within tens of microseconds; but a task that keeps the GIL keeps every other
 // lane out of Python meanwhile. bench/lane_copies.py measures both (_lane_gil_hold_us sets it).
 std::atomic<int> gil_hold_us{gil_hold_default_us};
+// Bumped at every setting of gil_hold_us: a lane's back-off from an earlier setting ends there.
+std::atomic<unsigned> gil_hold_setting{0};
 
 // Waits until everything enqueued on the lane's stream has finished, with the GIL held on entry:
 // after a copy of `bytes` of at most small_copy_bytes it polls the stream holding the GIL for up
 // to gil_hold_us, then (or at once, after a larger copy, or while the lane backs off after a
 // hold that ran out) it lets the GIL go and waits.
 void wait_for_lane(gpupool::lane& lane, std::size_t bytes) {
-  thread_local int waits_without_hold = 0;  // a lane is one thread: counted per lane
+  // A lane is one thread: counted per lane, for the setting it was counted under.
+  thread_local int waits_without_hold = 0;
+  thread_local unsigned counted_under = 0;
+  if (const unsigned setting = gil_hold_setting.load(std::memory_order_relaxed);
+      setting != counted_under) {
+    counted_under = setting;
+    waits_without_hold = 0;
+  }
   int hold = bytes <= small_copy_bytes ? gil_hold_us.load(std::memory_order_relaxed) : 0;
   if (hold > 0 && waits_without_hold > 0) {
     --waits_without_hold;
@@ -214,12 +223,13 @@ void bind_lane(nb::module_& m) {
           if (*us < 0 || *us > 1'000'000)
             throw nb::value_error("gpupool: the GIL hold is 0 to 1,000,000 microseconds");
           gil_hold_us.store(*us);
+          gil_hold_setting.fetch_add(1);
         }
         return before;
       },
       "us"_a = nb::none(),
       "How long a task waits for its lane's copies holding the GIL, in microseconds (set when\n"
-      "given); returns the value before.");
+      "given; lanes backing off from holding start afresh); returns the value before.");
 
   m.def(
       "set_lane_helpers",

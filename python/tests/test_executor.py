@@ -2,6 +2,7 @@
 shutdown, exceptions, threads."""
 
 import concurrent.futures as cf
+import gc
 import threading
 import time
 import traceback
@@ -30,18 +31,60 @@ def test_map_keeps_input_order(executor):
     assert list(executor.map(slow_square, range(200))) == [i * i for i in range(200)]
 
 
-def test_map_queues_nothing_when_its_iterable_fails(executor):
-    ran = []
+@pytest.mark.parametrize("fails_after", [2, 1500])  # within the first batch of calls; after it
+def test_a_map_whose_iterable_fails_runs_none_of_its_calls(backend, hold_every_lane, fails_after):
+    # With every lane held, no call of the map can start before the iterable fails: the calls
+    # already queued (a whole batch, for the second case) must be cancelled, not run later.
+    ex = gpupool.Executor(threads_per_gpu=1, backend=backend)
+    try:
+        _, release = hold_every_lane(ex)
+        ran = []
+
+        def items():
+            yield from range(fails_after)
+            raise RuntimeError("the caller's iterable failed")
+
+        with pytest.raises(RuntimeError, match="iterable failed"):
+            ex.map(ran.append, items())
+        release.set()
+    finally:
+        ex.shutdown(wait=True)
+    assert ran == []
+
+
+def test_a_finalizer_that_submits_while_map_queues_does_not_deadlock(backend):
+    # The cyclic collector may run a finalizer in any Python code of map's thread, and one that
+    # submits to the same executor must not find map holding the executor's lock.
+    ex = gpupool.Executor(threads_per_gpu=2, backend=backend)
+    submitted = []
+
+    class Submits:
+        def __init__(self):
+            self.me = self  # a cycle: freed by the collector, at any allocation after this
+
+        def __del__(self):
+            submitted.append(ex.submit(int, 1))
 
     def items():
-        yield 1
-        yield 2
-        raise RuntimeError("the caller's iterable failed")
+        for i in range(5000):
+            Submits()
+            yield i
 
-    with pytest.raises(RuntimeError, match="iterable failed"):
-        executor.map(ran.append, items())
-    executor.submit(lambda: None).result(timeout=30)  # every lane has looked at its queue
-    assert ran == []
+    done = []
+    mapper = threading.Thread(target=lambda: done.append(list(ex.map(abs, items()))),
+                              daemon=True)
+    mapper.start()
+    mapper.join(60)
+    assert not mapper.is_alive(), "map deadlocked on a finalizer's submit"
+    assert done == [list(range(5000))]
+    gc.collect()
+    assert submitted and all(f.result(timeout=30) == 1 for f in submitted)
+    ex.shutdown()
+
+
+def test_map_over_many_batches_of_calls_keeps_order(executor):
+    n = 2 * 1024 + 77
+    assert list(executor.map(lambda i: -i, range(n))) == [-i for i in range(n)]
 
 
 def test_map_hands_each_result_on_without_waiting_for_later_calls(executor):
