@@ -59,8 +59,8 @@ lane_helpers& helpers() {
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
 // See gil_hold_us. On one H200, W8 (b) through Executor.map (bench/python_map.py, results in
-// bench/results/README.md): 14,424 and 15,655 tasks/s holding for up to 200 us against 7,594
-// and 7,577 letting the GIL go at once, in two runs; with a 100,000-add kernel before each copy,
+// bench/results/README.md): 14,127-15,655 tasks/s holding for up to 200 us against 7,577-7,903
+// letting the GIL go at once, in three runs; with a 100,000-add kernel before each copy,
 // 5,037 against 4,752 (the back-off below; a 1 ms hold, which that kernel never outlasts, gave
 // 2,202).
 constexpr int gil_hold_default_us = 200;
