@@ -346,10 +346,8 @@ class cuda_backend final : public backend {
                                                  int ordinal) override {
     const auto [major, minor] = compute_capability(ordinal);
     auto image = cuda::compile_cubin(k, is_array, major, minor);
-    return loaded({reinterpret_cast<std::uintptr_t>(image.get()), is_array, 0, 0}, [&] {
-      return std::make_shared<cuda_compiled>(is_array, *image, kernel_entry_point,
-                                             kernel_batch_entry_point, launch_shape{});
-    });
+    return loaded(image.get(), *image, is_array, kernel_entry_point, kernel_batch_entry_point,
+                  launch_shape{});
   }
 
   std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k, int ordinal) override {
@@ -357,12 +355,7 @@ class cuda_backend final : public backend {
     auto image = cuda::compile_raw_cubin(k, major, minor);
     std::vector<bool> is_array;
     for (const auto& p : k.inputs()) is_array.push_back(p.array);
-    const launch_shape shape = k.shape();
-    return loaded(
-        {reinterpret_cast<std::uintptr_t>(image.get()), is_array, shape.block, shape.grid}, [&] {
-          return std::make_shared<cuda_compiled>(is_array, image->image, image->entry.c_str(),
-                                                 nullptr, shape);
-        });
+    return loaded(image.get(), image->image, is_array, image->entry.c_str(), nullptr, k.shape());
   }
 
   std::unique_ptr<backend_stream> open_stream(int ordinal) override {
@@ -386,12 +379,16 @@ class cuda_backend final : public backend {
     auto operator<=>(const loaded_key&) const = default;
   };
 
-  // One loaded library per key; shared by every device, which loads it on first launch.
-  template <class Make>
-  std::shared_ptr<const compiled_kernel> loaded(loaded_key key, Make make) {
+  // One loaded library per key, made from `bytes` (the image `image` owns) on first use; shared
+  // by every device, which loads it on first launch.
+  std::shared_ptr<const compiled_kernel> loaded(const void* image, const std::string& bytes,
+                                                const std::vector<bool>& is_array,
+                                                const char* entry, const char* batch_entry,
+                                                launch_shape shape) {
     std::lock_guard lock(loaded_mutex_);
-    auto& slot = loaded_[std::move(key)];
-    if (!slot) slot = make();
+    auto& slot =
+        loaded_[{reinterpret_cast<std::uintptr_t>(image), is_array, shape.block, shape.grid}];
+    if (!slot) slot = std::make_shared<cuda_compiled>(is_array, bytes, entry, batch_entry, shape);
     return slot;
   }
 
