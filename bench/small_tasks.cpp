@@ -3,6 +3,8 @@
 //   submit - a loop of executor::submit of a no-op returning its index, then every get()
 //   map    - executor::map(builtin_kernel::square, many small float64 arrays) (W4's shape),
 //            then get()
+//   one    - one task in flight: submit a no-op returning its index, get() it, and again (the
+//            latency of a hand-off to a lane and back, which a caller waiting on each result pays)
 //   queue  - the executor's task queue alone: one producer pushing items that do nothing, a
 //            thread per lane popping them (no executor, no futures)
 // Every result is checked before any rate is reported. Reported: the best round's tasks per
@@ -12,7 +14,8 @@
 // on the CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
-//                             [--tasks N] [--size N] [--repeat N] [--modes submit,map,queue]
+//                             [--tasks N] [--size N] [--repeat N]
+//                             [--modes submit,one,map,queue]
 //                             [--budget default|none]
 // --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
 // tasks count no bytes; beside the default it shows what the counting costs per task.
@@ -98,7 +101,7 @@ settings parse(int argc, char** argv) {
   if (s.tasks == 0 || s.size == 0 || s.repeat < 1)
     throw std::invalid_argument("--tasks, --size and --repeat must be positive");
   for (const auto& m : s.modes)
-    if (m != "submit" && m != "map" && m != "queue")
+    if (m != "submit" && m != "one" && m != "map" && m != "queue")
       throw std::invalid_argument("unknown mode " + m);
   return s;
 }
@@ -134,6 +137,16 @@ double submit_round(gpupool::executor& ex, std::size_t tasks) {
     futures.push_back(ex.submit([i](gpupool::lane&) { return i; }));
   for (std::size_t i = 0; i < tasks; ++i)
     if (futures[i].get() != i) throw std::runtime_error("submit: a task returned the wrong value");
+  return seconds_since(t0);
+}
+
+// Seconds for `tasks` no-ops run one at a time (each submitted once the one before has ended),
+// results checked.
+double one_round(gpupool::executor& ex, std::size_t tasks) {
+  const auto t0 = clock_type::now();
+  for (std::size_t i = 0; i < tasks; ++i)
+    if (ex.submit([i](gpupool::lane&) { return i; }).get() != i)
+      throw std::runtime_error("one: a task returned the wrong value");
   return seconds_since(t0);
 }
 
@@ -227,10 +240,11 @@ int main(int argc, char** argv) {
             gpupool::executor ex(options_for(s, devices, lanes));
             const std::vector<std::vector<double>> warm(
                 inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(s.tasks / 10 + 1));
-            if (mode == "submit") {
-              submit_round(ex, s.tasks / 10 + 1);
+            if (mode == "submit" || mode == "one") {
+              const auto round = mode == "submit" ? submit_round : one_round;
+              round(ex, s.tasks / 10 + 1);
               cpu_before = cpu_seconds();
-              for (int r = 0; r < s.repeat; ++r) times.push_back(submit_round(ex, s.tasks));
+              for (int r = 0; r < s.repeat; ++r) times.push_back(round(ex, s.tasks));
             } else {
               double queued = 0.0;
               map_round(ex, warm, queued);
