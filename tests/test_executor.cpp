@@ -621,7 +621,7 @@ TEST_P(ExecutorTest, BadOptionsAreClearErrors) {
 // where the feature that reads it (GPUPOOL_EVENT_WAIT: CUDA events) is not used.
 TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
   for (const char* name : {"GPUPOOL_EVENT_WAIT", "GPUPOOL_PINNED_CACHE_BYTES", "GPUPOOL_QUIET",
-                           "GPUPOOL_CPU_DEVICES", "GPUPOOL_TUNING"}) {
+                           "GPUPOOL_CPU_DEVICES", "GPUPOOL_TUNING", "GPUPOOL_LANE_SPIN_US"}) {
     ::setenv(name, "bogus", 1);
     try {
       executor ex(options());
@@ -637,6 +637,12 @@ TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
     EXPECT_NO_THROW(executor{options()}) << "GPUPOOL_EVENT_WAIT=" << accepted;
   }
   ::unsetenv("GPUPOOL_EVENT_WAIT");
+  for (const char* accepted : {"0", "200", ""}) {
+    ::setenv("GPUPOOL_LANE_SPIN_US", accepted, 1);
+    executor ex(options());
+    EXPECT_EQ(ex.submit([](lane&) { return 5; }).get(), 5) << "GPUPOOL_LANE_SPIN_US=" << accepted;
+  }
+  ::unsetenv("GPUPOOL_LANE_SPIN_US");
 }
 
 TEST_P(ExecutorTest, CompletionCallbacksSeeTheResult) {

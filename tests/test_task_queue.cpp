@@ -1,6 +1,6 @@
-// The executor's queue on its own: per-device queues, stealing, pinned items, wake-ups,
-// coalescing (work_item::absorb), close and drain, and many producers and consumers at once;
-// then stealing and pinning through an executor on two CPU stand-in devices.
+// The executor's queue on its own: per-device queues, stealing, pinned items, wake-ups, the spin
+// of a lane before it sleeps, coalescing (work_item::absorb), close and drain, and many producers
+// and consumers at once; then stealing and pinning through an executor on two CPU stand-in devices.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,10 +13,12 @@
 #include <optional>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
 
+#include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "gpupool/executor.hpp"
 
@@ -401,6 +403,73 @@ TEST(TaskQueue, EachItemWakesOneLaneAndOnlyOnADeviceThatMayRunIt) {
     }
     if (id >= 3) {
       EXPECT_EQ(device, 0);
+    }
+  }
+}
+
+TEST(TaskQueue, AnItemQueuedWhileALaneSpinsGoesToThatLaneAndWakesNobody) {
+  // A spin far longer than the test: the lanes are looking whenever the items come.
+  task_queue q(1, 10s);
+  waiting_lanes lanes(q, 1, 3);
+  ASSERT_TRUE(eventually([&] { return q.spinning_lanes(0) == 3; }));
+  EXPECT_EQ(q.idle_lanes(0), 0);  // spinning is not asleep
+  const std::size_t before = q.wakeups();
+  ASSERT_TRUE(q.push(item(1), std::nullopt));
+  ASSERT_TRUE(q.push(item(2), 0));
+  std::vector<work_item_ptr> batch = items(3, 4);
+  ASSERT_TRUE(q.push_all(batch));
+  ASSERT_TRUE(eventually([&] { return lanes.count() == 6; }));
+  EXPECT_EQ(q.wakeups(), before);  // no lane slept, so none was woken
+  q.close();                       // ends the spins at once: the lanes leave long before their 10 s
+  const auto t0 = std::chrono::steady_clock::now();
+  lanes.stop();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, 5s);
+  std::set<int> ids;
+  for (const auto& [device, id] : lanes.taken) ids.insert(id);
+  EXPECT_EQ(ids, (std::set<int>{1, 2, 3, 4, 5, 6}));
+}
+
+TEST(TaskQueue, LanesSleepOnceTheirSpinEndsAndAnItemThenWakesOne) {
+  task_queue q(1, 1ms);
+  waiting_lanes lanes(q, 1, 4);
+  ASSERT_TRUE(eventually([&] { return q.idle_lanes(0) == 4 && q.spinning_lanes(0) == 0; }));
+  const std::size_t before = q.wakeups();
+  ASSERT_TRUE(q.push(item(1), std::nullopt));
+  ASSERT_TRUE(eventually([&] { return lanes.count() == 1; }));
+  ASSERT_TRUE(eventually([&] { return q.idle_lanes(0) == 4; }));
+  EXPECT_EQ(q.wakeups() - before, 1u);
+}
+
+TEST(TaskQueue, ALaneSpinningOnOneDeviceStealsAnItemQueuedForAnother) {
+  // Device 1 has no lanes: its shared item is seen by device 0's spinning lane.
+  task_queue q(2, 10s);
+  waiting_lanes lanes(q, 1, 1);
+  ASSERT_TRUE(eventually([&] { return q.spinning_lanes(0) == 1; }));
+  std::vector<work_item_ptr> batch = items(0, 2);  // one for each device
+  ASSERT_TRUE(q.push_all(batch));
+  ASSERT_TRUE(eventually([&] { return lanes.count() == 2; }));
+  q.close();
+  lanes.stop();
+}
+
+TEST(LaneSpin, UnsetAndEmptyMeanTheDefaultAndDigitsAreMicroseconds) {
+  EXPECT_EQ(parse_lane_spin(nullptr), default_lane_spin);
+  EXPECT_EQ(parse_lane_spin(""), default_lane_spin);
+  EXPECT_EQ(parse_lane_spin("0"), 0us);
+  EXPECT_EQ(parse_lane_spin("250"), 250us);
+  EXPECT_EQ(parse_lane_spin("100000"), longest_lane_spin);
+}
+
+TEST(LaneSpin, AnythingElseIsRefusedByName) {
+  for (const char* bad :
+       {"-1", "+5", " 5", "5 ", "5us", "1e3", "100001", "99999999999999999999", "0x10", "fast"}) {
+    try {
+      (void)parse_lane_spin(bad);
+      ADD_FAILURE() << "'" << bad << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      const std::string what = e.what();
+      EXPECT_NE(what.find("GPUPOOL_LANE_SPIN_US must be microseconds"), std::string::npos) << what;
+      EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
     }
   }
 }

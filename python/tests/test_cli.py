@@ -109,6 +109,12 @@ def test_bad_environment_values_are_refused():
             gpupool.Executor(backend="cpu")
         finally:
             del os.environ["GPUPOOL_PINNED_CACHE_BYTES"]
+    with pytest.raises(ValueError, match="GPUPOOL_LANE_SPIN_US must be microseconds .*'-5'"):
+        os.environ["GPUPOOL_LANE_SPIN_US"] = "-5"
+        try:
+            gpupool.Executor(backend="cpu")
+        finally:
+            del os.environ["GPUPOOL_LANE_SPIN_US"]
 
 
 def test_cpu_notice_once_per_process_and_silenced_by_GPUPOOL_QUIET():

@@ -11,6 +11,7 @@
 #include "core/backend.hpp"
 #include "core/lanes/event_wait.hpp"
 #include "core/memory/host_memory.hpp"
+#include "core/scheduling/lane_spin.hpp"
 #include "gpupool/availability.hpp"
 #include "gpupool/error.hpp"
 
@@ -45,11 +46,13 @@ bool quiet_from_environment() {
 }
 
 // The variables read elsewhere only when their feature is used (GPUPOOL_EVENT_WAIT by the CUDA
-// backend's first event, GPUPOOL_PINNED_CACHE_BYTES by the first pinned allocation) are checked
+// backend's first event, GPUPOOL_PINNED_CACHE_BYTES by the first pinned allocation,
+// GPUPOOL_LANE_SPIN_US by the executor's queue after the backend is chosen) are checked
 // here too, so that a typo is refused when an executor is made, on every backend, instead of
 // being ignored on one.
 void check_environment() {
   (void)event_wait_from_environment();
+  (void)lane_spin_from_environment();
   if (const char* v = std::getenv("GPUPOOL_PINNED_CACHE_BYTES"); v != nullptr && *v != '\0') {
     const std::string s(v);
     if (s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos)

@@ -28,6 +28,7 @@
 #include "core/lanes/lane_worker.hpp"
 #include "core/lanes/user_kernel_piece.hpp"
 #include "core/scheduling/device_health.hpp"
+#include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/tuning/tuning.hpp"
 
@@ -255,7 +256,7 @@ struct executor::impl {
         lanes_per_device(settings.lanes_per_device),
         slots(options.slots_per_lane),
         chunk_bytes(settings.chunk_bytes),
-        queue(static_cast<int>(ordinals.size())) {
+        queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment()) {
     for (std::size_t d = 0; d < ordinals.size(); ++d) {
       owner->prepare_device(ordinals[d]);
       device_info info = owner->describe(ordinals[d]);

@@ -33,8 +33,9 @@ class ordered_locks {
 
 }  // namespace
 
-task_queue::task_queue(int devices)
+task_queue::task_queue(int devices, std::chrono::microseconds spin)
     : count_(devices > 0 ? static_cast<std::size_t>(devices) : 0),
+      spin_(std::max(spin, std::chrono::microseconds{0})),
       queues_(std::make_unique<device_queue[]>(count_)),
       live_(devices > 0 ? devices : 0) {
   if (devices < 1)
@@ -86,11 +87,17 @@ void task_queue::refresh_idle_locked(device_queue& q) {
 
 std::pair<int, bool> task_queue::signal_locked(device_queue& q, std::size_t items, wake_rule rule) {
   const int free = q.sleeping - q.signalled;
+  // Spinning lanes take items without being woken: as many items as they are go to them.
+  const int spinning = q.spinning.load();
   int n = 0;
-  if (rule == wake_rule::every_item)
-    n = static_cast<int>(std::min<std::size_t>(items, static_cast<std::size_t>(free)));
-  else if (items > 0 && free > 0 && q.signalled + q.dispatched == 0)
-    n = 1;  // a lane woken earlier that has not yet looked will take it and pass the rest on
+  if (rule == wake_rule::every_item) {
+    const std::size_t unclaimed =
+        items - std::min<std::size_t>(items, static_cast<std::size_t>(spinning));
+    n = static_cast<int>(std::min<std::size_t>(unclaimed, static_cast<std::size_t>(free)));
+  } else if (items > 0 && free > 0 && q.signalled + q.dispatched + spinning == 0) {
+    n = 1;  // a lane woken earlier that has not yet looked (or one spinning) will take it and
+            // pass the rest on
+  }
   if (n == 0) return {0, false};
   q.signalled += n;
   refresh_idle_locked(q);
@@ -173,11 +180,11 @@ bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
       continue;  // taken out of service since it was chosen: choose again
     }
     // Coalescing only while every lane of the device is busy: an idle one takes the item now.
-    const bool may_absorb = q.sleeping - q.signalled == 0;
+    const bool may_absorb = q.sleeping - q.signalled == 0 && q.spinning.load() == 0;
     if (!append_locked(pinned ? q.pinned : q.shared, item, may_absorb)) return true;  // absorbed
     (pinned ? q.pinned_count : q.shared_count).fetch_add(1);
     woken = signal_locked(q, 1, wake_rule::one_in_transit);
-    every_lane_busy = q.sleeping == 0;
+    every_lane_busy = q.sleeping == 0 && q.spinning.load() == 0;
     queued = true;
   }
   notify(queues_[target], woken);
@@ -261,7 +268,8 @@ std::size_t task_queue::append_run_locked(device_queue& q, std::deque<work_item_
   // While lanes of the device wait, the run is cut into about one entry per waiting lane, so
   // that they all start at once (each entry may still coalesce the items it carries); with
   // every lane busy, items coalesce as far as the items themselves allow.
-  const auto idle = static_cast<std::size_t>(std::max(0, q.sleeping - q.signalled));
+  const auto idle =
+      static_cast<std::size_t>(std::max(0, q.sleeping - q.signalled + q.spinning.load()));
   const std::size_t per_entry = idle == 0 ? end - begin : (end - begin + idle - 1) / idle;
   std::size_t in_back = per_entry;  // items the last entry carries: the run opens a new entry
   std::size_t queued = 0;
@@ -322,6 +330,11 @@ work_item_ptr task_queue::steal(int device) {
   return nullptr;
 }
 
+bool task_queue::worth_a_look(const device_queue& q) const {
+  return q.pinned_count.load() + q.shared_count.load() != 0 || q.retired.load() || closed_.load() ||
+         (count_ > 1 && any_shared());
+}
+
 bool task_queue::wait_for_work(int device, bool& woken_for_item) {
   device_queue& q = queues_[static_cast<std::size_t>(device)];
   std::unique_lock lock(q.mutex);
@@ -330,6 +343,22 @@ bool task_queue::wait_for_work(int device, bool& woken_for_item) {
   // Closed: a lane leaves once nothing it may run is left (other devices' shared items it helps
   // with; their pinned ones are theirs).
   if (closed_.load()) return any_shared();
+  if (spin_.count() > 0) {
+    // A caller that waits for each result before it submits the next finds this lane still
+    // looking, not asleep: waking a sleeping thread costs tens of microseconds on an idle
+    // machine, more than the task. Counted under the lock, so that a push either sees this lane
+    // spinning (and wakes nobody: the lane sees the item) or comes after it went to sleep.
+    q.spinning.fetch_add(1);
+    lock.unlock();
+    const auto deadline = std::chrono::steady_clock::now() + spin_;
+    while (!worth_a_look(q) && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::yield();  // a machine with more lanes than cores runs the others
+    lock.lock();
+    q.spinning.fetch_sub(1);
+    if (q.retired.load()) return false;
+    if (!q.pinned.empty() || !q.shared.empty()) return true;
+    if (closed_.load()) return any_shared();
+  }
   ++q.sleeping;
   refresh_idle_locked(q);
   // Items for any device queued elsewhere before this lane counted as idle: their producers may
@@ -522,6 +551,10 @@ bool task_queue::closed() const {
 
 int task_queue::idle_lanes(int device) const {
   return at(device).idle.load();
+}
+
+int task_queue::spinning_lanes(int device) const {
+  return at(device).spinning.load();
 }
 
 }  // namespace gpupool::detail

@@ -1,11 +1,13 @@
 // The executor's queue: one small queue per device, each behind its own lock. Items for any
 // device are spread over the devices' queues and stolen by lanes of a device that runs dry;
-// items pinned to a device stay in that device's queue. Lanes sleep per device and are woken
-// one per queued item, only where an item can run. A device taken out of service (retire) queues
-// nothing more and its lanes leave.
+// items pinned to a device stay in that device's queue. A lane that finds nothing keeps looking
+// for a short while (the spin) before it sleeps; sleeping lanes are woken per device, one per
+// queued item, only where an item can run and no spinning lane will take it. A device taken out
+// of service (retire) queues nothing more and its lanes leave.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -21,8 +23,9 @@ namespace gpupool::detail {
 
 class task_queue {
  public:
-  /// A queue for `devices` devices (at least 1).
-  explicit task_queue(int devices);
+  /// A queue for `devices` devices (at least 1). A lane that finds nothing to take keeps looking
+  /// for `spin` before it sleeps (see lane_spin.hpp); zero: it sleeps at once.
+  explicit task_queue(int devices, std::chrono::microseconds spin = std::chrono::microseconds{0});
   task_queue(const task_queue&) = delete;
   task_queue& operator=(const task_queue&) = delete;
   ~task_queue();
@@ -80,6 +83,8 @@ class task_queue {
   [[nodiscard]] int devices() const noexcept { return static_cast<int>(count_); }
   /// Lanes of `device` blocked in `pop` now with no item on its way to them (for tests).
   [[nodiscard]] int idle_lanes(int device) const;
+  /// Lanes of `device` in `pop` looking for work before they sleep (for tests).
+  [[nodiscard]] int spinning_lanes(int device) const;
   /// How many times a lane blocked in `pop` was woken so far (for tests and diagnostics).
   [[nodiscard]] std::size_t wakeups() const noexcept {
     return wakeups_.load(std::memory_order_relaxed);
@@ -96,7 +101,11 @@ class task_queue {
     // by a lane checking for work before it sleeps.
     std::atomic<std::size_t> pinned_count{0};
     std::atomic<std::size_t> shared_count{0};
-    int sleeping = 0;   // lanes blocked on `wake` (under `mutex`)
+    int sleeping = 0;  // lanes blocked on `wake` (under `mutex`)
+    // Lanes that found nothing and look again before they sleep (changed under `mutex`; read
+    // without it by spinning_lanes): each takes the next item it sees, so an item pushed while
+    // one spins wakes nobody.
+    std::atomic<int> spinning{0};
     int signalled = 0;  // of those, lanes an item woke that have not yet run (under `mutex`)
     // Lanes an item woke that are up and have not yet looked for it under the lock (under
     // `mutex`): with `signalled`, the work a cancelling shutdown leaves to them.
@@ -154,8 +163,11 @@ class task_queue {
   // Where the next items for any device go: a device in service with idle lanes if there is one,
   // else the next in service in turn (count_ if none is in service).
   std::size_t shared_target();
+  // Whether a lane of `q` (device `device`) has something to look at: an item of its own, a
+  // shared item elsewhere to steal, or the queue closed or its device retired. Lock-free.
+  [[nodiscard]] bool worth_a_look(const device_queue& q) const;
   // The blocking part of pop/pop_some: waits until something may be there. False once closed
-  // and nothing is left that `device` may run.
+  // and nothing is left that `device` may run. Spins first (see `spin_`), then sleeps.
   // `woken_for_item` is set when an item's signal woke the lane (it then counts as dispatched
   // until its next look under the lock: see device_queue::dispatched).
   bool wait_for_work(int device, bool& woken_for_item);
@@ -164,6 +176,7 @@ class task_queue {
   void leave_retired(int device, bool& woken_for_item);
 
   std::size_t count_;
+  std::chrono::microseconds spin_;
   std::unique_ptr<device_queue[]> queues_;
   alignas(64) std::atomic<int> idle_total_{0};  // the sum of every device's `idle`
   std::atomic<bool> closed_{false};
