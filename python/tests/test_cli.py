@@ -103,18 +103,15 @@ def test_bad_environment_values_are_refused():
     done = run(MODULE, "info", env=dict(QUIET, GPUPOOL_EVENT_WAIT="bogus"))
     assert done.returncode != 0
     assert "GPUPOOL_EVENT_WAIT must be 'spin' or 'block', not 'bogus'" in done.stderr
-    with pytest.raises(ValueError, match="GPUPOOL_PINNED_CACHE_BYTES"):
-        os.environ["GPUPOOL_PINNED_CACHE_BYTES"] = "lots"
-        try:
-            gpupool.Executor(backend="cpu")
-        finally:
-            del os.environ["GPUPOOL_PINNED_CACHE_BYTES"]
-    with pytest.raises(ValueError, match="GPUPOOL_LANE_SPIN_US must be microseconds .*'-5'"):
-        os.environ["GPUPOOL_LANE_SPIN_US"] = "-5"
-        try:
-            gpupool.Executor(backend="cpu")
-        finally:
-            del os.environ["GPUPOOL_LANE_SPIN_US"]
+    for name, value, message in (
+            ("GPUPOOL_PINNED_CACHE_BYTES", "lots", "GPUPOOL_PINNED_CACHE_BYTES"),
+            ("GPUPOOL_LANE_SPIN_US", "-5", "GPUPOOL_LANE_SPIN_US must be microseconds .*'-5'")):
+        with pytest.raises(ValueError, match=message):
+            os.environ[name] = value
+            try:
+                gpupool.Executor(backend="cpu")
+            finally:
+                del os.environ[name]
 
 
 def test_cpu_notice_once_per_process_and_silenced_by_GPUPOOL_QUIET():
