@@ -137,6 +137,17 @@ std::size_t task_queue::shared_target() {
   // Each producing thread deals its items out in turn, from a start of its own, so that
   // producers do not all begin at device 0 (and share no counter).
   thread_local std::size_t turn = std::hash<std::thread::id>{}(std::this_thread::get_id());
+  // A device with a spinning lane first (it takes the item without a wake-up), then one with a
+  // sleeping lane.
+  if (spinning_total_.load() > 0) {
+    for (std::size_t i = 0; i < count_; ++i) {
+      const std::size_t d = (turn + i) % count_;
+      if (queues_[d].spinning.load() > 0 && !queues_[d].retired.load()) {
+        turn = d + 1;
+        return d;
+      }
+    }
+  }
   if (idle_total_.load() > 0) {
     for (std::size_t i = 0; i < count_; ++i) {
       const std::size_t d = (turn + i) % count_;
@@ -252,7 +263,11 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
             append_run_locked(q, q.shared, items, n * r / runs, n * (r + 1) / runs);
         q.shared_count.fetch_add(queued);
         woken[r] = signal_locked(q, queued, wake_rule::every_item);
-        unserved += queued - static_cast<std::size_t>(woken[r].first);
+        // Served: those a woken lane takes, and those the device's spinning lanes take.
+        const std::size_t served =
+            std::min(queued, static_cast<std::size_t>(woken[r].first) +
+                                 static_cast<std::size_t>(std::max(0, q.spinning.load())));
+        unserved += queued - served;
       }
     }
     items.clear();
@@ -349,14 +364,24 @@ bool task_queue::wait_for_work(int device, bool& woken_for_item) {
     // machine, more than the task. Counted under the lock, so that a push either sees this lane
     // spinning (and wakes nobody: the lane sees the item) or comes after it went to sleep.
     q.spinning.fetch_add(1);
+    spinning_total_.fetch_add(1);
     lock.unlock();
     const auto deadline = std::chrono::steady_clock::now() + spin_;
     while (!worth_a_look(q) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::yield();  // a machine with more lanes than cores runs the others
     lock.lock();
     q.spinning.fetch_sub(1);
+    spinning_total_.fetch_sub(1);
     if (q.retired.load()) return false;
-    if (!q.pinned.empty() || !q.shared.empty()) return true;
+    if (!q.pinned.empty() || !q.shared.empty()) {
+      // Still on its way to an item a push saw it spinning for (and so woke nobody): counted as
+      // a woken lane until pop looks under the lock, so that a cancelling drain spares that item
+      // and the lane, once it takes an item of its own, hands a wake-up on to the shared items
+      // another device holds (which a push may have left to it, too).
+      ++q.dispatched;
+      woken_for_item = true;
+      return true;
+    }
     if (closed_.load()) return any_shared();
   }
   ++q.sleeping;
@@ -518,7 +543,9 @@ std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain(bool
     device_queue& q = queues_[d];
     // A woken lane takes its device's pinned items first, then its shared ones (take_own_locked).
     std::size_t spared =
-        spare_woken ? static_cast<std::size_t>(std::max(0, q.signalled + q.dispatched)) : 0;
+        spare_woken
+            ? static_cast<std::size_t>(std::max(0, q.signalled + q.dispatched + q.spinning.load()))
+            : 0;
     const std::size_t keep_pinned = std::min(spared, q.pinned.size());
     const std::size_t keep_shared = std::min(spared - keep_pinned, q.shared.size());
     for (std::size_t i = keep_pinned; i < q.pinned.size(); ++i)

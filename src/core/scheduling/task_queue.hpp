@@ -107,8 +107,9 @@ class task_queue {
     // one spins wakes nobody.
     std::atomic<int> spinning{0};
     int signalled = 0;  // of those, lanes an item woke that have not yet run (under `mutex`)
-    // Lanes an item woke that are up and have not yet looked for it under the lock (under
-    // `mutex`): with `signalled`, the work a cancelling shutdown leaves to them.
+    // Lanes an item woke that are up and have not yet looked for it under the lock, and lanes
+    // that saw an item as their spin ended (under `mutex`): with `signalled` and `spinning`, the
+    // work a cancelling shutdown leaves to them.
     int dispatched = 0;
     std::atomic<int> idle{0};  // sleeping - signalled, readable without the lock
     // Out of service (set under `mutex`, never cleared): nothing is queued here any more, and
@@ -160,8 +161,9 @@ class task_queue {
   void wake_idle(std::size_t items, std::size_t first, wake_rule rule);
   // Under q's lock, after `sleeping` or `signalled` changed: q's idle count and the total.
   void refresh_idle_locked(device_queue& q);
-  // Where the next items for any device go: a device in service with idle lanes if there is one,
-  // else the next in service in turn (count_ if none is in service).
+  // Where the next items for any device go: a device in service with spinning lanes if there is
+  // one, else one with idle lanes, else the next in service in turn (count_ if none is in
+  // service).
   std::size_t shared_target();
   // Whether a lane of `q` (device `device`) has something to look at: an item of its own, a
   // shared item elsewhere to steal, or the queue closed or its device retired. Lock-free.
@@ -179,6 +181,7 @@ class task_queue {
   std::chrono::microseconds spin_;
   std::unique_ptr<device_queue[]> queues_;
   alignas(64) std::atomic<int> idle_total_{0};  // the sum of every device's `idle`
+  std::atomic<int> spinning_total_{0};          // the sum of every device's `spinning`
   std::atomic<bool> closed_{false};
   std::atomic<int> live_;  // devices in service
   std::atomic<std::size_t> wakeups_{0};
