@@ -137,17 +137,6 @@ std::size_t task_queue::shared_target() {
   // Each producing thread deals its items out in turn, from a start of its own, so that
   // producers do not all begin at device 0 (and share no counter).
   thread_local std::size_t turn = std::hash<std::thread::id>{}(std::this_thread::get_id());
-  // A device with a spinning lane first (it takes the item without a wake-up), then one with a
-  // sleeping lane.
-  if (spinning_total_.load() > 0) {
-    for (std::size_t i = 0; i < count_; ++i) {
-      const std::size_t d = (turn + i) % count_;
-      if (queues_[d].spinning.load() > 0 && !queues_[d].retired.load()) {
-        turn = d + 1;
-        return d;
-      }
-    }
-  }
   if (idle_total_.load() > 0) {
     for (std::size_t i = 0; i < count_; ++i) {
       const std::size_t d = (turn + i) % count_;
@@ -364,14 +353,12 @@ bool task_queue::wait_for_work(int device, bool& woken_for_item) {
     // machine, more than the task. Counted under the lock, so that a push either sees this lane
     // spinning (and wakes nobody: the lane sees the item) or comes after it went to sleep.
     q.spinning.fetch_add(1);
-    spinning_total_.fetch_add(1);
     lock.unlock();
     const auto deadline = std::chrono::steady_clock::now() + spin_;
     while (!worth_a_look(q) && std::chrono::steady_clock::now() < deadline)
       std::this_thread::yield();  // a machine with more lanes than cores runs the others
     lock.lock();
     q.spinning.fetch_sub(1);
-    spinning_total_.fetch_sub(1);
     if (q.retired.load()) return false;
     if (!q.pinned.empty() || !q.shared.empty()) {
       // Still on its way to an item a push saw it spinning for (and so woke nobody): counted as

@@ -161,9 +161,10 @@ class task_queue {
   void wake_idle(std::size_t items, std::size_t first, wake_rule rule);
   // Under q's lock, after `sleeping` or `signalled` changed: q's idle count and the total.
   void refresh_idle_locked(device_queue& q);
-  // Where the next items for any device go: a device in service with spinning lanes if there is
-  // one, else one with idle lanes, else the next in service in turn (count_ if none is in
-  // service).
+  // Where the next items for any device go: a device in service with idle (sleeping) lanes if
+  // there is one, else the next in service in turn (count_ if none is in service). Spinning lanes
+  // do not draw items to their device: a device whose lanes keep finishing work always has one
+  // spinning, and would draw every item while other devices' lanes slept.
   std::size_t shared_target();
   // Whether a lane of `q` (device `device`) has something to look at: an item of its own, a
   // shared item elsewhere to steal, or the queue closed or its device retired. Lock-free.
@@ -181,7 +182,6 @@ class task_queue {
   std::chrono::microseconds spin_;
   std::unique_ptr<device_queue[]> queues_;
   alignas(64) std::atomic<int> idle_total_{0};  // the sum of every device's `idle`
-  std::atomic<int> spinning_total_{0};          // the sum of every device's `spinning`
   std::atomic<bool> closed_{false};
   std::atomic<int> live_;  // devices in service
   std::atomic<std::size_t> wakeups_{0};
