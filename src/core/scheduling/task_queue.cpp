@@ -85,16 +85,17 @@ void task_queue::refresh_idle_locked(device_queue& q) {
   if (now != before) idle_total_.fetch_add(now - before);
 }
 
+std::size_t task_queue::spinning_claim_locked(const device_queue& q, std::size_t items) {
+  return std::min(items, static_cast<std::size_t>(std::max(0, q.spinning.load())));
+}
+
 std::pair<int, bool> task_queue::signal_locked(device_queue& q, std::size_t items, wake_rule rule) {
   const int free = q.sleeping - q.signalled;
-  // Spinning lanes take items without being woken: as many items as they are go to them.
-  const int spinning = q.spinning.load();
   int n = 0;
   if (rule == wake_rule::every_item) {
-    const std::size_t unclaimed =
-        items - std::min<std::size_t>(items, static_cast<std::size_t>(spinning));
+    const std::size_t unclaimed = items - spinning_claim_locked(q, items);
     n = static_cast<int>(std::min<std::size_t>(unclaimed, static_cast<std::size_t>(free)));
-  } else if (items > 0 && free > 0 && q.signalled + q.dispatched + spinning == 0) {
+  } else if (items > 0 && free > 0 && q.signalled + q.dispatched + q.spinning.load() == 0) {
     n = 1;  // a lane woken earlier that has not yet looked (or one spinning) will take it and
             // pass the rest on
   }
@@ -253,10 +254,8 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
         q.shared_count.fetch_add(queued);
         woken[r] = signal_locked(q, queued, wake_rule::every_item);
         // Served: those a woken lane takes, and those the device's spinning lanes take.
-        const std::size_t served =
-            std::min(queued, static_cast<std::size_t>(woken[r].first) +
-                                 static_cast<std::size_t>(std::max(0, q.spinning.load())));
-        unserved += queued - served;
+        unserved +=
+            queued - static_cast<std::size_t>(woken[r].first) - spinning_claim_locked(q, queued);
       }
     }
     items.clear();

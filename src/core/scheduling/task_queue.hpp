@@ -138,6 +138,9 @@ class task_queue {
   void hand_on_steal(int device);
   // True if any device holds a shared item.
   [[nodiscard]] bool any_shared() const;
+  // Under q's lock: how many of `items` new items q's spinning lanes take (each takes one without
+  // being woken).
+  static std::size_t spinning_claim_locked(const device_queue& q, std::size_t items);
   // How many waiting lanes a wake-up pass wakes for `items` new items.
   enum class wake_rule {
     // One, and only if no lane of that device is already on its way (signalled, or up and not yet
@@ -166,8 +169,8 @@ class task_queue {
   // do not draw items to their device: a device whose lanes keep finishing work always has one
   // spinning, and would draw every item while other devices' lanes slept.
   std::size_t shared_target();
-  // Whether a lane of `q` (device `device`) has something to look at: an item of its own, a
-  // shared item elsewhere to steal, or the queue closed or its device retired. Lock-free.
+  // Whether a lane of `q`'s device has something to look at: an item of its own, a shared item
+  // elsewhere to steal, or the queue closed or its device retired. Lock-free.
   [[nodiscard]] bool worth_a_look(const device_queue& q) const;
   // The blocking part of pop/pop_some: waits until something may be there. False once closed
   // and nothing is left that `device` may run. Spins first (see `spin_`), then sleeps.
