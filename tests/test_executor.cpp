@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
+#include <utility>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -629,6 +630,22 @@ TEST_P(ExecutorTest, BadEnvironmentValuesAreRefused) {
     } catch (const std::invalid_argument& e) {
       EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
       EXPECT_NE(std::string(e.what()).find("bogus"), std::string::npos) << e.what();
+    }
+    ::unsetenv(name);
+  }
+  // Numbers are digits only: what strtol would also take (a sign, spaces) is refused too.
+  for (const auto& [name, bad] :
+       {std::pair{"GPUPOOL_CPU_DEVICES", "+2"}, std::pair{"GPUPOOL_CPU_DEVICES", " 2"},
+        std::pair{"GPUPOOL_PINNED_CACHE_BYTES", "-1"}, std::pair{"GPUPOOL_LANE_SPIN_US", "5us"}}) {
+    ::setenv(name, bad, 1);
+    try {
+      executor ex(options());
+      ADD_FAILURE() << name << "='" << bad << "' was accepted";
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string(name) + " must be "), std::string::npos)
+          << e.what();
+      EXPECT_NE(std::string(e.what()).find(std::string("'") + bad + "'"), std::string::npos)
+          << e.what();
     }
     ::unsetenv(name);
   }

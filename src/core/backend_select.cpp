@@ -9,8 +9,10 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/environment.hpp"
 #include "core/lanes/event_wait.hpp"
 #include "core/memory/host_memory.hpp"
+#include "core/memory/pinned_cache.hpp"
 #include "core/scheduling/lane_spin.hpp"
 #include "gpupool/availability.hpp"
 #include "gpupool/error.hpp"
@@ -27,14 +29,8 @@ std::optional<backend_kind> backend_from_environment() {
 }
 
 int cpu_devices_from_environment() {
-  const char* value = std::getenv("GPUPOOL_CPU_DEVICES");
-  if (value == nullptr || *value == '\0') return 1;
-  char* end = nullptr;
-  const long n = std::strtol(value, &end, 10);
-  if (*end != '\0' || n < 1 || n > 1024)
-    throw std::invalid_argument(
-        std::string("GPUPOOL_CPU_DEVICES must be a count from 1 to 1024, not '") + value + "'");
-  return static_cast<int>(n);
+  return static_cast<int>(
+      count_from_environment({"GPUPOOL_CPU_DEVICES", "a count", 1, 1024}).value_or(1));
 }
 
 // GPUPOOL_QUIET=1 silences the CPU-backend notice, as executor_options::quiet does.
@@ -53,13 +49,7 @@ bool quiet_from_environment() {
 void check_environment() {
   (void)event_wait_from_environment();
   (void)lane_spin_from_environment();
-  if (const char* v = std::getenv("GPUPOOL_PINNED_CACHE_BYTES"); v != nullptr && *v != '\0') {
-    const std::string s(v);
-    if (s.size() > 19 || s.find_first_not_of("0123456789") != std::string::npos)
-      throw std::invalid_argument(
-          "GPUPOOL_PINNED_CACHE_BYTES must be a byte count (digits only, e.g. 1073741824), not '" +
-          s + "'");
-  }
+  (void)pinned_cache_bytes_from_environment();
   (void)quiet_from_environment();
   (void)backend_from_environment();
   (void)cpu_devices_from_environment();

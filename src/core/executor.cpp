@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include "core/backend.hpp"
+#include "core/environment.hpp"
 #include "core/kernels/user_call.hpp"
 #include "core/lanes/elementwise_piece.hpp"
 #include "core/lanes/lane_worker.hpp"
@@ -182,15 +183,9 @@ unsigned current_fork_generation() {
 // Test hook: GPUPOOL_TEST_FAIL_LANE_START=<n> makes starting the lane thread numbered n fail as
 // thread creation does when the process has no threads left (EAGAIN). -1: no fault.
 int lane_start_fault() {
-  const char* value = std::getenv("GPUPOOL_TEST_FAIL_LANE_START");
-  if (value == nullptr || *value == '\0') return -1;
-  char* end = nullptr;
-  const long n = std::strtol(value, &end, 10);
-  if (*end != '\0' || n < 0 || n > most_lanes)
-    throw std::invalid_argument(
-        std::string("GPUPOOL_TEST_FAIL_LANE_START must be a lane number from 0 to ") +
-        std::to_string(most_lanes) + ", not '" + value + "'");
-  return static_cast<int>(n);
+  const auto n = detail::count_from_environment({"GPUPOOL_TEST_FAIL_LANE_START", "a lane number", 0,
+                                                 static_cast<unsigned long long>(most_lanes)});
+  return n ? static_cast<int>(*n) : -1;
 }
 
 std::vector<int> choose_ordinals(const executor_options& options, int available) {

@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "core/environment.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/pinned_cache.hpp"
 #include "gpupool/pinned.hpp"
@@ -27,11 +28,13 @@ namespace {
 // wrap around (SIZE_MAX - 7 would round to 0) and hand out a block smaller than asked for.
 constexpr std::size_t largest_request = std::numeric_limits<std::size_t>::max() / 2;
 
+// GPUPOOL_PINNED_CACHE_BYTES, else a quarter of the machine's memory. The cache is made at the
+// first use of pinned memory, by functions that must not throw (is_pinned, say): a bad value,
+// which making an executor refuses by name, leaves the default here.
 std::size_t default_cache_limit() {
-  if (const char* value = std::getenv("GPUPOOL_PINNED_CACHE_BYTES")) {
-    char* end = nullptr;
-    const unsigned long long n = std::strtoull(value, &end, 10);
-    if (end != value && *end == '\0') return static_cast<std::size_t>(n);
+  try {
+    if (const auto bytes = pinned_cache_bytes_from_environment()) return *bytes;
+  } catch (const std::invalid_argument&) {
   }
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
@@ -40,6 +43,13 @@ std::size_t default_cache_limit() {
 }
 
 }  // namespace
+
+std::optional<std::size_t> pinned_cache_bytes_from_environment() {
+  const auto bytes =
+      count_from_environment({"GPUPOOL_PINNED_CACHE_BYTES", "a byte count", 0, largest_request});
+  if (!bytes) return std::nullopt;
+  return static_cast<std::size_t>(*bytes);
+}
 
 std::size_t thread_stripe(std::size_t count) noexcept {
   static std::atomic<std::size_t> next{0};

@@ -14,6 +14,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -151,6 +152,11 @@ class pinned_cache {
                              const host_memory& memory) noexcept;
 [[nodiscard]] pointer_info describe_pointer(const void* p, const pinned_cache& cache,
                                             const host_memory& memory) noexcept;
+
+/// GPUPOOL_PINNED_CACHE_BYTES as read now: the pinned cache's limit in bytes, nullopt when unset
+/// or empty. Throws std::invalid_argument naming the variable for anything but digits within
+/// the size of a request the cache accepts.
+[[nodiscard]] std::optional<std::size_t> pinned_cache_bytes_from_environment();
 
 /// The process's pinned cache, over process_host_memory()'s pinned resource. Never destroyed:
 /// blocks may be released by static destructors after main returns. A fork()ed child gets a new,

@@ -1,0 +1,27 @@
+// Whole numbers read from environment variables, one grammar for all of them: digits only (no
+// sign, space or base prefix, all of which strtol takes), within the variable's range. Anything
+// else is refused by the variable's name, with the value.
+#pragma once
+
+#include <optional>
+#include <string_view>
+
+namespace gpupool::detail {
+
+/// The range and wording of one variable: refusals read "<name> must be <what> from <lowest> to
+/// <highest> (digits only), not '<value>'".
+struct count_variable {
+  const char* name;
+  const char* what;  ///< "a count", "microseconds", ...
+  unsigned long long lowest;
+  unsigned long long highest;
+};
+
+/// `value` (the variable's text; null or empty: not given, nullopt) as a number in `v`'s range.
+/// Throws std::invalid_argument otherwise.
+std::optional<unsigned long long> parse_count(const count_variable& v, const char* value);
+
+/// The variable as read now, through parse_count.
+std::optional<unsigned long long> count_from_environment(const count_variable& v);
+
+}  // namespace gpupool::detail
