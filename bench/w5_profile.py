@@ -3,7 +3,13 @@ arrays of 16,384 float32 (as `gpupool compare` runs it), split into the map call
 arrays and queueing the batches), the wait for the results, and a cProfile of the whole, beside
 CuPy's one launch over all the data. Results are checked against CuPy's own kernel first.
 
-    python bench/w5_profile.py [--chunks 2000] [--size 16384] [--fmas 2048] [--repeat 5]
+    python bench/w5_profile.py [--chunks 2000] [--size 16384] [--fmas 2048] [--repeat 5] [--trace]
+        [--lanes N]
+
+With --trace, one more round of the map runs inside ``ex.trace()``: when each batch was queued,
+taken by a lane and run on the GPU (the lanes' kernel spans), against the map call's start and
+end (marked by a built-in kernel task submitted just before and just after it), and how long the
+GPU had no batch running between the first batch's start and the last one's end.
 """
 
 import argparse
@@ -13,11 +19,61 @@ import io
 import pstats
 import statistics
 import time
+from typing import Any, Dict, List
+
+import numpy as np
 
 import gpupool
 from gpupool.compare import _frameworks as fw
 
 A, B = 0.999, 0.001
+
+
+def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any) -> None:
+    """Prints when each batch of a traced map was queued, taken and run (us since the map call
+    began), and the GPU's time without a batch running."""
+    marker = np.ones(16, dtype=np.float32)
+    with ex.trace() as trace:
+        begin = ex.submit(gpupool.kernels.square, marker)
+        got = ex.map(kernel, chunks, A, B)
+        end = ex.submit(gpupool.kernels.square, marker)
+        got = list(got)
+        cp.cuda.runtime.deviceSynchronize()
+        begin.result(), end.result()
+    del got
+    records = sorted(trace.records(), key=lambda r: r["id"])
+    if len(records) < 3 or records[0]["name"] != "square" or records[-1]["name"] != "square":
+        raise SystemExit("FAIL: the traced round lacks its marker tasks")
+    t0, t_end = records[0]["submitted"], records[-1]["submitted"]
+    batches = [r for r in records[1:-1] if r["kernel"]]
+    if len(batches) != len(records) - 2:
+        raise SystemExit("FAIL: a batch of the traced map has no kernel span")
+    print(f"traced round: {len(batches)} batches; the map call returned at {t_end - t0:.0f} us, "
+          f"the last batch ended (done) at {max(r['done'] for r in batches) - t0:.0f} us")
+    spans = sorted((r["kernel"][0], r["kernel"][1]) for r in batches)
+    idle: List[Dict[str, float]] = []
+    reach = spans[0][1]
+    for start, stop in spans[1:]:
+        if start > reach:
+            idle.append({"from": reach - t0, "us": start - reach})
+        reach = max(reach, stop)
+    first, last = spans[0][0] - t0, reach - t0
+    print(f"  GPU: first batch started at {first:.0f} us, the last ended at {last:.0f} us; "
+          f"without a batch running for {sum(g['us'] for g in idle):.0f} us in "
+          f"{len(idle)} gap(s) between")
+    for g in sorted(idle, key=lambda g: -g["us"])[:8]:
+        print(f"    {g['us']:7.0f} us from {g['from']:.0f}")
+    taken = sorted(r["started"] - r["submitted"] for r in batches)
+    ended = sorted(r["done"] - r["kernel"][1] for r in batches)
+    print(f"  from queued to taken by a lane: median {statistics.median(taken):.0f} us, "
+          f"longest {taken[-1]:.0f}; from kernel end to done: median "
+          f"{statistics.median(ended):.0f} us, longest {ended[-1]:.0f}")
+    print("  batch  queued  taken  kernel start  kernel end  done  (us since the map call began; "
+          "lane; the kernel's stamps land late while other lanes' kernels fill the GPU)")
+    for r in batches:
+        print(f"  {r['id']:5d} {r['submitted'] - t0:7.0f} {r['started'] - t0:6.0f} "
+              f"{r['kernel'][0] - t0:13.0f} {r['kernel'][1] - t0:11.0f} {r['done'] - t0:5.0f}"
+              f"  lane {r['lane']}")
 
 
 def main() -> None:
@@ -26,6 +82,9 @@ def main() -> None:
     parser.add_argument("--size", type=int, default=16384)
     parser.add_argument("--fmas", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--lanes", type=int, default=None,
+                        help="lanes per GPU (default: the executor's own choice)")
     args = parser.parse_args()
     import cupy as cp  # type: ignore[import-not-found, import-untyped, unused-ignore]
 
@@ -40,7 +99,7 @@ def main() -> None:
         cupy_kernel(data, A, B, reference)
         cp.cuda.runtime.deviceSynchronize()
 
-    with gpupool.Executor() as ex:
+    with gpupool.Executor(threads_per_gpu=args.lanes or "auto") as ex:
         got = list(ex.map(kernel, chunks, A, B))
         one_launch()
         for i in (0, args.chunks // 2, args.chunks - 1):
@@ -57,8 +116,19 @@ def main() -> None:
                 cp.allclose(given, reference, rtol=1e-5, atol=1e-6)):
             raise SystemExit("FAIL: the map into given outputs differs from CuPy's kernel")
         del got
-        launch, calls, waits, wholes, gc_off, into = [], [], [], [], [], []
+        whole_out = ex.submit(kernel, data, A, B).result()
+        cp.cuda.runtime.deviceSynchronize()
+        if not bool(cp.allclose(whole_out, reference, rtol=1e-5, atol=1e-6)):
+            raise SystemExit("FAIL: gpupool's one launch differs from CuPy's kernel")
+        del whole_out
+        launch, calls, waits, wholes, gc_off, into, own = [], [], [], [], [], [], []
         for _ in range(args.repeat):
+            # gpupool's own kernel in one launch over all the data: the GPU's floor for the map.
+            t0 = time.perf_counter()
+            whole_out = ex.submit(kernel, data, A, B).result()
+            cp.cuda.runtime.deviceSynchronize()
+            own.append(time.perf_counter() - t0)
+            del whole_out
             t0 = time.perf_counter()
             got = list(ex.map(kernel, chunks, A, B, out=given_chunks))
             cp.cuda.runtime.deviceSynchronize()
@@ -93,6 +163,7 @@ def main() -> None:
               f"{ex.threads_per_gpu} lanes per GPU, {len(ex.devices)} GPU(s); medians of "
               f"{args.repeat}, results checked")
         print(f"  CuPy one launch        {ms(launch):8.2f} ms")
+        print(f"  gpupool one launch     {ms(own):8.2f} ms  ({ms(own) / ms(launch):.2f}x CuPy's)")
         print(f"  gpupool map, whole     {ms(wholes):8.2f} ms  ({ms(wholes) / ms(launch):.2f}x one launch)")
         print(f"    the map call         {ms(calls):8.2f} ms  ({1e3 * ms(calls) / args.chunks:.1f} us per array)")
         print(f"    results and wait     {ms(waits):8.2f} ms")
@@ -101,6 +172,8 @@ def main() -> None:
         print("  every round (ms): whole " + " ".join(f"{1e3 * t:.2f}" for t in wholes)
               + "; collector off " + " ".join(f"{1e3 * t:.2f}" for t in gc_off)
               + "; into given outputs " + " ".join(f"{1e3 * t:.2f}" for t in into))
+        if args.trace:
+            traced_round(ex, kernel, chunks, cp)
         profile = cProfile.Profile()
         profile.enable()
         got = list(ex.map(kernel, chunks, A, B))
