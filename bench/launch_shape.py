@@ -1,6 +1,6 @@
 """How the launch shape of a compiled elementwise kernel changes its time on the GPU: W5's kernel
 (2,048 dependent FMAs per float32 element over 32M elements) as gpupool generates it, launched
-with one wave of blocks whose threads stride over the rest (gpupool's shape until 2026-12-03)
+with one wave of blocks whose threads stride over the rest (how gpupool launches a single call)
 and with a thread per element, beside CuPy's own ElementwiseKernel of the same body. Each
 variant's output is checked against CuPy's before its time counts; times are CUDA-event medians.
 
@@ -13,7 +13,8 @@ import argparse
 import statistics
 from typing import Any, Callable, Dict, List
 
-# gpupool's generated single-launch kernel for "float32 x, float32 a, float32 b" -> "float32 y"
+# gpupool's generated single-launch kernel (not the batch kernel a map over many device arrays
+# runs: a 2-D grid over a table of calls) for "float32 x, float32 a, float32 b" -> "float32 y"
 # (src/core/kernels/kernel_source.cpp), with the index type made a parameter.
 SOURCE = """
 extern "C" __global__ void gpupool_kernel(

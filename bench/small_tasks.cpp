@@ -9,9 +9,10 @@
 //            thread per lane popping them (no executor, no futures)
 //   wake   - the task queue's lanes asleep (their look before sleeping over), then one batch of
 //            two items per lane queued at once for their device (as map_on_device queues a
-//            map's batches): from the push to each thread's first item, the median and the
-//            longest (the last thread to start); beside it the same threads woken each by a
-//            semaphore of its own, no lock shared: the machine's own cost of waking a thread
+//            map's batches), each thread holding its first item until every thread has one:
+//            from the push to each thread's first item, the median and the longest (the last
+//            thread to start); beside it the same threads woken each by a semaphore of its own,
+//            no lock shared: the machine's own cost of waking a thread
 // Every result is checked before any rate is reported. Reported: the best round's tasks per
 // second (on a shared machine the best round is the one least disturbed) and the process's CPU
 // time (user + system, every thread) per task, over all rounds, and for map the time `map` itself
@@ -228,20 +229,33 @@ std::pair<std::vector<double>, std::vector<double>> wake_round(int lanes) {
   std::atomic<std::size_t> done{0};
   const std::size_t items = 2 * static_cast<std::size_t>(lanes);
   std::vector<clock_type::time_point> first(static_cast<std::size_t>(lanes));
+  // A thread that has its first item holds it until every thread has one (or a second has
+  // passed): items that do nothing would otherwise all go to the first thread awake, as a
+  // lane takes the next item before others wake, and the later threads would not be timed.
+  std::atomic<int> started{0};
   std::vector<std::thread> consumers;
   for (int l = 0; l < lanes; ++l)
-    consumers.emplace_back([&queue, &first, l] {
+    consumers.emplace_back([&queue, &first, &started, lanes, l] {
       while (auto item = queue.pop(0, /*block=*/true)) {
         auto& mine = first[static_cast<std::size_t>(l)];
-        if (mine == clock_type::time_point{}) mine = clock_type::now();
+        if (mine == clock_type::time_point{}) {
+          mine = clock_type::now();
+          started.fetch_add(1);
+          const auto give_up = clock_type::now() + std::chrono::seconds(1);
+          while (started.load() < lanes && clock_type::now() < give_up) std::this_thread::yield();
+        }
         item->complete();
       }
     });
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));  // every consumer asleep
+  // Every consumer asleep: its look before sleeping over.
+  const auto asleep_by = clock_type::now() + std::chrono::seconds(5);
+  while (queue.idle_lanes(0) < lanes && clock_type::now() < asleep_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  std::this_thread::sleep_for(std::chrono::milliseconds(5));
   std::vector<gpupool::detail::work_item_ptr> batch;
   for (std::size_t i = 0; i < items; ++i) batch.push_back(std::make_unique<counting_item>(done));
   const auto t0 = clock_type::now();
-  queue.push_all(batch, 0);
+  if (!queue.push_all(batch, 0)) throw std::runtime_error("wake: the queue refused the batch");
   while (done.load() < items) std::this_thread::yield();
   queue.close();
   for (auto& t : consumers) t.join();
@@ -300,8 +314,9 @@ int main(int argc, char** argv) {
           std::vector<double> queue_median, queue_last, own_median, own_last;
           for (int r = 0; r < s.repeat; ++r) {
             const auto [by_queue, by_own] = wake_round(lanes);
-            if (by_queue.empty() || by_own.size() != static_cast<std::size_t>(lanes))
-              throw std::runtime_error("wake: a round's threads did not all start");
+            if (by_queue.size() != static_cast<std::size_t>(lanes) ||
+                by_own.size() != static_cast<std::size_t>(lanes))
+              throw std::runtime_error("wake: a round's threads did not each take an item");
             queue_median.push_back(by_queue[by_queue.size() / 2]);
             queue_last.push_back(by_queue.back());
             own_median.push_back(by_own[by_own.size() / 2]);

@@ -4,12 +4,14 @@ arrays and queueing the batches), the wait for the results, and a cProfile of th
 CuPy's one launch over all the data. Results are checked against CuPy's own kernel first.
 
     python bench/w5_profile.py [--chunks 2000] [--size 16384] [--fmas 2048] [--repeat 5] [--trace]
-        [--lanes N]
+        [--table] [--lanes N]
 
 With --trace, one more round of the map runs inside ``ex.trace()``: when each batch was queued,
 taken by a lane and run on the GPU (the lanes' kernel spans), against the map call's start and
 end (marked by a built-in kernel task submitted just before and just after it), and how long the
-GPU had no batch running between the first batch's start and the last one's end.
+GPU had no batch running between the first batch's start and the last one's end (a stamp
+lands late while other lanes' kernels fill the GPU, so spans look longer and gaps can hide);
+--table prints every batch's times.
 """
 
 import argparse
@@ -29,9 +31,10 @@ from gpupool.compare import _frameworks as fw
 A, B = 0.999, 0.001
 
 
-def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any) -> None:
-    """Prints when each batch of a traced map was queued, taken and run (us since the map call
-    began), and the GPU's time without a batch running."""
+def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any, reference: Any,
+                 table: bool) -> None:
+    """Prints when the batches of a traced map were queued, taken and run (us since the map call
+    began), and the GPU's time without a batch running; with `table`, every batch's times."""
     marker = np.ones(16, dtype=np.float32)
     with ex.trace() as trace:
         begin = ex.submit(gpupool.kernels.square, marker)
@@ -40,6 +43,8 @@ def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any) -> None:
         got = list(got)
         cp.cuda.runtime.deviceSynchronize()
         begin.result(), end.result()
+    if not bool(cp.allclose(cp.concatenate(got), reference, rtol=1e-5, atol=1e-6)):
+        raise SystemExit("FAIL: the traced map differs from CuPy's kernel")
     del got
     records = sorted(trace.records(), key=lambda r: r["id"])
     if len(records) < 3 or records[0]["name"] != "square" or records[-1]["name"] != "square":
@@ -68,6 +73,8 @@ def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any) -> None:
     print(f"  from queued to taken by a lane: median {statistics.median(taken):.0f} us, "
           f"longest {taken[-1]:.0f}; from kernel end to done: median "
           f"{statistics.median(ended):.0f} us, longest {ended[-1]:.0f}")
+    if not table:
+        return
     print("  batch  queued  taken  kernel start  kernel end  done  (us since the map call began; "
           "lane; the kernel's stamps land late while other lanes' kernels fill the GPU)")
     for r in batches:
@@ -83,6 +90,8 @@ def main() -> None:
     parser.add_argument("--fmas", type=int, default=2048)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--trace", action="store_true")
+    parser.add_argument("--table", action="store_true",
+                        help="with --trace, print every batch's times too")
     parser.add_argument("--lanes", type=int, default=None,
                         help="lanes per GPU (default: the executor's own choice)")
     args = parser.parse_args()
@@ -173,7 +182,7 @@ def main() -> None:
               + "; collector off " + " ".join(f"{1e3 * t:.2f}" for t in gc_off)
               + "; into given outputs " + " ".join(f"{1e3 * t:.2f}" for t in into))
         if args.trace:
-            traced_round(ex, kernel, chunks, cp)
+            traced_round(ex, kernel, chunks, cp, reference, args.table)
         profile = cProfile.Profile()
         profile.enable()
         got = list(ex.map(kernel, chunks, A, B))

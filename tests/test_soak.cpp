@@ -23,7 +23,8 @@ namespace gpupool {
 namespace {
 
 TEST(FaultInjection, BadSettingsAreRefused) {
-  for (const char* bad : {"all", "all=2", "all=-0.1", "launch=x", "disk=0.1", "seed=-"}) {
+  for (const char* bad : {"all", "all=2", "all=-0.1", "launch=x", "disk=0.1", "seed=-",
+                          "seed=", "seed=+5", "seed= 5", "seed=-1", "seed=18446744073709551616"}) {
     testing::scoped_env env("GPUPOOL_FAULTS", bad);
     executor_options o;
     o.backend = backend_kind::cpu;

@@ -1,10 +1,14 @@
 #include "core/fault_injection.hpp"
 
+#include <cstdint>
 #include <cstdlib>
+#include <limits>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
 
+#include "core/environment.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail {
@@ -99,15 +103,12 @@ fault_plan fault_plan::from_environment() {
     const std::string text = item.substr(eq + 1);
     bool known = false;
     if (key == "seed") {
-      std::size_t used = 0;
-      try {
-        plan.seed = std::stoull(text, &used);
-      } catch (const std::exception&) {
-        used = 0;
-      }
-      if (used == 0 || used != text.size())
-        throw std::invalid_argument("GPUPOOL_FAULTS: seed must be a whole number, not '" + text +
-                                    "'");
+      const auto seed = parse_count(
+          {"GPUPOOL_FAULTS: seed", "a whole number", 0, std::numeric_limits<std::uint64_t>::max()},
+          text.c_str());
+      if (!seed)  // "seed=" (parse_count takes an empty value for one not given)
+        throw std::invalid_argument("GPUPOOL_FAULTS: seed must be a whole number, not ''");
+      plan.seed = *seed;
       known = true;
     }
     for (std::size_t k = 0; k < fault_kinds; ++k) {

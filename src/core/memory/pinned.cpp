@@ -34,7 +34,7 @@ constexpr std::size_t largest_request = std::numeric_limits<std::size_t>::max() 
 std::size_t default_cache_limit() {
   try {
     if (const auto bytes = pinned_cache_bytes_from_environment()) return *bytes;
-  } catch (const std::invalid_argument&) {
+  } catch (...) {  // refused (or no memory left to say why): the default
   }
   const long pages = sysconf(_SC_PHYS_PAGES);
   const long page_size = sysconf(_SC_PAGE_SIZE);
