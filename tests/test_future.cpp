@@ -14,6 +14,7 @@
 
 #include "core/sanitizers.hpp"
 #include "gpupool/future.hpp"
+#include "test_support.hpp"
 
 // Counts the allocations of each thread, to show that the completion path makes none. Left out
 // under sanitizers, which bring their own operator new.
@@ -21,10 +22,12 @@
 #define GPUPOOL_TEST_COUNTS_ALLOCATIONS 1
 namespace {
 thread_local std::size_t allocations_here = 0;
+thread_local std::size_t allocations_until_failure = 0;  // 0: none fails
 }  // namespace
 
 void* operator new(std::size_t bytes) {
   ++allocations_here;
+  if (allocations_until_failure != 0 && --allocations_until_failure == 0) throw std::bad_alloc();
   if (void* p = std::malloc(bytes == 0 ? 1 : bytes)) return p;
   throw std::bad_alloc();
 }
@@ -39,6 +42,15 @@ void operator delete(void* p, std::size_t /*bytes*/) noexcept {
   std::free(p);
 }
 #pragma GCC diagnostic pop
+
+bool gpupool::testing::fail_allocation_on_this_thread(std::size_t n) {
+  allocations_until_failure = n;
+  return true;
+}
+#else
+bool gpupool::testing::fail_allocation_on_this_thread(std::size_t /*n*/) {
+  return false;
+}
 #endif
 
 namespace gpupool {

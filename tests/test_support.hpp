@@ -33,6 +33,12 @@ inline void PrintTo(backend_kind kind, std::ostream* os) {
 
 namespace gpupool::testing {
 
+/// Makes the `n`-th allocation from now on by this thread (1: the next one) throw
+/// std::bad_alloc, once; 0 takes that back. False where this test program keeps the standard
+/// operator new (under sanitizers, which bring their own): the caller skips. Defined in
+/// test_future.cpp, whose replacement operator new serves the whole program.
+bool fail_allocation_on_this_thread(std::size_t n);
+
 // Sets an environment variable for one scope.
 class scoped_env {
  public:

@@ -23,6 +23,7 @@
 #include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "gpupool/executor.hpp"
+#include "test_support.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -555,6 +556,51 @@ TEST(LaneSpin, AnythingElseIsRefusedByName) {
       EXPECT_NE(what.find("GPUPOOL_LANE_SPIN_US must be microseconds"), std::string::npos) << what;
       EXPECT_NE(what.find(std::string("'") + bad + "'"), std::string::npos) << what;
     }
+  }
+}
+
+// A batch the queue cannot make room for (a deque that cannot grow) is not queued at all: every
+// item stays with the caller, nothing is counted or can be taken, and the queue works on after.
+// The failure is put at each of the first allocations push_all makes in turn, so that some land
+// while the deques grow (300 items need several of their blocks), for one device and for any.
+TEST(TaskQueue, ABatchThatCannotBeQueuedWholeIsNotQueuedAtAll) {
+  for (const std::optional<int> device : {std::optional<int>{0}, std::optional<int>{}}) {
+    task_queue q(2);
+    std::vector<work_item_ptr> items;
+    for (int i = 0; i < 300; ++i) items.push_back(item(i, /*kind=*/1, /*capacity=*/2));
+    int refused = 0;
+    for (std::size_t failing = 1; failing <= 40; ++failing) {
+      if (!gpupool::testing::fail_allocation_on_this_thread(failing))
+        GTEST_SKIP() << "this build keeps the standard operator new (sanitizers)";
+      bool threw = false;
+      try {
+        (void)q.push_all(items, device);
+      } catch (const std::bad_alloc&) {
+        threw = true;
+      }
+      gpupool::testing::fail_allocation_on_this_thread(0);
+      if (!threw) break;  // push_all made fewer allocations than that: it queued the batch
+      ++refused;
+      ASSERT_EQ(items.size(), 300u) << "failing allocation " << failing;
+      for (std::size_t i = 0; i < items.size(); ++i)
+        ASSERT_NE(items[i], nullptr)
+            << "item " << i << " was taken, failing allocation " << failing;
+      EXPECT_EQ(q.size(), 0u) << "failing allocation " << failing;
+      EXPECT_EQ(q.pop(0, /*block=*/false), nullptr) << "failing allocation " << failing;
+      EXPECT_EQ(q.pop(1, /*block=*/false), nullptr) << "failing allocation " << failing;
+    }
+    EXPECT_GT(refused, 3);  // the deques' growth was among the failures
+    // Then the same batch queues whole, in order (items of kind 1 coalesce in pairs).
+    ASSERT_TRUE(q.push_all(items, device));
+    EXPECT_TRUE(items.empty());
+    std::vector<int> seen;
+    for (int d : {0, 1})
+      while (auto taken = q.pop(d, /*block=*/false))
+        for (int id : ids_of(taken)) seen.push_back(id);
+    std::sort(seen.begin(), seen.end());
+    ASSERT_EQ(seen.size(), 300u);
+    for (int i = 0; i < 300; ++i) EXPECT_EQ(seen[static_cast<std::size_t>(i)], i);
+    q.close();
   }
 }
 

@@ -210,6 +210,7 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     {
       std::lock_guard lock(q.mutex);
       if (closed_.load() || q.retired.load()) return false;
+      make_room_locked(q.pinned, items.size());  // may throw: nothing queued yet
       const std::size_t queued = append_run_locked(q, q.pinned, items, 0, items.size());
       q.pinned_count.fetch_add(queued);
       woken = signal_locked(q, queued, wake_rule::every_item);
@@ -247,6 +248,20 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
       if (std::any_of(targets.begin(), targets.end(),
                       [&](std::size_t d) { return queues_[d].retired.load(); }))
         continue;  // one was taken out of service meanwhile: choose again
+      // Room in every target first (may throw: then none of the batch is queued, the room made
+      // in earlier targets taken off again), then the runs, which cannot fail.
+      for (std::size_t r = 0; r < runs; ++r) {
+        try {
+          make_room_locked(queues_[targets[r]].shared, n * (r + 1) / runs - n * r / runs);
+        } catch (...) {
+          for (std::size_t earlier = 0; earlier < r; ++earlier) {
+            std::deque<work_item_ptr>& shared = queues_[targets[earlier]].shared;
+            for (std::size_t e = n * earlier / runs; e < n * (earlier + 1) / runs; ++e)
+              shared.pop_back();
+          }
+          throw;
+        }
+      }
       for (std::size_t r = 0; r < runs; ++r) {
         device_queue& q = queues_[targets[r]];
         const std::size_t queued =
@@ -265,9 +280,19 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
   }
 }
 
+void task_queue::make_room_locked(std::deque<work_item_ptr>& deque, std::size_t n) {
+  const std::size_t before = deque.size();
+  try {
+    for (std::size_t i = 0; i < n; ++i) deque.emplace_back();
+  } catch (...) {
+    while (deque.size() > before) deque.pop_back();
+    throw;
+  }
+}
+
 std::size_t task_queue::append_run_locked(device_queue& q, std::deque<work_item_ptr>& deque,
                                           std::vector<work_item_ptr>& items, std::size_t begin,
-                                          std::size_t end) {
+                                          std::size_t end) noexcept {
   // While lanes of the device wait, the run is cut into about one entry per waiting lane, so
   // that they all start at once (each entry may still coalesce the items it carries); with
   // every lane busy, items coalesce as far as the items themselves allow.
@@ -275,16 +300,23 @@ std::size_t task_queue::append_run_locked(device_queue& q, std::deque<work_item_
       static_cast<std::size_t>(std::max(0, q.sleeping - q.signalled + q.spinning.load()));
   const std::size_t per_entry = idle == 0 ? end - begin : (end - begin + idle - 1) / idle;
   std::size_t in_back = per_entry;  // items the last entry carries: the run opens a new entry
+  std::size_t filled = deque.size() - (end - begin);  // the first empty entry (make_room_locked)
   std::size_t queued = 0;
   for (std::size_t i = begin; i < end; ++i) {
-    const bool may_absorb = idle == 0 || in_back < per_entry;
-    if (append_locked(deque, items[i], may_absorb)) {
+    work_item_ptr& item = items[i];
+    // As append_locked does, with the last filled entry as the back: an item that reports
+    // success but keeps `next` would be lost if trusted.
+    if ((idle == 0 || in_back < per_entry) && filled > 0)
+      static_cast<void>(deque[filled - 1]->absorb(item));
+    if (item) {
+      deque[filled++] = std::move(item);
       ++queued;
       in_back = 1;
     } else {
       ++in_back;
     }
   }
+  while (deque.size() > filled) deque.pop_back();  // the entries coalescing left empty
   return queued;
 }
 

@@ -41,7 +41,8 @@ class task_queue {
   /// Queues several items at once, for any device or for `device` alone, taking each device's
   /// lock once and waking at most one waiting lane per item (a single item is queued as `push`
   /// queues it). False (nothing queued, `items` left as they were) if closed or if no device
-  /// that may run them is in service; otherwise `items` is left empty.
+  /// that may run them is in service; otherwise `items` is left empty. If the queue cannot grow
+  /// (std::bad_alloc), nothing is queued either and `items` is left as it was.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
   /// Takes the next item for a lane of `device`: that device's pinned items first, then the
@@ -126,11 +127,17 @@ class task_queue {
   // `may_absorb` false: queued as an entry of its own.
   static bool append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item,
                             bool may_absorb = true);
-  // Under q's lock: appends items[begin, end) to `deque` (coalescing them into about one entry
-  // per idle lane of q, or freely when none is idle). Returns the entries queued.
+  // Under the deque's lock: adds `n` empty entries at its back, or throws (the deque could not
+  // grow) having added none. The one step of queueing a run that can fail, taken before any of
+  // the run is queued.
+  static void make_room_locked(std::deque<work_item_ptr>& deque, std::size_t n);
+  // Under q's lock, after make_room_locked(deque, end - begin): moves items[begin, end) into the
+  // empty entries at the back of `deque` (coalescing them into about one entry per idle lane of
+  // q, or freely when none is idle) and takes the entries left empty off again. Returns the
+  // entries queued.
   static std::size_t append_run_locked(device_queue& q, std::deque<work_item_ptr>& deque,
                                        std::vector<work_item_ptr>& items, std::size_t begin,
-                                       std::size_t end);
+                                       std::size_t end) noexcept;
   // Takes a shared item from another device than `device`; null if none.
   work_item_ptr steal(int device);
   // After a lane woken for an item took one of its own device: if other devices hold shared
