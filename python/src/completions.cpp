@@ -5,6 +5,7 @@
 
 #include <exception>
 #include <mutex>
+#include <new>
 #include <utility>
 #include <vector>
 
@@ -22,10 +23,14 @@ struct handover_queue {
 // Leaked on purpose: lanes may post after static destruction has begun. A fork()ed child gets a
 // fresh one: the parent's may have been left mid-drain (`draining` set by a lane waiting for the
 // GIL, its mutex even held) by a thread the child does not have, and then nothing would ever be
-// handed over in the child.
+// handed over in the child. The child's is made in static storage, without malloc (not
+// async-signal-safe, so not for a child of a threaded process); a grandchild reuses it.
 handover_queue*& queue_slot() {
   static handover_queue* state = [] {
-    pthread_atfork(nullptr, nullptr, [] { queue_slot() = new handover_queue; });
+    pthread_atfork(nullptr, nullptr, [] {
+      alignas(handover_queue) static unsigned char in_child[sizeof(handover_queue)];
+      queue_slot() = new (in_child) handover_queue;
+    });
     return new handover_queue;
   }();
   return state;

@@ -152,8 +152,12 @@ std::atomic<memo*> current_memo{nullptr};
 
 void fresh_memo_in_child() noexcept {
   // fork() may have copied the mutex locked by a thread that is not in the child: the child
-  // starts with a memo of its own (the old one is left, never destroyed, like the first).
-  current_memo.store(new (std::nothrow) memo());
+  // starts with a memo of its own (the old one is left, never destroyed, like the first). Made
+  // in static storage: a child of a threaded process may call only async-signal-safe functions
+  // before it execs, and malloc is not one (a grandchild reuses the storage; its parent's memo
+  // there is abandoned, its entries leaked).
+  alignas(memo) static unsigned char in_child[sizeof(memo)];
+  current_memo.store(new (in_child) memo());
 }
 
 memo& the_memo() {
