@@ -11,10 +11,10 @@
 #include <cstdlib>
 #include <mutex>
 #include <set>
-#include <utility>
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "test_support.hpp"
@@ -448,6 +448,73 @@ TEST_P(ExecutorTest, TransformEachFailingPartWayLeavesNothingRunning) {
   ex.shutdown();
   for (const auto& out : work.outs) EXPECT_EQ(out, std::vector<double>(n, 0.0));
   EXPECT_EQ(ex.in_flight().bytes, 0U);
+}
+
+// A map that fails part way (here: the budget full, in raise mode) leaves nothing queued to read
+// the caller's inputs once the caller has the error: the inputs may be gone by then (the map's
+// futures, which say when they may go, never reached the caller).
+TEST_P(ExecutorTest, MapFailingPartWayLeavesNothingRunning) {
+  executor_options o = options(2);
+  o.in_flight_budget = 64 << 10;  // per device
+  o.when_full = when_full::raise;
+  executor ex(o);
+  const std::size_t n = 1024;  // doubles: 8 KiB
+  const std::size_t room = ex.in_flight().budget / (2 * n * sizeof(double));
+  ASSERT_GE(room, 4U);
+  const std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 2.0));
+  gate g;
+  auto holders = hold_every_lane(ex, g);
+  open_at_exit opener(g, holders);
+  EXPECT_THROW((void)ex.map(builtin_kernel::square(), xs), out_of_memory);
+  // Every call queued before the budget ran out was cancelled (a cancelled call gives its
+  // bytes back at once; a queued one holds them until it has run, here after the gate opens).
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+  g.open();
+  holders.get();
+  ex.shutdown();
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+}
+
+TEST_P(ExecutorTest, TwoInputMapFailingPartWayLeavesNothingRunning) {
+  executor_options o = options(2);
+  o.in_flight_budget = 64 << 10;  // per device
+  o.when_full = when_full::raise;
+  executor ex(o);
+  const std::size_t n = 1024;
+  const std::size_t room = ex.in_flight().budget / (3 * n * sizeof(double));
+  ASSERT_GE(room, 2U);
+  const std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 2.0));
+  const std::vector<std::vector<double>> ys(room + 2, std::vector<double>(n, 3.0));
+  gate g;
+  auto holders = hold_every_lane(ex, g);
+  open_at_exit opener(g, holders);
+  EXPECT_THROW((void)ex.map(builtin_kernel::add(), xs, ys), out_of_memory);
+  // Every call queued before the budget ran out was cancelled (a cancelled call gives its
+  // bytes back at once; a queued one holds them until it has run, here after the gate opens).
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+  g.open();
+  holders.get();
+  ex.shutdown();
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+}
+
+// Many small pairs through the two-input map: every result right, in order, whatever the batching.
+TEST_P(ExecutorTest, TwoInputMapOfManySmallPairsKeepsOrder) {
+  executor ex(options(3));
+  std::vector<std::vector<float>> xs, ys;
+  for (int i = 0; i < 1000; ++i) {
+    xs.emplace_back(static_cast<std::size_t>(1 + i % 7), static_cast<float>(i));
+    ys.emplace_back(static_cast<std::size_t>(1 + i % 7), 0.5f);
+  }
+  xs.emplace_back();  // an empty pair among them
+  ys.emplace_back();
+  auto futures = ex.map(builtin_kernel::add(), xs, ys);
+  ASSERT_EQ(futures.size(), xs.size());
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const auto out = futures[i].get();
+    ASSERT_EQ(out.size(), xs[i].size()) << i;
+    for (float v : out) ASSERT_EQ(v, static_cast<float>(i) + 0.5f) << i;
+  }
 }
 
 TEST_P(ExecutorTest, TransformEachPastTheBudgetQueuesWhatItGatheredThenWaitsForRoom) {

@@ -145,41 +145,29 @@ class executor {
   /// read in place and must stay alive until their futures are ready. Large inputs are split into
   /// pieces of `chunk_bytes()`. Each input counts its input and output bytes against the
   /// in-flight budget (at most the whole budget: it runs in pieces); past it, `map` waits for
-  /// room after queueing the inputs before.
-  /// @throw std::invalid_argument if the kernel takes two inputs.
+  /// room after queueing the inputs before. Inputs are queued in batches (one push and one
+  /// wake-up pass per batch).
+  /// @throw std::invalid_argument if the kernel takes two inputs. If queueing fails part way
+  ///        (out_of_memory past the budget with when_full::raise; shut down meanwhile), the
+  ///        inputs queued are cancelled and those already running waited for before the error
+  ///        is thrown: nothing is left reading the inputs.
   template <class Inputs>
   auto map(const builtin_kernel& k, const Inputs& xs) {
     using T = element_of<Inputs>;
     require_arity(k, 1, "map");
-    multi_future<host_vector<T>> futures;
-    futures.reserve(std::ranges::size(xs));
-    std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
-    jobs.reserve(std::min<std::size_t>(std::ranges::size(xs), map_batch));
-    try {
-      for (const auto& x : xs) {
-        auto sx = as_span<T>(x);
-        const std::size_t cost = in_flight_cost(2 * sx.size_bytes(), /*piecewise=*/true);
-        if (!try_admit(cost)) {
-          // Inputs gathered but not queued hold budget: queue them before waiting for room that
-          // only their completion may free.
-          enqueue_elementwise_all(jobs);
-          admit(cost);
-        }
-        futures.push_back(map_into<T>(k, sx.data(), nullptr, sx.size(), jobs, cost));
-        if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
-      }
-      enqueue_elementwise_all(jobs);
-    } catch (...) {
-      // Inputs gathered but never queued: ended, so their bytes come back.
-      for (auto& job : jobs) (void)job->state().try_cancel();
-      throw;
-    }
-    return futures;
+    auto next = std::ranges::begin(xs);
+    return map_each<T>(k, std::ranges::size(xs), /*operands=*/2, [&next] {
+      const auto sx = as_span<T>(*next);
+      ++next;
+      return map_call<T>{sx.data(), nullptr, sx.size()};
+    });
   }
 
-  /// Applies a two-input kernel to pairs (xs[i], ys[i]).
+  /// Applies a two-input kernel to pairs (xs[i], ys[i]), as the one-input map does (each pair
+  /// counts its two inputs and its output against the budget).
   /// @throw std::invalid_argument (before anything runs) if the kernel takes one input, the
-  ///        lists differ in length, or any pair differs in size.
+  ///        lists differ in length, or any pair differs in size; a failure part way as the
+  ///        one-input map.
   template <class Inputs>
   auto map(const builtin_kernel& k, const Inputs& xs, const Inputs& ys) {
     using T = element_of<Inputs>;
@@ -194,14 +182,12 @@ class executor {
         throw std::invalid_argument("gpupool::executor::map: inputs " + std::to_string(i) +
                                     " differ in size (" + std::to_string(sx[i].size()) + " vs " +
                                     std::to_string(sy[i].size()) + ")");
-    multi_future<host_vector<T>> futures;
-    futures.reserve(sx.size());
-    for (std::size_t i = 0; i < sx.size(); ++i) {
-      const std::size_t cost = in_flight_cost(3 * sx[i].size_bytes(), /*piecewise=*/true);
-      admit(cost);
-      futures.push_back(map_one<T>(k, sx[i].data(), sy[i].data(), sx[i].size(), cost));
-    }
-    return futures;
+    std::size_t i = 0;
+    return map_each<T>(k, sx.size(), /*operands=*/3, [&] {
+      const map_call<T> call{sx[i].data(), sy[i].data(), sx[i].size()};
+      ++i;
+      return call;
+    });
   }
 
   /// Streams `in` through the devices in pieces, writing k(in) to `out`; `out` may equal `in`.
@@ -340,25 +326,47 @@ class executor {
     if (admitted != 0) state->hold(in_flight_account(), admitted);
   }
 
-  // One input (or pair) queued on its own, as map_into and enqueue_elementwise_all do for many.
   template <class T>
-  future<host_vector<T>> map_one(const builtin_kernel& k, const T* x, const T* y, std::size_t n,
-                                 std::size_t admitted) {
+  struct map_call {
+    const T* x;
+    const T* y;  // the second input, or nullptr
+    std::size_t n;
+  };
+
+  // The loop of both maps: `count` calls, each given by next() in order, each counting `operands`
+  // arrays of its size against the in-flight budget. Gathered and queued map_batch at a time;
+  // past the budget, what is gathered is queued before waiting for room (that only its
+  // completion may free), or the wait throws (when_full::raise). If anything throws part way,
+  // nothing of the map is left reading the caller's inputs when the caller gets the error (the
+  // futures that would have said when the inputs may go are lost with it): what is queued is
+  // cancelled and what already runs is waited for.
+  template <class T, class Next>
+  multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
+                                        Next next) {
+    multi_future<host_vector<T>> futures;
+    futures.reserve(count);
     std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
+    jobs.reserve(std::min(count, map_batch));
     try {
-      jobs.reserve(1);
-    } catch (...) {
-      release_in_flight(admitted);
-      throw;
-    }
-    auto result = map_into<T>(k, x, y, n, jobs, admitted);
-    try {
+      for (std::size_t i = 0; i < count; ++i) {
+        const map_call<T> call = next();
+        const std::size_t cost = in_flight_cost(
+            static_cast<std::size_t>(operands) * call.n * sizeof(T), /*piecewise=*/true);
+        if (!try_admit(cost)) {
+          enqueue_elementwise_all(jobs);
+          admit(cost);
+        }
+        futures.push_back(map_into<T>(k, call.x, call.y, call.n, jobs, cost));
+        if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+      }
       enqueue_elementwise_all(jobs);
     } catch (...) {
-      for (auto& job : jobs) (void)job->state().try_cancel();  // never queued: its bytes come back
+      for (auto& job : jobs) (void)job->state().try_cancel();  // gathered, never queued
+      for (auto& f : futures) (void)f.cancel();
+      for (auto& f : futures) f.wait();
       throw;
     }
-    return result;
+    return futures;
   }
 
   // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,
