@@ -154,6 +154,23 @@ def test_unknown_workload_is_an_error(capsys):
     assert "unknown workload" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("option, name, why", [
+    ("--json", "missing/out.json", "no such directory"),
+    ("--plot", "missing/out.png", "no such directory"),
+    ("--plot", "out.gif", "extension"),
+    ("--json", ".", "it is a directory"),
+])
+def test_an_output_that_cannot_be_written_is_refused_before_any_work(tmp_path, monkeypatch,
+                                                                     capsys, option, name, why):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("gpupool.compare.run", lambda args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as exited:
+        main(["--tiny", "--workloads", "W1", option, name])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert name in err and why in err
+
+
 def test_a_whole_run_reports_a_wrong_variant_failed_untimed_and_exits_1(tmp_path, monkeypatch):
     # NumPy's own square, as the NumPy-on-the-CPU variants call it, made wrong for this test.
     monkeypatch.setattr(np, "square", lambda x: x + 1.0)

@@ -57,7 +57,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     parser.add_argument("--program-timeout", type=float, default=120.0,
                         help="seconds each run of a C++ program may take")
     parser.add_argument("--json", dest="json_path", default=None, help="write the JSON here")
-    parser.add_argument("--plot", default=None, help="draw the summary plot here (.png/.svg)")
+    parser.add_argument("--plot", default=None, help="draw the summary plot here (.png/.svg/.pdf)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines")
     parser.add_argument("--debug", action="store_true",
                         help="print tracebacks of variants that fail")
@@ -69,6 +69,18 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     if args.repeat < 1 or args.min_repeat < 1 or args.seconds <= 0 or args.scale <= 0:
         parser.error("--repeat, --min-repeat, --seconds and --scale must be positive")
     args.workload_list = [w for w in WORKLOADS if w in chosen]
+    # The outputs are written after a run of minutes: a path that cannot take them is refused
+    # now, before any work, as the other commands do.
+    from .._cli import CommandError, check_writable, picture_type
+
+    try:
+        if args.json_path:
+            check_writable(args.json_path)
+        if args.plot:
+            picture_type("--plot", args.plot)
+            check_writable(args.plot)
+    except CommandError as exc:
+        parser.error(str(exc))
     return args
 
 
