@@ -294,7 +294,9 @@ int main(int argc, char** argv) {
       app.add_subcommand("demo", "Square chunks of float64 on every lane and check the results");
   flags.add_to(*demo_cmd);
   demo_cmd->add_option("--chunks", demo.chunks, "number of arrays")->check(CLI::Range(1, 1 << 20));
-  demo_cmd->add_option("--size", demo.size, "float64 elements per array")
+  demo_cmd
+      ->add_option("--size", demo.size, "float64 elements per array (e.g. 100000, 1M; K = 1024)")
+      ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 34));
   demo_cmd->add_option("--repeat", demo.repeat, "timed runs after the warm-up run")
       ->check(CLI::Range(1, 100000));
