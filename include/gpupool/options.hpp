@@ -83,7 +83,8 @@ struct executor_options {
   /// GPUs). 0: the `GPUPOOL_CPU_DEVICES` environment variable, otherwise 1.
   int cpu_devices = 0;
 
-  /// Suppresses the one-line notice printed when gpupool falls back to the CPU backend.
+  /// Nothing on stderr from this executor: no notice when gpupool falls back to the CPU backend,
+  /// no message when a device is taken out of service, no note of a tuning sweep that failed.
   bool quiet = false;
 };
 

@@ -51,6 +51,22 @@ def _count(name: str, value: object, low: int, high: Optional[int], allowed: str
     return number
 
 
+def _choice(name: str, value: object, allowed: Tuple[str, ...], none_means: str = "") -> Any:
+    """``value`` if it is one of the strings ``allowed`` (or None where ``none_means`` says what
+    None means), or an error naming the parameter, the value given and what is allowed:
+    TypeError for a value that is not a string, ValueError for an unknown one."""
+    if value is None and none_means:
+        return None
+    names = [repr(a) for a in allowed] + ([f"None ({none_means})"] if none_means else [])
+    words = ", ".join(names[:-1]) + " or " + names[-1]
+    if not isinstance(value, str):
+        raise TypeError(f"gpupool.Executor: {name} must be {words}, not {value!r} "
+                        f"({type(value).__name__})")
+    if value not in allowed:
+        raise ValueError(f"gpupool.Executor: {name} must be {words}, not {value!r}")
+    return value
+
+
 def _is_auto(value: object) -> bool:
     """True for ``"auto"`` and ``None``: the setting is chosen as ``tuning`` says."""
     return value is None or (isinstance(value, str) and value == "auto")
@@ -300,10 +316,13 @@ class Executor(_futures.Executor):
             backend), ``"measured"`` (on any backend), ``"remeasure"`` (measure now and replace
             the cached result) or ``"fixed"`` (8 lanes on CUDA, host cores on the CPU backend,
             8 MiB chunks). ``GPUPOOL_TUNING`` overrides it. ``settings`` says what was chosen.
+        quiet: no messages on standard error: the notice of falling back to the CPU backend, a
+            device taken out of service, a tuning sweep that failed (errors are still raised).
 
     Raises:
         BackendUnavailableError: ``backend="cuda"`` without a usable GPU.
-        ValueError: bad options.
+        TypeError: an option of the wrong type, ValueError: one out of range or unknown (each
+            naming the parameter, the value given and what is allowed).
     """
 
     def __init__(self, threads_per_gpu: Union[int, Literal["auto"], None] = "auto",
@@ -314,15 +333,14 @@ class Executor(_futures.Executor):
                  cpu_devices: int = _DEFAULTS.cpu_devices,
                  in_flight_budget: int = _DEFAULTS.in_flight_budget,
                  when_full: str = _DEFAULTS.when_full,
-                 tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto") -> None:
+                 tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto",
+                 quiet: bool = False) -> None:
         lanes = 0 if _is_auto(threads_per_gpu) else _count(
             "threads_per_gpu", threads_per_gpu, 1, 256,
             "a whole number from 1 to 256, or 'auto'")
-        if backend is not None and backend not in ("cpu", "cuda"):
-            raise ValueError(f"gpupool.Executor: backend must be 'cpu', 'cuda' or None (the "
-                             f"GPUPOOL_BACKEND variable, else CUDA when usable), not {backend!r}")
         options = _ext.ExecutorOptions()
-        options.backend = backend
+        options.backend = _choice("backend", backend, ("cpu", "cuda"),
+                                  "the GPUPOOL_BACKEND variable, else CUDA when usable")
         options.devices = _device_list(devices) or []
         options.lanes_per_device = lanes
         options.slots_per_lane = _count("slots_per_lane", slots_per_lane, 1, 64,
@@ -336,11 +354,12 @@ class Executor(_futures.Executor):
         options.in_flight_budget = _count(
             "in_flight_budget", in_flight_budget, 0, 2**64 - 1,
             "a byte count per device: 0 for the default, 2**64 - 1 for no budget")
-        options.when_full = when_full  # 'block' or 'raise', checked by the extension
-        if tuning not in ("auto", "measured", "remeasure", "fixed"):
-            raise ValueError(f"gpupool.Executor: tuning must be 'auto', 'measured', 'remeasure' "
-                             f"or 'fixed', not {tuning!r}")
-        options.tuning = tuning
+        options.when_full = _choice("when_full", when_full, ("block", "raise"))
+        options.tuning = _choice("tuning", tuning, ("auto", "measured", "remeasure", "fixed"))
+        if not isinstance(quiet, bool):
+            raise TypeError(f"gpupool.Executor: quiet must be True or False, not {quiet!r} "
+                            f"({type(quiet).__name__})")
+        options.quiet = quiet
         self._core = _ext.Executor(options)
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()

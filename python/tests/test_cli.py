@@ -126,6 +126,11 @@ def test_cpu_notice_once_per_process_and_silenced_by_GPUPOOL_QUIET():
     quiet = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            env=dict(env, GPUPOOL_QUIET="1"))
     assert quiet.returncode == 0 and quiet.stderr == ""
+    # The quiet option does the same for its executor.
+    option = subprocess.run([sys.executable, "-c", code.replace("Executor()",
+                                                                "Executor(quiet=True)")],
+                            capture_output=True, text=True, env=env)
+    assert option.returncode == 0 and option.stderr == ""
 
 
 def test_progress_line_is_cleared_before_the_results():

@@ -288,6 +288,13 @@ def test_submit_to_pins_a_device():
     (dict(devices=[0.5]), TypeError, r"devices\[\] must be an ordinal.*not 0\.5"),
     (dict(backend="tpu"), ValueError, r"backend must be 'cpu', 'cuda' or None.*not 'tpu'"),
     (dict(cpu_devices=-3), ValueError, r"cpu_devices must be .*not -3"),
+    (dict(backend=5), TypeError, r"backend must be 'cpu', 'cuda' or None.*not 5 \(int\)"),
+    (dict(when_full=True), TypeError, r"when_full must be 'block' or 'raise', not True \(bool\)"),
+    (dict(when_full="sometimes"), ValueError, r"when_full must be 'block' or 'raise', not "
+                                              r"'sometimes'"),
+    (dict(tuning=5), TypeError, r"tuning must be 'auto', 'measured', 'remeasure' or 'fixed', "
+                                r"not 5 \(int\)"),
+    (dict(quiet=1), TypeError, r"quiet must be True or False, not 1 \(int\)"),
 ])
 def test_bad_options_name_the_parameter_the_value_and_what_is_allowed(kwargs, error, message):
     with pytest.raises(error, match=message):
