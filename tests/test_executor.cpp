@@ -487,6 +487,36 @@ TEST_P(ExecutorTest, TwoInputMapFailingPartWayLeavesNothingRunning) {
   expect_a_failing_map_to_leave_nothing_running(options(2), 2);
 }
 
+// A map waiting for room when the executor is shut down (queued work left to run) throws, and
+// first cancels the calls it had queued: they would read the inputs after the caller's error.
+TEST_P(ExecutorTest, MapWaitingForRoomWhenShutDownCancelsWhatItQueued) {
+  executor_options o = options(2);
+  o.in_flight_budget = 64 << 10;  // per device; when_full::block
+  executor ex(o);
+  const std::size_t n = 1024;
+  const std::size_t room = ex.in_flight().budget / (2 * n * sizeof(double));
+  const std::vector<std::vector<double>> xs(room + 2, std::vector<double>(n, 2.0));
+  gate g;
+  auto holders = hold_every_lane(ex, g);
+  open_at_exit opener(g, holders);
+  std::atomic<bool> refused{false};
+  std::thread mapper([&] {
+    try {
+      (void)ex.map(builtin_kernel::square(), xs);
+    } catch (const std::runtime_error&) {
+      refused = true;
+    }
+  });
+  while (ex.in_flight().waiting == 0) std::this_thread::sleep_for(1ms);
+  std::thread stopper([&] { ex.shutdown(); });  // waits for the held lanes
+  mapper.join();
+  EXPECT_TRUE(refused.load());
+  EXPECT_EQ(ex.in_flight().bytes, 0U);
+  g.open();
+  holders.get();
+  stopper.join();
+}
+
 // Many small pairs through the two-input map: every result right, in order, whatever the batching.
 TEST_P(ExecutorTest, TwoInputMapOfManySmallPairsKeepsOrder) {
   executor ex(options(3));

@@ -147,10 +147,11 @@ class executor {
   /// in-flight budget (at most the whole budget: it runs in pieces); past it, `map` waits for
   /// room after queueing the inputs before. Inputs are queued in batches (one push and one
   /// wake-up pass per batch).
-  /// @throw std::invalid_argument if the kernel takes two inputs. If queueing fails part way
-  ///        (out_of_memory past the budget with when_full::raise; shut down meanwhile), the
-  ///        inputs queued are cancelled and those already running waited for before the error
-  ///        is thrown: nothing is left reading the inputs.
+  /// @throw std::invalid_argument if the kernel takes two inputs; std::runtime_error after
+  ///        shutdown. If queueing fails part way (out_of_memory past the budget with
+  ///        when_full::raise; shut down meanwhile), the inputs queued are cancelled and those
+  ///        already running waited for before the error is thrown: nothing is left reading the
+  ///        inputs.
   template <class Inputs>
   auto map(const builtin_kernel& k, const Inputs& xs) {
     using T = element_of<Inputs>;
@@ -343,6 +344,7 @@ class executor {
   template <class T, class Next>
   multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
                                         Next next) {
+    require_open();  // before anything is made for the calls
     multi_future<host_vector<T>> futures;
     futures.reserve(count);
     std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
@@ -361,7 +363,8 @@ class executor {
       }
       enqueue_elementwise_all(jobs);
     } catch (...) {
-      for (auto& job : jobs) (void)job->state().try_cancel();  // gathered, never queued
+      // Every call has its future here, those gathered but never queued too (cancelling them
+      // gives their bytes back).
       for (auto& f : futures) (void)f.cancel();
       for (auto& f : futures) f.wait();
       throw;
