@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -160,16 +161,19 @@ void fresh_memo_in_child() noexcept {
   current_memo.store(new (in_child) memo());
 }
 
+// Made at the first use without a function-local static (a fork() while another thread was
+// inside such a static's initialisation would leave the child waiting on its guard for ever);
+// never destroyed: executors may be made during exit.
 memo& the_memo() {
-  static const bool registered = [] {
-    current_memo.store(new memo());  // never destroyed: executors may be made during exit
-    pthread_atfork(nullptr, nullptr, fresh_memo_in_child);
-    return true;
-  }();
-  (void)registered;
-  memo* m = current_memo.load();
-  if (m == nullptr) throw std::bad_alloc();
-  return *m;
+  if (memo* m = current_memo.load(std::memory_order_acquire)) return *m;
+  auto made = std::make_unique<memo>();
+  memo* expected = nullptr;
+  if (!current_memo.compare_exchange_strong(expected, made.get(), std::memory_order_acq_rel))
+    return *expected;  // another thread's came first
+  // The first registers the child handler, once. (A child forked in the instant before that
+  // keeps the parent's memo, only just made: the one case without a fresh one.)
+  pthread_atfork(nullptr, nullptr, fresh_memo_in_child);
+  return *made.release();
 }
 
 std::atomic<double> sweep_seconds{1.0};
