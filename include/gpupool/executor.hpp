@@ -334,31 +334,33 @@ class executor {
     std::size_t n;
   };
 
-  // The loop of both maps: `count` calls, each given by next() in order, each counting `operands`
-  // arrays of its size against the in-flight budget. Gathered and queued map_batch at a time;
-  // past the budget, what is gathered is queued before waiting for room (that only its
-  // completion may free), or the wait throws (when_full::raise). If anything throws part way,
-  // nothing of the map is left reading the caller's inputs when the caller gets the error (the
-  // futures that would have said when the inputs may go are lost with it): what is queued is
-  // cancelled and what already runs is waited for.
-  template <class T, class Next>
-  multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
-                                        Next next) {
+  // The loop of map and transform_each: `count` calls, each given by next() in order, costing
+  // cost_of(call) bytes of the in-flight budget and made by make(call, cost, jobs), which returns
+  // its future and appends its job to `jobs` (reserved: no throw), or only returns a ready
+  // future. Jobs are gathered and queued map_batch at a time. With `admit_each`, each call's
+  // bytes are admitted here: past the budget, what is gathered is queued before waiting for
+  // room (that only its completion may free), or the wait throws (when_full::raise); without
+  // it, the caller took them all before. If anything throws part way, nothing of it is left
+  // reading or writing the caller's memory when the caller gets the error (the futures that
+  // would have said when it may go are lost with it): what is queued is cancelled and what
+  // already runs is waited for.
+  template <class R, class Next, class Cost, class Make>
+  multi_future<R> queue_each(std::size_t count, bool admit_each, Next next, Cost cost_of,
+                             Make make) {
     require_open();  // before anything is made for the calls
-    multi_future<host_vector<T>> futures;
+    multi_future<R> futures;
     futures.reserve(count);
     std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
     jobs.reserve(std::min(count, map_batch));
     try {
       for (std::size_t i = 0; i < count; ++i) {
-        const map_call<T> call = next();
-        const std::size_t cost = in_flight_cost(
-            static_cast<std::size_t>(operands) * call.n * sizeof(T), /*piecewise=*/true);
-        if (!try_admit(cost)) {
+        const auto call = next();
+        const std::size_t cost = cost_of(call);
+        if (admit_each && !try_admit(cost)) {
           enqueue_elementwise_all(jobs);
           admit(cost);
         }
-        futures.push_back(map_into<T>(k, call.x, call.y, call.n, jobs, cost));
+        futures.push_back(make(call, cost, jobs));
         if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
       }
       enqueue_elementwise_all(jobs);
@@ -370,6 +372,22 @@ class executor {
       throw;
     }
     return futures;
+  }
+
+  // Both maps: calls given by next(), each counting `operands` arrays of its size.
+  template <class T, class Next>
+  multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
+                                        Next next) {
+    return queue_each<host_vector<T>>(
+        count, /*admit_each=*/true, std::move(next),
+        [this, operands](const map_call<T>& call) {
+          return in_flight_cost(static_cast<std::size_t>(operands) * call.n * sizeof(T),
+                                /*piecewise=*/true);
+        },
+        [this, &k](const map_call<T>& call, std::size_t cost,
+                   std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+          return map_into<T>(k, call.x, call.y, call.n, jobs, cost);
+        });
   }
 
   // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,

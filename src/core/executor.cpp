@@ -731,7 +731,8 @@ std::optional<multi_future<void>> executor::queue_transforms(const builtin_kerne
           std::string(k.name()) + "', which takes " + std::to_string(k.arity()));
   detail::require_alpha_fits(k, t);
   require_open();
-  const auto cost_of = [&](const transform_call& call) {
+  const auto cost_of = [&](const transform_call& call) -> std::size_t {
+    if (call.count == 0) return 0;  // nothing runs, nothing is counted
     return in_flight_cost(call.count * size_of(t) * (call.y == nullptr ? 2 : 3),
                           /*piecewise=*/true);
   };
@@ -741,53 +742,35 @@ std::optional<multi_future<void>> executor::queue_transforms(const builtin_kerne
   std::size_t taken_up_front = 0;
   if (!may_wait) {
     if (calls.size() > map_batch) return std::nullopt;
-    for (const transform_call& call : calls)
-      if (call.count > 0) taken_up_front += cost_of(call);
+    for (const transform_call& call : calls) taken_up_front += cost_of(call);
     if (!try_admit(taken_up_front)) return std::nullopt;
   }
-  multi_future<void> futures;
-  std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
+  std::size_t next = 0;
   try {
-    futures.reserve(calls.size());
-    jobs.reserve(std::min(calls.size(), map_batch));
-    for (const transform_call& call : calls) {
-      if (call.count == 0) {
-        futures.push_back(impl::nothing_to_do());
-        continue;
-      }
-      const std::size_t cost = cost_of(call);
-      if (may_wait && !try_admit(cost)) {
-        // Calls gathered but not queued hold budget: queue them before waiting for room that
-        // only their completion may free.
-        enqueue_elementwise_all(jobs);
-        admit(cost);
-      }
-      std::shared_ptr<detail::shared_state<void>> state;
-      try {
-        state = std::make_shared<detail::shared_state<void>>();
-        hold_until_done(state, cost);
-      } catch (...) {
-        if (may_wait) release_in_flight(cost);  // else part of taken_up_front, given back below
-        throw;
-      }
-      if (!may_wait) taken_up_front -= cost;  // now held by the call's future
-      futures.emplace_back(state);
-      jobs.push_back(std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
-                                                             call.count, std::move(state)));
-      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
-    }
-    enqueue_elementwise_all(jobs);
+    return queue_each<void>(
+        calls.size(), /*admit_each=*/may_wait, [&] { return calls[next++]; }, cost_of,
+        [&](const transform_call& call, std::size_t cost,
+            std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+          if (call.count == 0) return impl::nothing_to_do();
+          std::shared_ptr<detail::shared_state<void>> state;
+          std::shared_ptr<detail::elementwise_job> job;
+          try {
+            state = std::make_shared<detail::shared_state<void>>();
+            job = std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
+                                                          call.count, state);
+          } catch (...) {
+            if (may_wait) release_in_flight(cost);  // else part of taken_up_front
+            throw;
+          }
+          hold_until_done(state, cost);
+          if (!may_wait) taken_up_front -= cost;  // now held by the call's future
+          jobs.push_back(std::move(job));         // within the reserved batch: does not throw
+          return future<void>(std::move(state));
+        });
   } catch (...) {
-    // Nothing of the call may stay behind, reading or writing the caller's memory: what is
-    // queued (or only gathered) is cancelled, what already runs is waited for (nothing runs
-    // without may_wait: its one push either queued everything or nothing).
-    release_in_flight(taken_up_front);
-    for (auto& job : jobs) (void)job->state().try_cancel();
-    for (auto& f : futures) (void)f.cancel();
-    for (auto& f : futures) f.wait();
+    release_in_flight(taken_up_front);  // what no call's future holds yet
     throw;
   }
-  return futures;
 }
 
 future<void> executor::transform_impl(const builtin_kernel& k, dtype t, const void* x,
