@@ -89,8 +89,10 @@ class backend_stream {
   virtual void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) = 0;
   /// Enqueues `rows` calls of `k` at once. `table` holds, per row, one 8-byte slot per input
   /// (the device array's address, or the scalar's bytes from the slot's start), the output's
-  /// address and the element count. This default launches each row on its own; backends that
-  /// can run a whole table in one launch override it.
+  /// address and the element count. The backend may read `table` until the stream has passed
+  /// this work (a copy of it queued on the stream), so it must stay valid that long. This
+  /// default launches each row on its own; backends that can run a whole table in one launch
+  /// override it.
   virtual void launch_compiled_batch(const compiled_kernel& k, const std::uint64_t* table,
                                      std::size_t rows);
   virtual void synchronize() = 0;

@@ -280,8 +280,10 @@ class cuda_stream final : public backend_stream {
       for (std::size_t r = 0; r < n_rows; ++r)
         longest = std::max(longest, part[r * stride + stride - 1]);
       if (longest == 0) continue;
-      // The table travels through pageable memory: cudaMemcpyAsync copies it into a staging
-      // buffer before returning, so it may go out of scope at once.
+      // From pinned memory (a slot's buffer, which outlives the copy) the copy is queued and
+      // returns at once; from pageable memory CUDA copies the table into a staging buffer
+      // before returning (so it may go out of scope at once), and may first wait for the
+      // stream to drain.
       const std::size_t bytes = n_rows * stride * sizeof(std::uint64_t);
       void* device_table = allocate(bytes);
       GPUPOOL_CUDA_CHECK(

@@ -1,5 +1,7 @@
 #include "core/lanes/user_kernel_piece.hpp"
 
+#include <cstdint>
+#include <cstring>
 #include <vector>
 
 #include "core/tracing/nvtx.hpp"
@@ -46,9 +48,20 @@ std::size_t user_kernel_piece::bytes_in() const noexcept {
 
 void device_batch_piece::start(slot_context& slot) {
   GPUPOOL_NVTX_RANGE("gpupool: enqueue a batch of device calls");
+  // The table goes to the GPU from the slot's pinned buffer where it fits (the slot is not
+  // reused before this item has ended, so the buffer outlives the copy). From pageable memory
+  // CUDA stages the copy and may first wait for the lane's stream to drain: the lane then sat in
+  // the driver until its previous batch had run, one batch at a time whatever its slots.
+  const std::uint64_t* table = table_.data();
+  const std::size_t bytes = table_.size() * sizeof(std::uint64_t);
+  if (bytes <= slot.buffer_bytes()) {
+    void* pinned = slot.host_buffer(0);
+    std::memcpy(pinned, table_.data(), bytes);
+    table = static_cast<const std::uint64_t*>(pinned);
+  }
   slot.stamp(slot_context::mark::upload_begin);
   slot.stamp(slot_context::mark::kernel_begin);
-  slot.stream().launch_compiled_batch(job_->kernel(), table_.data(), count_);
+  slot.stream().launch_compiled_batch(job_->kernel(), table, count_);
   slot.stamp(slot_context::mark::kernel_end);
   slot.stamp(slot_context::mark::download_end);
 }
