@@ -16,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "core/kernels/balanced_grid.hpp"
 #include "test_support.hpp"
 
 namespace gpupool {
@@ -481,6 +482,29 @@ TEST_P(ElementwiseTest, EveryBuiltInComputesItsDeclaredFormula) {
       });
     }
   }
+}
+
+// The grid of a compiled kernel's loop when its work is capped (CUDA: one wave of the device):
+// every thread the same number of turns.
+TEST(BalancedGrid, EveryThreadTakesTheSameNumberOfTurns) {
+  using detail::balanced_blocks;
+  EXPECT_EQ(balanced_blocks(0, 17), 0u);
+  EXPECT_EQ(balanced_blocks(64, 100), 64u);  // fits: a block per block's worth
+  EXPECT_EQ(balanced_blocks(64, 64), 64u);
+  EXPECT_EQ(balanced_blocks(64, 17), 16u);  // 4 turns each, not 3 or 4 over 17 blocks
+  EXPECT_EQ(balanced_blocks(64, 33), 32u);
+  EXPECT_EQ(balanced_blocks(64, 16), 16u);
+  EXPECT_EQ(balanced_blocks(64, 0), 1u);            // at least one block
+  EXPECT_EQ(balanced_blocks(131072, 1056), 1049u);  // 125 turns each
+  for (unsigned long long wanted = 1; wanted < 600; ++wanted)
+    for (unsigned long long most = 1; most < 80; ++most) {
+      const unsigned long long blocks = balanced_blocks(wanted, most);
+      const unsigned long long turns = (wanted + most - 1) / most;
+      ASSERT_LE(blocks, most) << wanted << " " << most;
+      ASSERT_GE(blocks * turns, wanted) << wanted << " " << most;  // the loop covers everything
+      // No thread is left a turn short by more blocks than needed: one fewer block would not do.
+      ASSERT_LT((blocks - 1) * turns, wanted) << wanted << " " << most;
+    }
 }
 
 }  // namespace

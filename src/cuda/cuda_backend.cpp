@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/kernels/balanced_grid.hpp"
 #include "core/kernels/kernel_source.hpp"
 #include "core/lanes/event_wait.hpp"
 #include "core/memory/host_memory.hpp"
@@ -258,9 +259,8 @@ class cuda_stream final : public backend_stream {
     const unsigned long long wanted = (n + shape.block - 1) / shape.block;
     unsigned grid = shape.grid;
     if (grid == 0)
-      grid = static_cast<unsigned>(
-          c.is_raw() ? std::min<unsigned long long>(wanted, 0x7fffffffull)
-                     : std::min<unsigned long long>(wanted, wave_blocks(shape.block)));
+      grid = static_cast<unsigned>(c.is_raw() ? std::min<unsigned long long>(wanted, 0x7fffffffull)
+                                              : balanced_blocks(wanted, wave_blocks(shape.block)));
     GPUPOOL_CUDA_CHECK(
         cudaLaunchKernel(c.single(), dim3(grid), dim3(shape.block), params.data(), 0, stream_));
   }
@@ -292,7 +292,7 @@ class cuda_stream final : public backend_stream {
       const unsigned long long per_row = (longest + block - 1) / block;
       const unsigned long long wave_per_row =
           std::max<unsigned long long>(1, wave_blocks(block) / n_rows);
-      const dim3 grid(static_cast<unsigned>(std::min(per_row, wave_per_row)),
+      const dim3 grid(static_cast<unsigned>(balanced_blocks(per_row, wave_per_row)),
                       static_cast<unsigned>(n_rows));
       void* params[] = {&device_table};
       const cudaError_t launched =
