@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "core/kernels/balanced_grid.hpp"
+#include "core/scheduling/device_map_batches.hpp"
 #include "test_support.hpp"
 
 namespace gpupool {
@@ -507,5 +508,38 @@ TEST(BalancedGrid, EveryThreadTakesTheSameNumberOfTurns) {
     }
 }
 
+// How a map over device arrays is cut: two batches per lane, none smaller than fills a GPU
+// several times over, and on the CPU backend (where a lane runs its batch on one core) as many as
+// the lanes take.
+TEST(DeviceMapBatches, TwoPerLaneButNoneSmallerThanFillsTheGpu) {
+  using detail::device_map_batches;
+  device_info h200;
+  h200.backend = backend_kind::cuda;
+  h200.multiprocessors = 132;
+  const std::size_t least = detail::least_device_batch_elements(h200);
+  EXPECT_EQ(least, 132u * 2048u * 4u);
+  // W5: 2,000 calls of 16,384 elements (32,768,000 in all) on 16 lanes: 30 batches of about
+  // 1.09M elements, not 32; on 4 lanes, 8.
+  EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 16, least), 30u);
+  EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 4, least), 8u);
+  // The first block of a map from Python (64 such calls, about 1M elements): one batch.
+  EXPECT_EQ(device_map_batches(64, 64 * 16384, 16, least), 1u);
+  EXPECT_EQ(device_map_batches(512, 512 * 16384, 16, least), 7u);
+  // Never more batches than calls, never none for some calls, none for no calls.
+  EXPECT_EQ(device_map_batches(3, std::size_t{1} << 40, 16, least), 3u);
+  EXPECT_EQ(device_map_batches(5, 0, 16, least), 1u);
+  EXPECT_EQ(device_map_batches(0, 0, 16, least), 0u);
+  EXPECT_EQ(device_map_batches(7, 100, 0, least), 1u);  // lanes below one count as one
+
+  device_info cpu;  // the CPU backend: every batch counts
+  cpu.backend = backend_kind::cpu;
+  cpu.multiprocessors = 2;
+  EXPECT_EQ(detail::least_device_batch_elements(cpu), 1u);
+  EXPECT_EQ(device_map_batches(64, 64 * 16, 8, detail::least_device_batch_elements(cpu)), 16u);
+  // A GPU that reports no multiprocessors still has a floor of one multiprocessor's worth.
+  device_info unknown;
+  unknown.backend = backend_kind::cuda;
+  EXPECT_EQ(detail::least_device_batch_elements(unknown), 2048u * 4u);
+}
 }  // namespace
 }  // namespace gpupool

@@ -29,6 +29,7 @@
 #include "core/lanes/lane_worker.hpp"
 #include "core/lanes/user_kernel_piece.hpp"
 #include "core/scheduling/device_health.hpp"
+#include "core/scheduling/device_map_batches.hpp"
 #include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/tuning/tuning.hpp"
@@ -862,9 +863,13 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
       k.name(), detail::compile_for(*owner, k, first, ordinal), state);
 
   // Two batches per lane of the device keep every lane busy while letting each launch cover
-  // many calls (one launch per batch where the backend runs tables).
-  const std::size_t batches =
-      std::min(calls.size(), static_cast<std::size_t>(2 * lanes_per_device));
+  // many calls (one launch per batch where the backend runs tables), but on a GPU none smaller
+  // than fills it several times over (see device_map_batches.hpp).
+  std::size_t total_elements = 0;
+  for (const auto& c : calls) total_elements += c.count;
+  const std::size_t batches = detail::device_map_batches(
+      calls.size(), total_elements, lanes_per_device,
+      detail::least_device_batch_elements(devices[static_cast<std::size_t>(device)]));
   std::vector<detail::work_item_ptr> items;
   items.reserve(batches);
   for (std::size_t b = 0; b < batches; ++b) {

@@ -1,0 +1,41 @@
+// How many batches a map over arrays already on a device (executor::map_on_device) is cut into.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+
+#include "gpupool/types.hpp"
+
+namespace gpupool::detail {
+
+/// Threads one multiprocessor keeps resident on the GPUs gpupool targets (Volta, Ampere A100,
+/// Hopper: 2048; some consumer parts hold fewer, which only makes the estimate generous).
+inline constexpr std::size_t resident_threads_per_multiprocessor = 2048;
+/// How many times over a batch must fill the GPU before the map is cut finer.
+inline constexpr std::size_t waves_per_device_batch = 4;
+
+/// The fewest elements worth a batch of their own on `device`: on a GPU, enough to fill it
+/// waves_per_device_batch times over (one H200: 132 x 2048 x 4 = 1,081,344). A batch that big
+/// already keeps every multiprocessor busy on its own, so cutting finer only adds launches, and
+/// more lanes polling the GPU for the host's cores: on one H200, W5 from Python (2,000 calls of
+/// 16,384 elements in blocks of 64, 128, ...) took 1.12-1.29x one launch on 4 lanes and
+/// 1.24-1.52x on 16, whose maps were cut into 32 batches each. On the CPU backend a lane runs
+/// its batch on one host core, so there every batch counts: 1.
+constexpr std::size_t least_device_batch_elements(const device_info& device) {
+  if (device.backend != backend_kind::cuda) return 1;
+  return std::max<std::size_t>(1, static_cast<std::size_t>(std::max(device.multiprocessors, 1)) *
+                                      resident_threads_per_multiprocessor * waves_per_device_batch);
+}
+
+/// Batches for `calls` calls of `elements` elements in all on a device with `lanes` lanes: two
+/// per lane (each lane has its next batch while one runs), but none smaller than `least`
+/// elements on average, and never more than the calls nor fewer than one (none for no calls).
+constexpr std::size_t device_map_batches(std::size_t calls, std::size_t elements, int lanes,
+                                         std::size_t least) {
+  if (calls == 0) return 0;
+  const std::size_t by_lanes = 2 * static_cast<std::size_t>(std::max(lanes, 1));
+  const std::size_t by_size = std::max<std::size_t>(1, elements / std::max<std::size_t>(least, 1));
+  return std::min({calls, by_lanes, by_size});
+}
+
+}  // namespace gpupool::detail
