@@ -12,6 +12,12 @@ end (marked by a built-in kernel task submitted just before and just after it), 
 GPU had no batch running between the first batch's start and the last one's end (a stamp
 lands late while other lanes' kernels fill the GPU, so spans look longer and gaps can hide);
 --table prints every batch's times.
+
+The "whole" rounds also report, for the thread that makes the map call, how much of the call's
+wall time it spent on a CPU and how often the system took its core away (involuntary context
+switches, where the platform counts them per thread): a call that runs long while its thread
+spends little time on a CPU, or is switched out often, was held up by other threads (the lanes
+polling the GPU among them), not by its own work.
 """
 
 import argparse
@@ -19,6 +25,7 @@ import cProfile
 import gc
 import io
 import pstats
+import resource
 import statistics
 import time
 from typing import Any, Dict, List
@@ -83,6 +90,13 @@ def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any, reference: An
               f"  lane {r['lane']}")
 
 
+def involuntary_switches() -> int:
+    """How often the calling thread has had its core taken away so far (0 where the platform
+    does not count it per thread)."""
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who).ru_nivcsw if who is not None else 0
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--chunks", type=int, default=2000)
@@ -131,6 +145,8 @@ def main() -> None:
             raise SystemExit("FAIL: gpupool's one launch differs from CuPy's kernel")
         del whole_out
         launch, calls, waits, wholes, gc_off, into, own = [], [], [], [], [], [], []
+        call_cpu: List[float] = []
+        switches: List[int] = []
         for _ in range(args.repeat):
             # gpupool's own kernel in one launch over all the data: the GPU's floor for the map.
             t0 = time.perf_counter()
@@ -157,15 +173,19 @@ def main() -> None:
             t0 = time.perf_counter()
             one_launch()
             launch.append(time.perf_counter() - t0)
+            switched = involuntary_switches()
+            cpu0 = time.thread_time()
             t0 = time.perf_counter()
             results = ex.map(kernel, chunks, A, B)
             t1 = time.perf_counter()
+            call_cpu.append(time.thread_time() - cpu0)
             got = list(results)
             cp.cuda.runtime.deviceSynchronize()
             t2 = time.perf_counter()
             calls.append(t1 - t0)
             waits.append(t2 - t1)
             wholes.append(t2 - t0)
+            switches.append(involuntary_switches() - switched)
             del got, results
         ms = lambda v: 1e3 * statistics.median(v)  # noqa: E731
         print(f"W5 from Python: {args.chunks} x {args.size} float32, {args.fmas} FMAs, "
@@ -175,12 +195,17 @@ def main() -> None:
         print(f"  gpupool one launch     {ms(own):8.2f} ms  ({ms(own) / ms(launch):.2f}x CuPy's)")
         print(f"  gpupool map, whole     {ms(wholes):8.2f} ms  ({ms(wholes) / ms(launch):.2f}x one launch)")
         print(f"    the map call         {ms(calls):8.2f} ms  ({1e3 * ms(calls) / args.chunks:.1f} us per array)")
+        print(f"    of it on a CPU       {ms(call_cpu):8.2f} ms  (the calling thread; switched out "
+              f"{statistics.median(switches):g} times a map, median)")
         print(f"    results and wait     {ms(waits):8.2f} ms")
         print(f"  the collector off      {ms(gc_off):8.2f} ms  ({ms(gc_off) / ms(launch):.2f}x one launch)")
         print(f"  into given outputs     {ms(into):8.2f} ms  ({ms(into) / ms(launch):.2f}x one launch)")
         print("  every round (ms): whole " + " ".join(f"{1e3 * t:.2f}" for t in wholes)
               + "; collector off " + " ".join(f"{1e3 * t:.2f}" for t in gc_off)
               + "; into given outputs " + " ".join(f"{1e3 * t:.2f}" for t in into))
+        print("  every round, the map call (ms wall / on a CPU / switched out): "
+              + " ".join(f"{1e3 * c:.2f}/{1e3 * u:.2f}/{n}"
+                         for c, u, n in zip(calls, call_cpu, switches)))
         if args.trace:
             traced_round(ex, kernel, chunks, cp, reference, args.table)
         profile = cProfile.Profile()
