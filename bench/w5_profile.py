@@ -90,11 +90,14 @@ def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any, reference: An
               f"  lane {r['lane']}")
 
 
+# Where the platform counts involuntary context switches per thread (Linux); None elsewhere.
+RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)
+
+
 def involuntary_switches() -> int:
     """How often the calling thread has had its core taken away so far (0 where the platform
-    does not count it per thread)."""
-    who = getattr(resource, "RUSAGE_THREAD", None)
-    return resource.getrusage(who).ru_nivcsw if who is not None else 0
+    does not count it per thread: then the figures print as n/a)."""
+    return resource.getrusage(RUSAGE_THREAD).ru_nivcsw if RUSAGE_THREAD is not None else 0
 
 
 def main() -> None:
@@ -179,13 +182,13 @@ def main() -> None:
             results = ex.map(kernel, chunks, A, B)
             t1 = time.perf_counter()
             call_cpu.append(time.thread_time() - cpu0)
+            switches.append(involuntary_switches() - switched)
             got = list(results)
             cp.cuda.runtime.deviceSynchronize()
             t2 = time.perf_counter()
             calls.append(t1 - t0)
             waits.append(t2 - t1)
             wholes.append(t2 - t0)
-            switches.append(involuntary_switches() - switched)
             del got, results
         ms = lambda v: 1e3 * statistics.median(v)  # noqa: E731
         print(f"W5 from Python: {args.chunks} x {args.size} float32, {args.fmas} FMAs, "
@@ -195,8 +198,10 @@ def main() -> None:
         print(f"  gpupool one launch     {ms(own):8.2f} ms  ({ms(own) / ms(launch):.2f}x CuPy's)")
         print(f"  gpupool map, whole     {ms(wholes):8.2f} ms  ({ms(wholes) / ms(launch):.2f}x one launch)")
         print(f"    the map call         {ms(calls):8.2f} ms  ({1e3 * ms(calls) / args.chunks:.1f} us per array)")
+        switched_out = (f"{statistics.median(switches):g}" if RUSAGE_THREAD is not None
+                        else "n/a")
         print(f"    of it on a CPU       {ms(call_cpu):8.2f} ms  (the calling thread; switched out "
-              f"{statistics.median(switches):g} times a map, median)")
+              f"{switched_out} times a call, median)")
         print(f"    results and wait     {ms(waits):8.2f} ms")
         print(f"  the collector off      {ms(gc_off):8.2f} ms  ({ms(gc_off) / ms(launch):.2f}x one launch)")
         print(f"  into given outputs     {ms(into):8.2f} ms  ({ms(into) / ms(launch):.2f}x one launch)")
@@ -204,7 +209,8 @@ def main() -> None:
               + "; collector off " + " ".join(f"{1e3 * t:.2f}" for t in gc_off)
               + "; into given outputs " + " ".join(f"{1e3 * t:.2f}" for t in into))
         print("  every round, the map call (ms wall / on a CPU / switched out): "
-              + " ".join(f"{1e3 * c:.2f}/{1e3 * u:.2f}/{n}"
+              + " ".join(f"{1e3 * c:.2f}/{1e3 * u:.2f}/"
+                         f"{n if RUSAGE_THREAD is not None else 'n/a'}"
                          for c, u, n in zip(calls, call_cpu, switches)))
         if args.trace:
             traced_round(ex, kernel, chunks, cp, reference, args.table)

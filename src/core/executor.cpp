@@ -18,6 +18,7 @@
 #include <string>
 #include <system_error>
 #include <thread>
+#include <type_traits>
 
 #include <pthread.h>
 #include <unistd.h>
@@ -864,12 +865,16 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
 
   // Two batches per lane of the device keep every lane busy while letting each launch cover
   // many calls (one launch per batch where the backend runs tables), but on a GPU none smaller
-  // than fills it several times over (see device_map_batches.hpp).
+  // on average than fills it several times over (see device_map_batches.hpp). A raw kernel has
+  // no table entry (each of its calls is a launch of its own, of the caller's grid), so its
+  // calls are shared out among the lanes whatever their size.
+  std::size_t least = 1;
+  if constexpr (!std::is_same_v<K, raw_kernel>)
+    least = detail::least_device_batch_elements(devices[static_cast<std::size_t>(device)]);
   std::size_t total_elements = 0;
-  for (const auto& c : calls) total_elements += c.count;
-  const std::size_t batches = detail::device_map_batches(
-      calls.size(), total_elements, lanes_per_device,
-      detail::least_device_batch_elements(devices[static_cast<std::size_t>(device)]));
+  for (const auto& c : calls) total_elements = detail::saturating_add(total_elements, c.count);
+  const std::size_t batches =
+      detail::device_map_batches(calls.size(), total_elements, lanes_per_device, least);
   std::vector<detail::work_item_ptr> items;
   items.reserve(batches);
   for (std::size_t b = 0; b < batches; ++b) {

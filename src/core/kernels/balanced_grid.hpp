@@ -4,10 +4,12 @@
 namespace gpupool::detail {
 
 /// Blocks for a grid-stride loop over `wanted` blocks' worth of elements when at most `most`
-/// fit: all of them if they do, else as few as give every thread the same number of turns
-/// (ceil(wanted / most)) — taking `most` itself would leave some threads one turn more than the
-/// others, and the kernel as long as its longest threads (with 16,384 elements a call and 17
-/// blocks of 256, some threads run 4 elements and some 3; 16 blocks run 4 each). 0 wanted: 0.
+/// fit: all of them if they do, else the fewest that still need no more turns of the longest
+/// thread than `most` blocks would (ceil(wanted / most) turns). The kernel lasts as long as its
+/// longest threads either way; the blocks left out are resident slots other lanes' kernels can
+/// use (with 16,384 elements a call and at most 17 blocks of 256, 17 blocks leave some threads 4
+/// elements and some 3, 16 blocks run 4 each, and the longest thread runs 4 in both). 0 wanted:
+/// 0.
 constexpr unsigned long long balanced_blocks(unsigned long long wanted, unsigned long long most) {
   if (most == 0) most = 1;
   if (wanted <= most) return wanted;
