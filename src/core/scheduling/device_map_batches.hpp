@@ -18,11 +18,11 @@ inline constexpr std::size_t waves_per_device_batch = 4;
 /// The fewest elements worth a batch of an elementwise kernel (one launch over the batch's
 /// table) on `device`: on a GPU, enough to fill it waves_per_device_batch times over (one H200:
 /// 132 x 2048 x 4 = 1,081,344). A batch that big already keeps every multiprocessor busy on its
-/// own, and cutting finer cost time (why exactly
-/// is not known: more launches, more lanes waiting on the GPU): on one H200, W5 from Python (2,000
-/// calls of 16,384 elements in blocks of 64, 128, ...) took 1.12-1.29x one launch on 4 lanes and
-/// 1.24-1.52x on 16, whose maps were cut into 32 batches each. On the CPU backend a lane runs
-/// its batch on one host core, so there every batch counts: 1.
+/// own, and cutting finer cost time (why exactly is not known: more launches, more lanes waiting
+/// on the GPU): on one H200, W5 from Python (2,000 calls of 16,384 elements in blocks of 64,
+/// 128, ...) took 1.12-1.29x one launch on 4 lanes and 1.24-1.52x on 16, whose maps were cut
+/// into 32 batches each. On the CPU backend a lane runs its batch on one host core, so there
+/// every batch counts: 1.
 constexpr std::size_t least_device_batch_elements(const device_info& device) {
   if (device.backend != backend_kind::cuda) return 1;
   return std::max<std::size_t>(1, static_cast<std::size_t>(std::max(device.multiprocessors, 1)) *
