@@ -235,9 +235,14 @@ def test_cancelling_a_map_whose_first_block_ran_cancels_the_rest_and_ends_it_can
     # the lane: the later blocks wait behind it. cancel() then cancels them and succeeds, and
     # the future ends cancelled though its first block ran; the lane goes on afterwards.
     release = threading.Event()
+    holding = threading.Event()
     flats = Flats()
     holder = []
     xs = [np.arange(3, dtype=np.float64) + i for i in range(300)]
+
+    def hold() -> bool:
+        holding.set()
+        return release.wait(30)
 
     def before_launch():
         if len(flats.made) == 2:  # the first block was queued before this
@@ -245,7 +250,11 @@ def test_cancelling_a_map_whose_first_block_ran_cancels_the_rest_and_ends_it_can
             deadline = time.monotonic() + 30
             while first[-1] == -1.0 and time.monotonic() < deadline:
                 time.sleep(0.001)
-            holder.append(ex.submit(release.wait, 30))
+            holder.append(ex.submit(hold))
+            # The lane must be in the call before the next block is queued: a lane that wakes to
+            # find both may take its device's block first (the map's blocks are queued for that
+            # device, the call for any).
+            assert holding.wait(30)
 
     with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
         try:
