@@ -214,8 +214,15 @@ def test_the_maps_one_future_cancels_every_block_that_has_not_started():
     # future cancels all of them and the future ends cancelled; the lanes then go on.
 
     release = threading.Event()
+    started = threading.Barrier(3, timeout=30)
+
+    def hold() -> bool:
+        started.wait()
+        return release.wait(30)
+
     with gpupool.Executor(threads_per_gpu=2, backend="cpu") as ex:
-        holders = [ex.submit(release.wait, 30) for _ in range(2)]
+        holders = [ex.submit(hold) for _ in range(2)]
+        started.wait()  # both lanes are inside a call before the map's blocks are queued
         xs = [np.arange(3, dtype=np.float64) for _ in range(300)]
         try:
             _, futures = ex._core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None,
