@@ -230,8 +230,8 @@ TEST_P(ElementwiseTest, MapOnDeviceRunsManySmallCallsInBatches) {
 // A batch's table of calls goes to the device from its slot's pinned buffer where it fits and
 // from the batch's own memory where not (slots of 4 KiB: 125 rows of 40 bytes need 5,000), and
 // several batches of several maps queued at once pass through each lane's slots in turn. On a
-// GPU a batch holds at least a few waves of the device (four million elements make three or
-// four batches here), on the CPU backend two per lane.
+// GPU a batch holds at least a few waves of the device (four million elements make one or two
+// batches here), on the CPU backend two per lane.
 TEST_P(ElementwiseTest, MapOnDeviceTablesInAndBeyondTheSlotsAcrossManyBatches) {
   elementwise_kernel k("float64 x, float64 a, int64 b", "float64 y",
                        "double v = x;\nfor (int i = 0; i < 4; ++i) v = v * a + b;\ny = v;",
@@ -568,14 +568,14 @@ TEST(DeviceMapBatches, TwoPerLaneButNoneSmallerThanFillsTheGpu) {
   h200.backend = backend_kind::cuda;
   h200.multiprocessors = 132;
   const std::size_t least = detail::least_device_batch_elements(h200);
-  EXPECT_EQ(least, 132u * 2048u * 4u);
-  // W5: 2,000 calls of 16,384 elements (32,768,000 in all) on 16 lanes: 30 batches of about
-  // 1.09M elements, not 32; on 4 lanes, 8.
-  EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 16, least), 30u);
+  EXPECT_EQ(least, 132u * 2048u * 8u);
+  // W5: 2,000 calls of 16,384 elements (32,768,000 in all) on 16 lanes: 15 batches of about
+  // 2.18M elements, not 32; on 4 lanes, 8.
+  EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 16, least), 15u);
   EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 4, least), 8u);
   // The first block of a map from Python (64 such calls, about 1M elements): one batch.
   EXPECT_EQ(device_map_batches(64, 64 * 16384, 16, least), 1u);
-  EXPECT_EQ(device_map_batches(512, 512 * 16384, 16, least), 7u);
+  EXPECT_EQ(device_map_batches(512, 512 * 16384, 16, least), 3u);
   // Never more batches than calls, never none for some calls, none for no calls.
   EXPECT_EQ(device_map_batches(3, std::size_t{1} << 40, 16, least), 3u);
   EXPECT_EQ(device_map_batches(5, 0, 16, least), 1u);
@@ -590,7 +590,7 @@ TEST(DeviceMapBatches, TwoPerLaneButNoneSmallerThanFillsTheGpu) {
   // A GPU that reports no multiprocessors still has a floor of one multiprocessor's worth.
   device_info unknown;
   unknown.backend = backend_kind::cuda;
-  EXPECT_EQ(detail::least_device_batch_elements(unknown), 2048u * 4u);
+  EXPECT_EQ(detail::least_device_batch_elements(unknown), 2048u * 8u);
 }
 }  // namespace
 }  // namespace gpupool

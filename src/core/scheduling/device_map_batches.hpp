@@ -13,11 +13,11 @@ namespace gpupool::detail {
 /// Hopper: 2048; some consumer parts hold fewer, which only makes the estimate generous).
 inline constexpr std::size_t resident_threads_per_multiprocessor = 2048;
 /// How many times over a batch must fill the GPU before the map is cut finer.
-inline constexpr std::size_t waves_per_device_batch = 4;
+inline constexpr std::size_t waves_per_device_batch = 8;
 
 /// The fewest elements worth a batch of an elementwise kernel (one launch over the batch's
 /// table) on `device`: on a GPU, enough to fill it waves_per_device_batch times over (one H200:
-/// 132 x 2048 x 4 = 1,081,344). A batch that big already keeps every multiprocessor busy on its
+/// 132 x 2048 x 8 = 2,162,688). A batch that big already keeps every multiprocessor busy on its
 /// own, and cutting finer cost time (why exactly is not known: more launches, more lanes waiting
 /// on the GPU): on one H200, W5 from Python (2,000 calls of 16,384 elements in blocks of 64,
 /// 128, ...) took 1.12-1.29x one launch on 4 lanes and 1.24-1.52x on 16, whose maps were cut
