@@ -11,7 +11,8 @@ import pytest
 
 from gpupool.compare import main
 from gpupool.compare import _programs, _report
-from gpupool.compare._harness import FAILED, GPUPOOL, OK, SKIPPED, Timing, WrongResult, measure
+from gpupool.compare._harness import (FAILED, GPUPOOL, OK, SKIPPED, Contender, Skip, Timing,
+                                      WrongResult, measure, measure_interleaved)
 from gpupool.compare._workloads import check_squares
 
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
@@ -108,6 +109,61 @@ def test_a_variant_wrong_only_in_timed_runs_is_failed_without_times():
                      Timing(repeat=3, min_repeat=3, seconds=10))
     assert result.status == FAILED and result.figure is None and result.repeats_s == []
     assert len(calls) == 4
+
+
+def _contender(name, log, data, fail_at=None, setup_skips=False, wrong_warm_up=False):
+    """A variant squaring `data` that writes its name to `log` at each run; its run number
+    `fail_at` (0: the warm-up) raises."""
+    runs = []
+
+    def setup():
+        if setup_skips:
+            raise Skip("not here")
+
+        def run():
+            runs.append(1)
+            log.append(name)
+            if fail_at is not None and len(runs) - 1 == fail_at:
+                raise RuntimeError(f"{name} broke")
+            if wrong_warm_up:
+                return [d + 1 for d in data]
+            return [d ** 2 for d in data]
+        return run
+
+    return Contender("W4", name, GPUPOOL, "tasks/s", float(len(data)), setup,
+                     check_squares(data))
+
+
+def test_interleaved_variants_take_turns_each_round_in_the_opposite_order():
+    data = [np.arange(4.0)]
+    log, closed = [], []
+    results = measure_interleaved([_contender(n, log, data) for n in "abc"],
+                                  Timing(repeat=4, min_repeat=4, seconds=100),
+                                  teardown=lambda: closed.append(1))
+    assert log == list("abc") + list("abc" "cba" "abc" "cba")  # warm-ups, then four rounds
+    assert closed == [1]
+    for r, others in zip(results, (["b", "c"], ["a", "c"], ["a", "b"])):
+        assert r.status == OK and len(r.repeats_s) == 4 and r.figure > 0
+        assert r.extra["interleaved_with"] == others
+
+
+def test_an_interleaved_variant_that_fails_drops_out_and_the_others_go_on():
+    data = [np.arange(3.0)]
+    log = []
+    results = measure_interleaved(
+        [_contender("ok", log, data), _contender("breaks", log, data, fail_at=2),
+         _contender("skips", log, data, setup_skips=True),
+         _contender("wrong", log, data, wrong_warm_up=True)],
+        Timing(repeat=3, min_repeat=3, seconds=100))
+    ok, breaks, skips, wrong = results
+    assert ok.status == OK and len(ok.repeats_s) == 3
+    assert breaks.status == FAILED and "RuntimeError: breaks broke" in breaks.reason
+    assert breaks.figure is None and breaks.repeats_s == []
+    assert skips.status == SKIPPED and skips.reason == "not here"
+    assert wrong.status == FAILED and "wrong result" in wrong.reason and wrong.repeats_s == []
+    # Warm-ups (none for the one that skipped), then the rounds: "breaks" breaks in the second
+    # (its second timed run) and is out of the third; "wrong" never ran timed.
+    assert log == ["ok", "breaks", "wrong", "ok", "breaks", "breaks", "ok", "ok"]
 
 
 def test_a_failed_variant_shows_in_the_table_and_the_exit_status():

@@ -127,6 +127,112 @@ def measure(workload: str, variant: str, kind: str, unit: str, amount: float,
     return result
 
 
+@dataclasses.dataclass
+class Contender:
+    """One variant of an interleaved measurement (measure_interleaved): as measure's arguments,
+    ``setup()`` returning the function doing the workload once (or raising Skip)."""
+
+    workload: str
+    variant: str
+    kind: str
+    unit: str
+    amount: float
+    setup: Callable[[], Callable[[], Any]]
+    check: Callable[[Any], None]
+    settings: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+def measure_interleaved(contenders: Sequence[Contender], timing: Timing,
+                        teardown: Optional[Callable[[], None]] = None) -> List[Result]:
+    """Measures variants of one workload in turn, round after round, so that a host whose speed
+    drifts within a run (as GPU hosts were seen to, by a fifth and more between minutes) moves
+    them alike and the ratio of their figures holds. Each round runs every variant still in once,
+    each round in the opposite order of the one before, so that going first favours none.
+
+    Each variant is set up, warmed up and checked first, as in measure; one that cannot run, is
+    wrong or raises drops out with that status and the others go on. At least ``min_repeat`` and
+    at most ``repeat`` rounds run, stopping early once they have taken ``seconds`` per variant.
+    Each variant's last output is checked again. Returns one Result per contender, in the order
+    given, each naming the others in ``extra["interleaved_with"]``; ``teardown`` runs at the end
+    whatever happened. Never raises for the variants' own failures."""
+    n = len(contenders)
+    results = [Result(c.workload, c.variant, c.kind, OK, c.unit, settings=dict(c.settings),
+                      extra={"interleaved_with": [o.variant for o in contenders if o is not c]})
+               for c in contenders]
+    runs: List[Optional[Callable[[], Any]]] = [None] * n
+    times: List[List[float]] = [[] for _ in range(n)]
+    last: List[Any] = [None] * n
+
+    def drop(i: int, status: str, reason: str) -> None:
+        results[i].status, results[i].reason = status, reason
+        runs[i], last[i] = None, None
+        if status == FAILED and DEBUG:
+            traceback.print_exc()
+
+    def attempt(i: int, what: str, step: Callable[[], None]) -> None:
+        try:
+            step()
+        except Skip as why:
+            drop(i, SKIPPED, str(why))
+        except WrongResult as wrong:
+            drop(i, FAILED, f"{what}: {wrong}")
+        except Exception as error:
+            drop(i, FAILED, _describe(error))
+
+    try:
+        for i, c in enumerate(contenders):
+            try:
+                runs[i] = c.setup()
+            except Skip as why:
+                drop(i, SKIPPED, str(why))
+                continue
+            except Exception as error:  # a library that imports but cannot start
+                drop(i, SKIPPED, _describe(error))
+                continue
+            run = runs[i]
+            assert run is not None
+            # Called at once, so the loop's names are the ones meant.
+            attempt(i, "wrong result", lambda: c.check(run()))
+
+        def timed(i: int) -> None:
+            last[i] = None  # its output of the round before is let go first
+            run = runs[i]
+            assert run is not None
+            t0 = time.perf_counter()
+            out = run()
+            times[i].append(time.perf_counter() - t0)
+            last[i] = out
+
+        started, rounds = time.perf_counter(), 0
+        while rounds < timing.repeat and any(r is not None for r in runs):
+            order = range(n) if rounds % 2 == 0 else range(n - 1, -1, -1)
+            for i in order:
+                if runs[i] is not None:
+                    attempt(i, "failed in a timed run", lambda: timed(i))
+            rounds += 1
+            still_in = sum(r is not None for r in runs)
+            if rounds >= timing.min_repeat and \
+                    time.perf_counter() - started > timing.seconds * max(1, still_in):
+                break
+        for i, c in enumerate(contenders):
+            if runs[i] is not None:
+                attempt(i, "wrong result in a timed run", lambda: c.check(last[i]))
+    finally:
+        last = [None] * n
+        if teardown is not None:
+            try:
+                teardown()
+            except Exception:
+                pass
+    for i, (c, result) in enumerate(zip(contenders, results)):
+        if result.status == OK and times[i]:
+            result.repeats_s = [round(t, 9) for t in times[i]]
+            result.figure = figure_from_seconds(c.unit, statistics.median(times[i]), c.amount)
+        elif result.status == OK:  # no timed run (repeat 0): nothing to report
+            result.status, result.reason = SKIPPED, "no timed run"
+    return results
+
+
 def _describe(error: BaseException) -> str:
     text = str(error).strip().splitlines()
     return f"{type(error).__name__}: {text[0] if text else ''}"[:200]

@@ -16,8 +16,8 @@ import gpupool
 
 from . import _frameworks as fw
 from . import _programs
-from ._harness import (ALTERNATIVE, ANCHOR, FAILED, GPUPOOL, LIMIT, OK, Result, Skip, Timing,
-                       WrongResult, best, measure, skipped)
+from ._harness import (ALTERNATIVE, ANCHOR, FAILED, GPUPOOL, LIMIT, OK, Contender, Result, Skip,
+                       Timing, WrongResult, best, measure, measure_interleaved, skipped)
 
 # (chunks, elements per chunk[, dependent FMAs per element]) at full size, and for tests.
 FULL = {"W1": (5, 1_000_000), "W2": (200, 1_000_000), "W4": (20_000, 1024),
@@ -185,6 +185,22 @@ class Comparison:
         result = measure(workload, variant, kind, unit, amount, lambda: setup(closers), check,
                          timing or self.timing, settings, close)
         return self.add(result) if add else result
+
+    def run_interleaved(self, variants: Sequence[Tuple[str, str, str, str, float, Setup, Check,
+                                                        Dict[str, Any]]]) -> List[Result]:
+        """Measures variants (each: workload, variant, kind, unit, amount, setup, check,
+        settings, as for run) in turn, round after round (see measure_interleaved): for figures
+        judged against each other, so that the host's drift within a run moves them alike."""
+        closers: Closers = []
+
+        def close() -> None:
+            while closers:
+                closers.pop()()
+
+        contenders = [Contender(workload, variant, kind, unit, amount,
+                                functools.partial(setup, closers), check, settings)
+                      for workload, variant, kind, unit, amount, setup, check, settings in variants]
+        return [self.add(r) for r in measure_interleaved(contenders, self.timing, close)]
 
     def executor(self, closers: Closers, lanes: Optional[int] = None, chunk: Optional[int] = None,
                  devices: Optional[List[int]] = None) -> gpupool.Executor:
@@ -420,11 +436,6 @@ class Comparison:
             closers.append(lambda: pool.shutdown(wait=True))
             return lambda: [pool.submit(np.square, d).result() for d in each]
 
-        self.run("W4", "ThreadPoolExecutor, numpy.square, one at a time, 8 threads",
-                 ALTERNATIVE, unit, float(len(each)), threadpool_each, check, {"threads": 8})
-        self.run("W4", "gpupool (Python) one at a time (submit, result)", GPUPOOL, unit,
-                 float(len(each)), gpupool_each, check)
-
         # The same loop over a no-op: what one Python task costs, with nothing to do, beside the
         # standard library's pool (floors: no ratio to the rows that square).
         def noop_each(closers: Closers, stdlib: bool) -> Callable[[], List[object]]:
@@ -435,11 +446,19 @@ class Comparison:
             ex = self.executor(closers)
             return lambda: [ex.submit(noop, d).result() for d in each]
 
-        self.run("W4", "ThreadPoolExecutor, no-op, one at a time, 8 threads (floor)", LIMIT,
-                 unit, float(len(each)), functools.partial(noop_each, stdlib=True),
-                 check_returned(each), {"threads": 8})
-        self.run("W4", "gpupool (Python) no-op, one at a time (floor)", LIMIT, unit,
-                 float(len(each)), functools.partial(noop_each, stdlib=False), check_returned(each))
+        # In turn, round after round: a task's round trip moves with the host more than these
+        # rows differ.
+        tasks = float(len(each))
+        self.run_interleaved([
+            ("W4", "ThreadPoolExecutor, numpy.square, one at a time, 8 threads", ALTERNATIVE,
+             unit, tasks, threadpool_each, check, {"threads": 8}),
+            ("W4", "gpupool (Python) one at a time (submit, result)", GPUPOOL, unit, tasks,
+             gpupool_each, check, {}),
+            ("W4", "ThreadPoolExecutor, no-op, one at a time, 8 threads (floor)", LIMIT, unit,
+             tasks, functools.partial(noop_each, stdlib=True), check_returned(each),
+             {"threads": 8}),
+            ("W4", "gpupool (Python) no-op, one at a time (floor)", LIMIT, unit, tasks,
+             functools.partial(noop_each, stdlib=False), check_returned(each), {})])
 
         def gpupool_noop(closers: Closers) -> Callable[[], List[object]]:
             ex = self.executor(closers)
@@ -654,35 +673,36 @@ class Comparison:
                 continue
             amount = sum(d.nbytes for d in data) / 1e9 if unit == "GB/s" else float(len(data))
             check = check_squares(data)
-            # The reference measured again right before gpupool's rows (the first reference row
-            # is what they are compared with): the one measured in W2 or W4 ran minutes earlier,
-            # and the host's speed drifts more than the margins W8 (a) is judged by.
-            self.run(name, "motivating program, 5 threads (measured again here)", ANCHOR, unit,
-                     amount, functools.partial(fw.make_motivating, 5, data), check)
-            for r in list(self.results):
-                if r.workload == size_of and r.kind == ANCHOR and r.status == OK:
-                    copy = Result(**{**r.as_json(), "workload": name,
-                                     "variant": r.variant + f" (measured in {size_of})"})
-                    self.results.append(copy)
-
             def unchanged(closers: Closers, lanes: int) -> Callable[[], Chunks]:
                 fw.need_cupy()
                 ex = self.executor(closers, lanes)
                 return lambda: list(ex.map(fw.motivating_square, data))
-
-            # threads_per_gpu=5: the one changed line of the README's diff.
-            self.run(name, "(a) the motivating function unchanged in gpupool.Executor, "
-                     f"{self.settings_label(5, None)}", GPUPOOL, unit, amount,
-                     lambda c: unchanged(c, 5), check, {"lanes": 5})
 
             def through_lane(closers: Closers) -> Callable[[], List[object]]:
                 fw.need_cupy()
                 ex = self.executor(closers)
                 return lambda: list(ex.map(lane_square, data))
 
-            self.run(name, "(b) the same math through current_lane().upload/download, "
-                     f"{self.settings_label(None, None)}", GPUPOOL, unit, amount, through_lane,
-                     check)
+            # The reference measured again, in turn with gpupool's rows, round after round (the
+            # first reference row is what they are compared with): the one measured in W2 or W4
+            # ran minutes earlier, and the host's speed drifts within a run by more than the
+            # margins W8 (a) is judged by. threads_per_gpu=5 in (a): the one changed line of the
+            # README's diff.
+            self.run_interleaved([
+                (name, "motivating program, 5 threads (measured in turn with gpupool's rows)",
+                 ANCHOR, unit, amount, functools.partial(fw.make_motivating, 5, data), check,
+                 {"threads": 5}),
+                (name, "(a) the motivating function unchanged in gpupool.Executor, "
+                 f"{self.settings_label(5, None)}", GPUPOOL, unit, amount,
+                 lambda c: unchanged(c, 5), check, {"lanes": 5}),
+                (name, "(b) the same math through current_lane().upload/download, "
+                 f"{self.settings_label(None, None)}", GPUPOOL, unit, amount, through_lane, check,
+                 {})])
+            for r in list(self.results):
+                if r.workload == size_of and r.kind == ANCHOR and r.status == OK:
+                    copy = Result(**{**r.as_json(), "workload": name,
+                                     "variant": r.variant + f" (measured in {size_of})"})
+                    self.results.append(copy)
 
     # C++ programs -------------------------------------------------------------------------
     def cpp_rows(self, workload: str) -> None:
