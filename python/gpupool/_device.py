@@ -230,7 +230,7 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
                  single: bool = False, out: Optional[Sequence[object]] = None) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
-    device. The calls are read in blocks that double in size (64, 128, ...); each block's
+    device. The calls are read in blocks of 64, 128, then 256 calls each; each block's
     calls are checked, grouped by device and queued as one batched map per device before the
     next block is read, so that the GPUs start while later calls are still being looked at. A
     bad call raises before this returns, once the blocks queued before it have stopped. Outputs

@@ -206,8 +206,9 @@ class py_executor {
   // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape).
   //
   // Calls are taken in blocks that double in size (first_device_block calls, then twice as
-  // many, ...), so that the GPUs start on the first calls while the later ones are still being
-  // looked at: a block's calls are checked, grouped by device, given their outputs and queued
+  // many, ...) up to largest_device_block, so that the GPUs start on the first calls while the
+  // later ones are still being looked at, and have little left to do once the last is: a
+  // block's calls are checked, grouped by device, given their outputs and queued
   // (one batched map_on_device per device) before the next block is read. Each group's outputs
   // are views into one buffer that `allocate_flat(anchor array, ordinal, count, dtype name)` ->
   // (buffer, address) makes and `split_flat(buffer, ends)` cuts into one 1-D view per call
@@ -227,6 +228,13 @@ class py_executor {
   // call's GPU, and no call may write memory another call of the map reads or writes (see
   // write_hazards).
   static constexpr std::size_t first_device_block = 64;
+  // Blocks that kept doubling left half of a map's calls to the last block, queued only once
+  // every call had been read: with `out`, where reading is all the host does, W5 (2,000 calls)
+  // then took as long as making views for every output (1.6x one launch on one H200), the GPU
+  // waiting for the host through the first half and the host for the GPU through the second.
+  // At 256 calls, the GPU runs the calls read so far while the next block is read, and the
+  // extra blocks (a stream check and a buffer each) cost microseconds.
+  static constexpr std::size_t largest_device_block = 256;
 
   template <class K>
   nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
@@ -428,7 +436,8 @@ class py_executor {
     };
 
     try {
-      for (std::size_t begin = 0, size = first_device_block; begin < n; begin += size, size *= 2) {
+      for (std::size_t begin = 0, size = first_device_block; begin < n;
+           begin += size, size = std::min(size * 2, largest_device_block)) {
         const std::size_t end = std::min(n, begin + size);
         for (std::size_t c = begin; c < end; ++c) describe_numbered(c);
         // Grouped by device (empty arrays may not know theirs: they join GPU 0), in first-seen

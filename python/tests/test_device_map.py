@@ -196,15 +196,17 @@ def test_a_bad_call_in_the_first_block_stops_the_map_before_anything_runs(core, 
     assert flats.made == []
 
 
-def test_long_maps_are_queued_in_doubling_blocks_while_later_calls_are_read(core):
-    # 64 calls, then 128, 256, 512 and the rest: each block is checked, given its buffer and
-    # queued (before_launch first) before the next one is read; the outputs are in call order.
+def test_long_maps_are_queued_in_growing_blocks_while_later_calls_are_read(core):
+    # 64 calls, then 128, then 256 at a time and the rest: each block is checked, given its
+    # buffer and queued (before_launch first) before the next one is read; the outputs are in
+    # call order.
     xs = [np.arange(i % 7 + 1, dtype=np.float64) + i for i in range(1000)]
     outputs, futures, flats, launched = run(core, [[x, 0.5] for x in xs])
-    blocks = [64, 128, 256, 512, 40]
+    blocks = [64, 128, 256, 256, 256, 40]
+    assert sum(blocks) == len(xs)
     assert flats.made == [(0, sum(x.size for x in xs[sum(blocks[:b]):sum(blocks[:b + 1])]),
                            "float64") for b in range(len(blocks))]
-    assert launched == [1, 2, 3, 4, 5]  # each block waits for the producers, then is queued
+    assert launched == [1, 2, 3, 4, 5, 6]  # each block waits for the producers, then is queued
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 0.5)
 
@@ -356,9 +358,9 @@ def test_w5_many_cupy_arrays_through_executor_map():
     for o, c in zip(out[:8], chunks[:8]):
         assert isinstance(o, cp.ndarray) and o.shape == c.shape
         cp.testing.assert_array_equal(o, c * 2 + 1)
-    # Views into one buffer per device and block (64 calls, then 128, 256, ...), as the one-call
-    # bookkeeping makes them, each where its call's elements are, C-contiguous like any new
-    # array.
+    # Views into one buffer per device and block (64 calls, then 128, then 256 at a time), as
+    # the one-call bookkeeping makes them, each where its call's elements are, C-contiguous like
+    # any new array.
     pairs = list(zip(out, chunks))
     begin, size, buffers = 0, 64, set()
     while begin < len(pairs):
@@ -371,8 +373,8 @@ def test_w5_many_cupy_arrays_through_executor_map():
             assert o.flags.c_contiguous and o.shape == c.shape
             assert o.data.ptr == offset or o.size == 0
             offset += c.nbytes
-        begin, size = begin + size, size * 2
-    assert len(buffers) == 6  # 64 + 128 + 256 + 512 + 1024 calls, and the last 16
+        begin, size = begin + size, min(size * 2, 256)
+    assert len(buffers) == 9  # 64 + 128 calls, seven blocks of 256, and the last 16
     cp.testing.assert_array_equal(cp.concatenate(out), cp.concatenate(chunks) * 2 + 1)
 
 
