@@ -374,7 +374,7 @@ def test_w5_many_cupy_arrays_through_executor_map():
             assert o.data.ptr == offset or o.size == 0
             offset += c.nbytes
         begin, size = begin + size, min(size * 2, 256)
-    assert len(buffers) == 9  # 64 + 128 calls, seven blocks of 256, and the last 16
+    assert len(buffers) == 10  # 64 + 128 calls, seven blocks of 256, and the last 16
     cp.testing.assert_array_equal(cp.concatenate(out), cp.concatenate(chunks) * 2 + 1)
 
 
