@@ -11,18 +11,28 @@ Variants (5 threads or lanes unless said):
                          on the legacy default stream, as in the motivating program)
   tpe no-op, gpupool no-op   what each pool itself costs per call
   lane                   Executor().map(lane_square): W8 (b), with the default lanes and with 5
+                         (or each of --lane-counts)
+  gpupool, one call per hold   W8 (a) with each lane taking the GIL for one call at a time (no
+                         chain of the calls queued behind it)
+  gpupool, lanes never spin    W8 (a) with GPUPOOL_LANE_SPIN_US=0 (a lane with no work sleeps)
+  tpe / gpupool, switch 1 ms   tpe and W8 (a) with sys.setswitchinterval(0.001) (Python's
+                         default is 5 ms: how long a thread waiting for the GIL waits before
+                         it asks the holder to let go)
 Then, per variant, the mean time of each step of the function per call (the steps are timed
 inside the calls, so the rates of the timed runs are a little lower than the untimed ones).
 
-    python bench/w8_profile.py [--repeat 3] [--sizes W4,W2] [--only VARIANT]
+    python bench/w8_profile.py [--repeat 3] [--sizes W4,W2] [--only VARIANT[|VARIANT...]]
+                               [--lane-counts 5,8,16]
 
---only runs that one variant's timed rounds and nothing else (to profile it, say:
-`--only "lane, default lanes"`).
+--only runs those variants' timed rounds (interleaved) and nothing else (to profile one, say:
+`--only "lane, default lanes"`; to set two side by side: `--only "tpe|gpupool"`).
 """
 
 import argparse
 import functools
+import os
 import statistics
+import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, List
@@ -80,12 +90,25 @@ def noop(chunk: Any) -> Any:
     return chunk
 
 
+def _switching_every(interval: float, run: Callable[..., Any], *args: Any) -> Any:
+    """run(*args) with Python's GIL switch interval set to `interval` seconds meanwhile."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(interval)
+    try:
+        return run(*args)
+    finally:
+        sys.setswitchinterval(before)
+
+
 def main() -> None:
     global _label
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--sizes", default="W4,W2")
-    parser.add_argument("--only", default=None, help="run this variant alone, without the steps")
+    parser.add_argument("--only", default=None,
+                        help="run these variants ('|'-separated) alone, without the steps")
+    parser.add_argument("--lane-counts", default="5",
+                        help="comma-separated lane counts of the 'lane, N lanes' variants")
     args = parser.parse_args()
     import cupy as cp
 
@@ -126,24 +149,45 @@ def main() -> None:
         gp5 = pool("gpupool", 5)
         gp5_bare = pool("gpupool", 5)
         gp5_bare._core.set_runner(None)  # CuPy stays on the legacy default stream on the lanes
+        gp5_single = pool("gpupool", 5)
+        gp5_single._core._set_chaining(False)
+        spin = os.environ.get("GPUPOOL_LANE_SPIN_US")
+        os.environ["GPUPOOL_LANE_SPIN_US"] = "0"  # read when the executor is made
+        try:
+            gp5_asleep = pool("gpupool", 5)
+        finally:
+            if spin is None:
+                del os.environ["GPUPOOL_LANE_SPIN_US"]
+            else:
+                os.environ["GPUPOOL_LANE_SPIN_US"] = spin
         gp = gpupool.Executor()
         pools.append(gp)
         print(f"== {size}: {count} x {length} float64 ({nbytes / 1e9:.2f} GB); gpupool default "
               f"lanes {gp.threads_per_gpu}, chunk {gp.chunk_bytes}; best of {args.repeat}")
         for name, p in (("tpe", tpe), ("tpe, own streams", tpe_streams), ("gpupool", gp5),
-                        ("gpupool, no runner", gp5_bare)):
+                        ("gpupool, no runner", gp5_bare),
+                        ("gpupool, one call per hold", gp5_single),
+                        ("gpupool, lanes never spin", gp5_asleep)):
             runs[name] = functools.partial(_map_all, p, fw.motivating_square, data)
+        for name, p in (("tpe, switch 1 ms", tpe), ("gpupool, switch 1 ms", gp5)):
+            runs[name] = functools.partial(_switching_every, 0.001, _map_all, p,
+                                           fw.motivating_square, data)
         runs["tpe no-op"] = lambda: list(tpe.map(noop, data))
         runs["gpupool no-op"] = lambda: list(gp5.map(noop, data))
         runs["lane, default lanes"] = lambda: list(gp.map(lane_square, data))
-        runs["lane, 5 lanes"] = lambda: list(gp5.map(lane_square, data))
+        lane_pools = {n: gp5 if n == 5 else pool("gpupool", n) for n in
+                      (int(x) for x in args.lane_counts.split(","))}
+        for n, p in lane_pools.items():
+            runs[f"lane, {n} lanes"] = functools.partial(_map_all, p, lane_square, data)
         runs["kernels.square (for scale)"] = lambda: list(gp.map(gpupool.kernels.square, data))
         if args.only is not None:
-            if args.only not in runs:
-                raise SystemExit(f"--only: no variant {args.only!r}; the variants: "
+            chosen = args.only.split("|")
+            unknown = [name for name in chosen if name not in runs]
+            if unknown:
+                raise SystemExit(f"--only: no variant {unknown[0]!r}; the variants: "
                                  + ", ".join(runs))
-            runs = {args.only: runs[args.only]}
-        best: Dict[str, float] = {name: float("inf") for name in runs}
+            runs = {name: runs[name] for name in chosen}
+        times: Dict[str, List[float]] = {name: [] for name in runs}
         for _ in range(args.repeat):  # rounds interleave the variants
             for name, run in runs.items():
                 t0 = time.perf_counter()
@@ -151,9 +195,14 @@ def main() -> None:
                 seconds = time.perf_counter() - t0
                 check(results, same=name.endswith("no-op"))
                 del results
-                best[name] = min(best[name], seconds)
-        for name, seconds in best.items():
-            print(f"  {name:32s} {rate(seconds)}  ({1e6 * seconds / count:8.1f} us per call)")
+                times[name].append(seconds)
+        print(f"  {'variant':32s} {'best':>15s}  {'median':>15s}  (us per call, best)")
+        for name, rounds in times.items():
+            print(f"  {name:32s} {rate(min(rounds))}  {rate(statistics.median(rounds))}  "
+                  f"({1e6 * min(rounds) / count:8.1f})")
+        print("  every round, in the order run (s):")
+        for name, rounds in times.items():
+            print(f"    {name:30s} " + " ".join(f"{t:.3f}" for t in rounds))
 
         if args.only is not None:
             for p in pools:
@@ -164,8 +213,8 @@ def main() -> None:
                                                    timed_motivating),
                  ("gpupool", gp5, timed_motivating), ("gpupool, no runner", gp5_bare,
                                                       timed_motivating),
-                 ("lane, default lanes", gp, timed_lane_square),
-                 ("lane, 5 lanes", gp5, timed_lane_square))
+                 ("lane, default lanes", gp, timed_lane_square)) + tuple(
+                     (f"lane, {n} lanes", p, timed_lane_square) for n, p in lane_pools.items())
         _steps.clear()
         for name, p, fn in steps:
             _label = name
