@@ -229,16 +229,24 @@ TEST_P(ElementwiseTest, MapOnDeviceRunsManySmallCallsInBatches) {
 
 // A batch's table of calls goes to the device from its slot's pinned buffer where it fits and
 // from the batch's own memory where not (slots of 4 KiB: 125 rows of 40 bytes need 5,000), and
-// several batches of several maps queued at once pass through each lane's slots in turn. On a
-// GPU a batch holds at least a few waves of the device (four million elements make one or two
-// batches here), on the CPU backend two per lane.
+// several batches of several maps queued at once pass through each lane's slots in turn. On the
+// CPU backend a map makes two batches per lane; on a GPU none smaller than fills the device
+// several times over, so the calls are sized from the device there (on an H200: 792 calls of
+// 8,192 elements, three batches of 2.16 million or more).
 TEST_P(ElementwiseTest, MapOnDeviceTablesInAndBeyondTheSlotsAcrossManyBatches) {
   elementwise_kernel k("float64 x, float64 a, int64 b", "float64 y",
                        "double v = x;\nfor (int i = 0; i < 4; ++i) v = v * a + b;\ny = v;",
                        "repeat_fma4");
-  constexpr std::size_t calls = 500;
   constexpr std::size_t size = 8192;
   constexpr int maps = 2;
+  std::size_t calls = 500;
+  {
+    executor probe(options());
+    const std::size_t least = detail::least_device_batch_elements(probe.devices().at(0));
+    calls = std::max(calls, (3 * least + size - 1) / size);
+    ASSERT_GE(detail::device_map_batches(calls, calls * size, probe.lanes_per_device(), least), 2u)
+        << "the test's premise: each map is cut into several batches";
+  }
   const auto xs = testing::random_vector<double>(calls * size, 41);
   for (const std::size_t chunk : {std::size_t{4096}, std::size_t{64} << 10}) {
     executor_options o = options();
