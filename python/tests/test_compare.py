@@ -111,9 +111,9 @@ def test_a_variant_wrong_only_in_timed_runs_is_failed_without_times():
     assert len(calls) == 4
 
 
-def _contender(name, log, data, fail_at=None, setup_skips=False, wrong_warm_up=False):
-    """A variant squaring `data` that writes its name to `log` at each run; its run number
-    `fail_at` (0: the warm-up) raises."""
+def _contender(name, log, data, fail_at=None, setup_skips=False, always_wrong=False):
+    """A variant squaring `data` (adding one instead where `always_wrong`) that writes its name to
+    `log` at each run; its run number `fail_at` (0: the warm-up) raises."""
     runs = []
 
     def setup():
@@ -125,7 +125,7 @@ def _contender(name, log, data, fail_at=None, setup_skips=False, wrong_warm_up=F
             log.append(name)
             if fail_at is not None and len(runs) - 1 == fail_at:
                 raise RuntimeError(f"{name} broke")
-            if wrong_warm_up:
+            if always_wrong:
                 return [d + 1 for d in data]
             return [d ** 2 for d in data]
         return run
@@ -134,13 +134,13 @@ def _contender(name, log, data, fail_at=None, setup_skips=False, wrong_warm_up=F
                      check_squares(data))
 
 
-def test_interleaved_variants_take_turns_each_round_in_the_opposite_order():
+def test_interleaved_variants_take_turns_each_round_starting_one_later():
     data = [np.arange(4.0)]
     log, closed = [], []
     results = measure_interleaved([_contender(n, log, data) for n in "abc"],
                                   Timing(repeat=4, min_repeat=4, seconds=100),
                                   teardown=lambda: closed.append(1))
-    assert log == list("abc") + list("abc" "cba" "abc" "cba")  # warm-ups, then four rounds
+    assert log == list("abc") + list("abc" "bca" "cab" "abc")  # warm-ups, then four rounds
     assert closed == [1]
     for r, others in zip(results, (["b", "c"], ["a", "c"], ["a", "b"])):
         assert r.status == OK and len(r.repeats_s) == 4 and r.figure > 0
@@ -153,7 +153,7 @@ def test_an_interleaved_variant_that_fails_drops_out_and_the_others_go_on():
     results = measure_interleaved(
         [_contender("ok", log, data), _contender("breaks", log, data, fail_at=2),
          _contender("skips", log, data, setup_skips=True),
-         _contender("wrong", log, data, wrong_warm_up=True)],
+         _contender("wrong", log, data, always_wrong=True)],
         Timing(repeat=3, min_repeat=3, seconds=100))
     ok, breaks, skips, wrong = results
     assert ok.status == OK and len(ok.repeats_s) == 3
@@ -162,8 +162,18 @@ def test_an_interleaved_variant_that_fails_drops_out_and_the_others_go_on():
     assert skips.status == SKIPPED and skips.reason == "not here"
     assert wrong.status == FAILED and "wrong result" in wrong.reason and wrong.repeats_s == []
     # Warm-ups (none for the one that skipped), then the rounds: "breaks" breaks in the second
-    # (its second timed run) and is out of the third; "wrong" never ran timed.
+    # (its second timed run, that round's first) and is out of the third; "wrong" never ran
+    # timed.
     assert log == ["ok", "breaks", "wrong", "ok", "breaks", "breaks", "ok", "ok"]
+
+
+def test_interleaved_rounds_stop_at_min_repeat_once_the_time_is_spent():
+    data = [np.arange(2.0)]
+    log = []
+    results = measure_interleaved([_contender(n, log, data) for n in "ab"],
+                                  Timing(repeat=5, min_repeat=2, seconds=0))
+    assert log == list("ab") + list("ab" "ba")  # warm-ups, then the two rounds at least
+    assert all(r.status == OK and len(r.repeats_s) == 2 for r in results)
 
 
 def test_a_failed_variant_shows_in_the_table_and_the_exit_status():
@@ -262,6 +272,7 @@ def test_w8_alone_runs_on_data_of_its_own(tmp_path):
     status = main(["--tiny", "--repeat", "1", "--min-repeat", "1", "--seconds", "0.1",
                    "--workloads", "W8", "--quiet", "--json", str(out)])
     document = json.loads(out.read_text())
+    assert not rows(document, "W2") and not rows(document, "W4")  # W8 alone ran
     runs_here = document["settings"]["backend"] == "cuda" and HAS_CUPY
     for table in ("W8@W2", "W8@W4"):
         got = rows(document, table)

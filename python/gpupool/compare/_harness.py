@@ -147,7 +147,8 @@ def measure_interleaved(contenders: Sequence[Contender], timing: Timing,
     """Measures variants of one workload in turn, round after round, so that a host whose speed
     drifts within a run (as GPU hosts were seen to, by a fifth and more between minutes) moves
     them alike and the ratio of their figures holds. Each round runs every variant still in once,
-    each round in the opposite order of the one before, so that going first favours none.
+    each round starting one variant later than the round before (0, 1, 2; then 1, 2, 0; ...),
+    so that each goes first, and runs after each other, in turn.
 
     Each variant is set up, warmed up and checked first, as in measure; one that cannot run, is
     wrong or raises drops out with that status and the others go on. At least ``min_repeat`` and
@@ -205,8 +206,7 @@ def measure_interleaved(contenders: Sequence[Contender], timing: Timing,
 
         started, rounds = time.perf_counter(), 0
         while rounds < timing.repeat and any(r is not None for r in runs):
-            order = range(n) if rounds % 2 == 0 else range(n - 1, -1, -1)
-            for i in order:
+            for i in ((rounds + k) % n for k in range(n)):
                 if runs[i] is not None:
                     attempt(i, "failed in a timed run", lambda: timed(i))
             rounds += 1

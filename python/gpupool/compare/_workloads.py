@@ -179,8 +179,13 @@ class Comparison:
         closers: Closers = []
 
         def close() -> None:
+            # Every closer runs (each shuts down one variant's executor or pool), whatever an
+            # earlier one raised.
             while closers:
-                closers.pop()()
+                try:
+                    closers.pop()()
+                except Exception:
+                    pass
 
         result = measure(workload, variant, kind, unit, amount, lambda: setup(closers), check,
                          timing or self.timing, settings, close)
@@ -194,8 +199,13 @@ class Comparison:
         closers: Closers = []
 
         def close() -> None:
+            # Every closer runs (each shuts down one variant's executor or pool), whatever an
+            # earlier one raised.
             while closers:
-                closers.pop()()
+                try:
+                    closers.pop()()
+                except Exception:
+                    pass
 
         contenders = [Contender(workload, variant, kind, unit, amount,
                                 functools.partial(setup, closers), check, settings)
