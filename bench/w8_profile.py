@@ -1,6 +1,7 @@
 """Where W8's time goes: the user's own CuPy function in gpupool, beside the motivating program
 (CuPy + ThreadPoolExecutor), at W4 size (20,000 x 1,024 float64) and W2 size (200 x 1M float64),
-all in one run. Every variant's results are checked before its rate is printed.
+all in one run: each variant once to warm up, then --repeat rounds of all of them, each round
+starting one variant later. Every result is checked; the best and median round are printed.
 
 Variants (5 threads or lanes unless said):
   tpe                    ThreadPoolExecutor.map(motivating_square): the motivating program, every
@@ -163,7 +164,8 @@ def main() -> None:
         gp = gpupool.Executor()
         pools.append(gp)
         print(f"== {size}: {count} x {length} float64 ({nbytes / 1e9:.2f} GB); gpupool default "
-              f"lanes {gp.threads_per_gpu}, chunk {gp.chunk_bytes}; best of {args.repeat}")
+              f"lanes {gp.threads_per_gpu}, chunk {gp.chunk_bytes}; {args.repeat} rounds after "
+              f"a warm-up")
         for name, p in (("tpe", tpe), ("tpe, own streams", tpe_streams), ("gpupool", gp5),
                         ("gpupool, no runner", gp5_bare),
                         ("gpupool, one call per hold", gp5_single),
@@ -188,10 +190,16 @@ def main() -> None:
                                  + ", ".join(runs))
             runs = {name: runs[name] for name in chosen}
         times: Dict[str, List[float]] = {name: [] for name in runs}
-        for _ in range(args.repeat):  # rounds interleave the variants
-            for name, run in runs.items():
+        names = list(runs)
+        for name in names:  # a warm-up of each (first use: pools, caches, compiled kernels)
+            check(runs[name](), same=name.endswith("no-op"))
+        # Rounds interleave the variants, each round starting one variant later, so that each
+        # goes first in turn.
+        for round_number in range(args.repeat):
+            for k in range(len(names)):
+                name = names[(round_number + k) % len(names)]
                 t0 = time.perf_counter()
-                results = run()
+                results = runs[name]()
                 seconds = time.perf_counter() - t0
                 check(results, same=name.endswith("no-op"))
                 del results
@@ -200,7 +208,7 @@ def main() -> None:
         for name, rounds in times.items():
             print(f"  {name:32s} {rate(min(rounds))}  {rate(statistics.median(rounds))}  "
                   f"({1e6 * min(rounds) / count:8.1f})")
-        print("  every round, in the order run (s):")
+        print("  every round of each variant, in order (s):")
         for name, rounds in times.items():
             print(f"    {name:30s} " + " ".join(f"{t:.3f}" for t in rounds))
 
