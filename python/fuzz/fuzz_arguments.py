@@ -135,6 +135,12 @@ def item(value):
     return value.item() if hasattr(value, "item") else value
 
 
+def is_number(value):
+    """A number as gpupool reads one: Python's and NumPy's scalars, and 0-d arrays."""
+    return isinstance(value, (int, float, np.generic)) or (
+        isinstance(value, np.ndarray) and value.ndim == 0)
+
+
 def check_builtin_result(kernel, alpha, args, got):
     """An accepted call computes what NumPy computes in the array's dtype."""
     x = args[0]
@@ -185,9 +191,16 @@ def call_elementwise(fdp):
     else:
         columns = [[a] if isinstance(a, np.ndarray) else a for a in args]
         got = next(iter(EXECUTOR.map(kernel, *columns)), None)
-    if kernel is not MIXED and isinstance(got, np.ndarray) and isinstance(args[0], np.ndarray):
+    if kernel is not MIXED and isinstance(got, np.ndarray) and all(
+            isinstance(a, np.ndarray) or is_number(a) for a in args):
+        # As gpupool reads the arguments: a 0-d array is a number, and the result is shaped like
+        # the first array of one or more dimensions (every array has the result's element count).
+        shaped = [a for a in args if isinstance(a, np.ndarray) and a.ndim > 0]
+        assert shaped and got.shape == shaped[0].shape, (args, got.shape)
         with np.errstate(all="ignore"):
-            want = (args[0] + np.asarray(item(args[1])).astype(args[0].dtype)).astype(got.dtype)
+            x, a = (np.asarray(item(v) if np.ndim(v) == 0 else v).astype(got.dtype).reshape(-1)
+                    for v in args)
+            want = (x + a).reshape(got.shape)
         assert np.array_equal(got, want, equal_nan=got.dtype.kind == "f"), (args, got, want)
 
 
