@@ -148,7 +148,7 @@ def measure_interleaved(contenders: Sequence[Contender], timing: Timing,
     drifts within a run (as GPU hosts were seen to, by a fifth and more between minutes) moves
     them alike and the ratio of their figures holds. Each round runs every variant still in once,
     each round starting one variant later than the round before (0, 1, 2; then 1, 2, 0; ...),
-    so that each goes first, and runs after each other, in turn.
+    so that each goes first in turn (the cyclic order stays: with two, rounds alternate).
 
     Each variant is set up, warmed up and checked first, as in measure; one that cannot run, is
     wrong or raises drops out with that status and the others go on. At least ``min_repeat`` and
