@@ -177,15 +177,7 @@ class Comparison:
         """Measures one variant; ``setup(closers)`` returns the function doing the work once and
         appends to ``closers`` what must be closed afterwards (pools, executors)."""
         closers: Closers = []
-
-        def close() -> None:
-            # Every closer runs (each shuts down one variant's executor or pool), whatever an
-            # earlier one raised.
-            while closers:
-                try:
-                    closers.pop()()
-                except Exception:
-                    pass
+        close = functools.partial(_close_all, closers)
 
         result = measure(workload, variant, kind, unit, amount, lambda: setup(closers), check,
                          timing or self.timing, settings, close)
@@ -197,15 +189,7 @@ class Comparison:
         settings, as for run) in turn, round after round (see measure_interleaved): for figures
         judged against each other, so that the host's drift within a run moves them alike."""
         closers: Closers = []
-
-        def close() -> None:
-            # Every closer runs (each shuts down one variant's executor or pool), whatever an
-            # earlier one raised.
-            while closers:
-                try:
-                    closers.pop()()
-                except Exception:
-                    pass
+        close = functools.partial(_close_all, closers)
 
         contenders = [Contender(workload, variant, kind, unit, amount,
                                 functools.partial(setup, closers), check, settings)
@@ -830,6 +814,16 @@ class Comparison:
             self.limits[key] = moved / timed(*args)
             self.add(Result("limits", f"copy limit through CuPy, GPU 0: {label}", LIMIT, OK,
                             "GB/s", self.limits[key], extra={"direct": True}))
+
+
+def _close_all(closers: Closers) -> None:
+    """Runs every closer, last first (each shuts down one variant's executor or pool), whatever
+    an earlier one raised."""
+    while closers:
+        try:
+            closers.pop()()
+        except Exception:
+            pass
 
 
 def lane_square(chunk: npt.NDArray[Any]) -> object:
