@@ -362,6 +362,7 @@ int main(int argc, char** argv) {
                       1e6 * issue / static_cast<double>(tasks),
                       1e6 * wall / static_cast<double>(tasks),
                       static_cast<double>(tasks * threads) / wall);
+          std::fflush(stdout);  // each row as it is measured, through a pipe too (a run is long)
         }
       }
     std::puts("results checked against the CPU after every run");
