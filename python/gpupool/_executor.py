@@ -393,6 +393,13 @@ class Executor(_futures.Executor):
         return self._core.lane_count
 
     @property
+    def _max_workers(self) -> int:
+        """The lanes of every device: what ``ThreadPoolExecutor._max_workers`` says of its
+        threads. Dask's local scheduler (``dask.config.set(pool=ex, scheduler="threads")``) and
+        other clients that size their work to a pool read it."""
+        return self._core.lane_count
+
+    @property
     def chunk_bytes(self) -> int:
         return self._core.chunk_bytes
 
