@@ -21,6 +21,7 @@
 #include "gpupool/gpupool.hpp"
 #include "outputs.hpp"
 #include "progress.hpp"
+#include "run_times.hpp"
 
 namespace {
 
@@ -138,10 +139,12 @@ int run_info(const pool_flags& flags) {
 struct demo_flags {
   int chunks = 5;
   std::size_t size = 1'000'000;
-  int repeat = 1;
+  int warmup = 3;   // untimed runs between the cold first run and the timed ones
+  int repeat = 20;  // timed runs: the steady state
   int show = 5;
   unsigned seed = 42;
   bool json = false;
+  std::string summary_path;   // the JSON object --json prints, written here as well
   std::string trace_path;     // Chrome trace of the last run
   std::string timeline_path;  // the last run's records, as JSON (what the timeline is drawn from)
   bool stats = false;         // per-lane stats of the last run
@@ -168,11 +171,29 @@ void write_trace_outputs(const gpupool::trace& t, const demo_flags& demo) {
   }
 }
 
-// The motivating program: square `chunks` arrays of `size` float64 and bring them back.
+// Elements of `results` that differ from the squares of `chunks` (a missing element counts).
+std::size_t wrong_squares(const std::vector<std::vector<double>>& chunks,
+                          const std::vector<gpupool::host_vector<double>>& results) {
+  std::size_t wrong = 0;
+  for (std::size_t i = 0; i < chunks.size(); ++i) {
+    if (i >= results.size() || results[i].size() != chunks[i].size()) {
+      wrong += chunks[i].size();
+      continue;
+    }
+    for (std::size_t j = 0; j < chunks[i].size(); ++j)
+      wrong += results[i][j] != chunks[i][j] * chunks[i][j] ? 1 : 0;
+  }
+  return wrong;
+}
+
+// The motivating program: square `chunks` arrays of `size` float64 and bring them back. The first
+// run is reported apart from the others: it pays what a process pays once (pinned and device
+// memory obtained, kernels loaded), which a long-running program does not pay per batch. The
+// steady state is the timed runs after `warmup` more, as a median with its spread.
 int run_demo(const pool_flags& flags, const demo_flags& demo) {
   gpupool_cli::check_writable(demo.trace_path);
   gpupool_cli::check_writable(demo.timeline_path);
-  gpupool::executor ex(flags.options());
+  gpupool_cli::check_writable(demo.summary_path);
 
   std::mt19937_64 rng(demo.seed);
   std::uniform_real_distribution<double> dist(-10.0, 10.0);
@@ -183,48 +204,65 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
   }
 
   using clock = std::chrono::steady_clock;
-  std::vector<double> times_ms;
+  using ms = std::chrono::duration<double, std::milli>;
+  const auto started = clock::now();
+  gpupool::executor ex(flags.options());
+  const double start_ms = ms(clock::now() - started).count();
+
   std::vector<gpupool::host_vector<double>> results;
-  // Run 0 warms the pools and the kernels; runs 1..repeat are the timed ones.
-  gpupool_cli::progress_line progress("demo runs", static_cast<std::size_t>(demo.repeat) + 1);
-  for (int run = 0; run <= demo.repeat; ++run) {
-    if (run == demo.repeat && tracing_wanted(demo)) ex.set_tracing(true);  // trace the last run
+  const auto square_all = [&] {
+    // The previous run's results go back to the pool first, as they would in a program that
+    // uses each batch's results before the next: a run then reuses memory instead of taking
+    // more (which is the cold run's cost, not the steady state's).
+    results.clear();
     const auto t0 = clock::now();
     results = ex.map(gpupool::builtin_kernel::square(), chunks).get();
-    const auto t1 = clock::now();
-    if (run > 0) times_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    return ms(clock::now() - t0).count();
+  };
+
+  const int total_runs = 1 + demo.warmup + demo.repeat;
+  gpupool_cli::progress_line progress("demo runs", static_cast<std::size_t>(total_runs));
+  const double cold_ms = square_all();
+  std::size_t wrong = wrong_squares(chunks, results);
+  progress.step();
+  std::vector<double> times_ms;
+  for (int run = 1; run < total_runs; ++run) {
+    if (run == total_runs - 1 && tracing_wanted(demo)) ex.set_tracing(true);  // the last run
+    const double t = square_all();
+    if (run > demo.warmup) times_ms.push_back(t);
     progress.step();
   }
   progress.clear();
   if (tracing_wanted(demo)) write_trace_outputs(ex.trace(), demo);
+  wrong += wrong_squares(chunks, results);  // the last run's, checked as the first run's was
 
-  std::size_t wrong = 0;
-  for (std::size_t i = 0; i < chunks.size(); ++i) {
-    if (results[i].size() != chunks[i].size()) {
-      wrong += chunks[i].size();
-      continue;
-    }
-    for (std::size_t j = 0; j < chunks[i].size(); ++j)
-      wrong += results[i][j] != chunks[i][j] * chunks[i][j] ? 1 : 0;
-  }
-
+  const gpupool_cli::run_times steady = gpupool_cli::summarise_runs(times_ms);
   const double input_bytes =
       static_cast<double>(demo.size) * sizeof(double) * static_cast<double>(chunks.size());
-  const double med = gpupool_cli::median(times_ms);
-  const double best = *std::min_element(times_ms.begin(), times_ms.end());
-  const double gbps = input_bytes / (med * 1e-3) / 1e9;
+  const auto gb_per_s = [&](double t_ms) { return input_bytes / (t_ms * 1e-3) / 1e9; };
 
+  const nlohmann::json report = {{"backend", gpupool::to_string(ex.backend())},
+                                 {"devices", ex.devices().size()},
+                                 {"lanes_per_device", ex.lanes_per_device()},
+                                 {"chunks", demo.chunks},
+                                 {"size", demo.size},
+                                 {"seed", demo.seed},
+                                 {"start_ms", start_ms},
+                                 {"cold_ms", cold_ms},
+                                 {"warmup", demo.warmup},
+                                 {"repeat", demo.repeat},
+                                 {"times_ms", times_ms},
+                                 {"median_ms", steady.median},
+                                 {"best_ms", steady.min},
+                                 {"q1_ms", steady.q1},
+                                 {"q3_ms", steady.q3},
+                                 {"max_ms", steady.max},
+                                 {"input_gb_per_s", gb_per_s(steady.median)},
+                                 {"wrong", wrong}};
+  if (!demo.summary_path.empty())
+    gpupool_cli::write_file(demo.summary_path,
+                            [&](std::ostream& o) { o << report.dump() << '\n'; });
   if (demo.json) {
-    const nlohmann::json report = {{"backend", gpupool::to_string(ex.backend())},
-                                   {"devices", ex.devices().size()},
-                                   {"lanes_per_device", ex.lanes_per_device()},
-                                   {"chunks", demo.chunks},
-                                   {"size", demo.size},
-                                   {"repeat", demo.repeat},
-                                   {"median_ms", med},
-                                   {"best_ms", best},
-                                   {"input_gb_per_s", gbps},
-                                   {"wrong", wrong}};
     std::printf("%s\n", report.dump().c_str());
     return wrong == 0 ? 0 : 1;
   }
@@ -235,12 +273,20 @@ int run_demo(const pool_flags& flags, const demo_flags& demo) {
       std::printf(" %.6g", results[i][j]);
     std::printf(results[i].size() > static_cast<std::size_t>(demo.show) ? " ...\n" : "\n");
   }
-  std::printf("backend: %s, %zu device(s) x %d lanes\n", gpupool::to_string(ex.backend()),
-              ex.devices().size(), ex.lanes_per_device());
+  std::printf("backend: %s, %zu device(s) x %d lanes (executor started in %.1f ms)\n",
+              gpupool::to_string(ex.backend()), ex.devices().size(), ex.lanes_per_device(),
+              start_ms);
+  std::printf("squared %d chunks x %zu float64 (%.1f MB in, as much out):\n", demo.chunks,
+              demo.size, input_bytes / 1e6);
   std::printf(
-      "squared %d chunks x %zu float64 in %.3f ms (median of %d; best %.3f ms): %.2f GB/s "
-      "of input\n",
-      demo.chunks, demo.size, med, demo.repeat, best, gbps);
+      "  steady state: %.3f ms median of %d timed runs after %d warm-up run%s "
+      "(min %.3f, IQR %.3f-%.3f, max %.3f ms): %.2f GB/s of input\n",
+      steady.median, demo.repeat, demo.warmup, demo.warmup == 1 ? "" : "s", steady.min, steady.q1,
+      steady.q3, steady.max, gb_per_s(steady.median));
+  std::printf(
+      "  cold first run: %.3f ms (%.2f GB/s; once per process: memory is obtained and kernels "
+      "loaded; not counted above)\n",
+      cold_ms, gb_per_s(cold_ms));
   if (wrong != 0) {
     std::fprintf(stderr, "gpupool demo: %zu results differ from the CPU reference\n", wrong);
     return 1;
@@ -298,12 +344,22 @@ int main(int argc, char** argv) {
       ->add_option("--size", demo.size, "float64 elements per array (e.g. 100000, 1M; K = 1024)")
       ->transform(CLI::AsSizeValue(false))
       ->check(CLI::Range(std::size_t{0}, std::size_t{1} << 34));
-  demo_cmd->add_option("--repeat", demo.repeat, "timed runs after the warm-up run")
+  demo_cmd
+      ->add_option("--warmup", demo.warmup,
+                   "untimed runs after the cold first run, before the timed ones")
+      ->check(CLI::Range(0, 100000));
+  demo_cmd
+      ->add_option("--repeat", demo.repeat,
+                   "timed runs after the warm-up (their median and spread: the steady state)")
       ->check(CLI::Range(1, 100000));
   demo_cmd->add_option("--show", demo.show, "results to print per task")
       ->check(CLI::Range(0, 1000));
   demo_cmd->add_option("--seed", demo.seed, "seed of the random inputs");
   demo_cmd->add_flag("--json", demo.json, "print one JSON object instead of the report");
+  demo_cmd
+      ->add_option("--summary", demo.summary_path,
+                   "also write that JSON object here (.json), whichever is printed")
+      ->check(file_type(".json"));
   demo_cmd
       ->add_option("--trace", demo.trace_path,
                    "write the last run's per-task trace here (.json, Chrome trace format)")
