@@ -1,7 +1,9 @@
 """The ``gpupool`` command (also ``python -m gpupool``): ``info``, ``demo``, ``bench``,
 ``--version``, with the options of the C++ tool, which does the work. This front end adds
 pictures: ``demo --timeline t.png`` and ``bench --plot b.png`` (.png, .svg or .pdf, drawn with
-matplotlib from the JSON the tool writes). Every other argument goes to the tool unchanged."""
+matplotlib from the JSON the tool writes), and ``demo`` runs the motivating program (CuPy in a
+ThreadPoolExecutor) beside gpupool where CuPy can, and prints the ratio (``--no-compare``: not).
+Every other argument goes to the tool unchanged."""
 
 from __future__ import annotations
 
@@ -42,6 +44,13 @@ def _take_option(args: List[str], name: str) -> Optional[str]:
         else:
             i += 1
     return value
+
+
+def _take_flag(args: List[str], name: str) -> bool:
+    """Removes every ``name`` from ``args``; returns whether there was one."""
+    found = name in args
+    args[:] = [a for a in args if a != name]
+    return found
 
 
 def _option_value(args: Sequence[str], name: str) -> Optional[str]:
@@ -114,6 +123,11 @@ def run(argv: Sequence[str]) -> int:
     if not tool.is_file():
         raise CommandError(f"the command-line tool is missing from this installation ({tool}); "
                            "install the package with `pip install .` from a gpupool checkout")
+    beside = False
+    if command == "demo":
+        beside = not _take_flag(args, "--no-compare")
+        if "-h" in args or "--help" in args:
+            beside = False
     with tempfile.TemporaryDirectory(prefix="gpupool-") as scratch:
         source = None
         if picture is not None:
@@ -125,16 +139,62 @@ def run(argv: Sequence[str]) -> int:
                 source = pathlib.Path(given) if given else pathlib.Path(scratch) / "bench.json"
                 if not given:
                     args += ["--json", str(source)]
+        summary = None
+        if beside:
+            given = _option_value(args, "--summary")
+            summary = pathlib.Path(given) if given else pathlib.Path(scratch) / "summary.json"
+            if not given:
+                args += ["--summary", str(summary)]
+        # With --json and the comparison, the tool's object is printed with the comparison's
+        # figures added, so that the output stays one JSON object.
+        merge_json = beside and "--json" in args
         sys.stdout.flush()
-        status = subprocess.call([str(tool), *args])
-        if status != 0 or picture is None or source is None:
+        if merge_json:
+            done = subprocess.run([str(tool), *args], stdout=subprocess.PIPE, text=True)
+            status = done.returncode
+            if status != 0:  # its object, saying what went wrong, as it printed it
+                print(done.stdout, end="")
+        else:
+            status = subprocess.call([str(tool), *args])
+        if command == "demo" and ("-h" in args or "--help" in args) and status == 0:
+            print("  --no-compare                (the Python package's command) do not run the "
+                  "motivating program\n                              (CuPy in a "
+                  "ThreadPoolExecutor) beside gpupool")
+        if status != 0:
             return status
-        try:
-            _draw(command or "", source, picture)
-        except OSError as exc:
-            raise CommandError(f"cannot write {picture}: {exc.strerror or exc}") from exc
-        print(f"{'timeline' if command == 'demo' else 'plot'}: {picture}",
-              file=sys.stderr if command == "demo" else sys.stdout)
+        if picture is not None and source is not None:
+            try:
+                _draw(command or "", source, picture)
+            except OSError as exc:
+                raise CommandError(f"cannot write {picture}: {exc.strerror or exc}") from exc
+            print(f"{'timeline' if command == 'demo' else 'plot'}: {picture}",
+                  file=sys.stderr if command == "demo" else sys.stdout)
+        if summary is not None:
+            return _beside_the_motivating_program(summary, merge_json)
+    return 0
+
+
+def _beside_the_motivating_program(summary_path: pathlib.Path, as_json: bool) -> int:
+    """Runs the motivating program on the demo's sizes and prints it beside gpupool's figures
+    (in the JSON object with --json); 1 when its results differ from NumPy's."""
+    import json
+
+    from . import _motivating
+
+    with open(summary_path, encoding="utf-8") as f:
+        summary = json.load(f)
+    try:
+        result = _motivating.compare(summary)
+    except _motivating.WrongResult as wrong:
+        sys.stdout.flush()
+        print(f"gpupool demo: {wrong}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps({**summary, "motivating_program": result}))
+    elif "skipped" in result:
+        print(_motivating.skipped_line(result["skipped"]))
+    else:
+        print("\n".join(_motivating.report_lines(summary, result)))
     return 0
 
 

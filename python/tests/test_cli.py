@@ -5,11 +5,13 @@ import json
 import os
 import pathlib
 import pty
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
 
 import gpupool
+import numpy as np
 import pytest
 from gpupool import _cli
 
@@ -174,3 +176,107 @@ def test_choices_come_from_the_tables(tmp_path):
     assert done.returncode == 0, done.stderr
     assert json.loads((tmp_path / "r.json").read_text())["stages"] == \
         gpupool._ext.trace_stages()
+
+
+STEADY = re.compile(r"^  steady state: (?P<median>[\d.]+) ms median of (?P<repeat>\d+) timed runs "
+                    r"after (?P<warmup>\d+) warm-up runs? \(min (?P<min>[\d.]+), IQR "
+                    r"(?P<q1>[\d.]+)-(?P<q3>[\d.]+), max (?P<max>[\d.]+) ms\): [\d.]+ GB/s of "
+                    r"input$", re.M)
+COLD = re.compile(r"^  cold first run: (?P<cold>[\d.]+) ms \(", re.M)
+
+
+def test_demo_reports_the_steady_state_apart_from_the_cold_first_run():
+    """The headline is the median of the timed runs after the warm-up, with its spread; the
+    first run, which pays what a process pays once, is on a line of its own."""
+    done = run(MODULE, "demo", "--size", 20000, "--show", 0, "--warmup", 2, "--repeat", 7,
+               "--no-compare")
+    assert done.returncode == 0, done.stderr
+    steady, cold = STEADY.search(done.stdout), COLD.search(done.stdout)
+    assert steady and cold, done.stdout
+    assert (int(steady["repeat"]), int(steady["warmup"])) == (7, 2)
+    figures = [float(steady[k]) for k in ("min", "q1", "median", "q3", "max")]
+    assert figures == sorted(figures) and figures[0] > 0, figures
+    assert float(cold["cold"]) > 0
+    assert done.stdout.index("steady state:") < done.stdout.index("cold first run:")
+    assert "motivating program" not in done.stdout  # --no-compare
+
+    # The same figures in the JSON object: each timed run, and the cold one apart from them.
+    done = run(MODULE, "demo", "--size", 20000, "--warmup", 2, "--repeat", 7, "--json",
+               "--no-compare")
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    times = report["times_ms"]
+    assert len(times) == 7 and report["warmup"] == 2 and report["cold_ms"] > 0
+    assert report["median_ms"] == pytest.approx(float(np.median(times)))
+    assert report["q1_ms"] == pytest.approx(float(np.percentile(times, 25)))
+    assert report["q3_ms"] == pytest.approx(float(np.percentile(times, 75)))
+    assert (report["best_ms"], report["max_ms"]) == (min(times), max(times))
+    assert report["wrong"] == 0 and "motivating_program" not in report
+
+
+def fake_cupy(folder, square="x ** 2", importable=True):
+    """A `cupy` module on NumPy that the demo finds first on the path: one GPU, the motivating
+    program's calls, and `array ** 2` computed as `square` says."""
+    folder.mkdir()
+    if not importable:
+        (folder / "cupy.py").write_text("raise ImportError('no cupy here')\n")
+    else:
+        (folder / "cupy.py").write_text(
+            "import types\nimport numpy as np\n"
+            "class _A(np.ndarray):\n"
+            f"    def __pow__(self, p):\n        x = np.asarray(self)\n        return {square}\n"
+            "def array(x):\n    return np.array(x).view(_A)\n"
+            "asnumpy = np.asarray\nzeros = np.zeros\n"
+            "class _Device:\n    def synchronize(self):\n        pass\n"
+            "cuda = types.SimpleNamespace(Device=_Device, runtime=types.SimpleNamespace("
+            "getDeviceCount=lambda: 1))\n")
+    return dict(QUIET, PYTHONPATH=os.pathsep.join(
+        p for p in (str(folder), os.environ.get("PYTHONPATH", "")) if p))
+
+
+def test_without_cupy_the_demo_says_in_one_line_that_the_comparison_was_skipped(tmp_path):
+    done = run(MODULE, "demo", "--size", 2000, "--repeat", 3,
+               env=fake_cupy(tmp_path / "none", importable=False))
+    assert done.returncode == 0, done.stderr
+    about = [line for line in done.stdout.splitlines() if "motivating program" in line]
+    assert about == ["motivating program (CuPy in a ThreadPoolExecutor) not run beside it: "
+                     "CuPy is not installed"], done.stdout
+    done = run(MODULE, "demo", "--size", 2000, "--repeat", 3, "--json",
+               env=fake_cupy(tmp_path / "none-json", importable=False))
+    assert json.loads(done.stdout)["motivating_program"] == {"skipped": "CuPy is not installed"}
+
+
+def test_with_cupy_the_motivating_program_runs_beside_it_checked_with_the_ratio(tmp_path):
+    env = fake_cupy(tmp_path / "cupy")
+    done = run(MODULE, "demo", "--size", 3000, "--chunks", 3, "--warmup", 1, "--repeat", 4,
+               env=env)
+    assert done.returncode == 0, done.stderr
+    text = done.stdout
+    assert "motivating program (cupy.asnumpy(cupy.array(chunk) ** 2) in " \
+           "ThreadPoolExecutor(max_workers=5)" in text and "results equal NumPy's" in text
+    beside = text[text.index("motivating program (cupy"):]
+    steady = STEADY.search(beside)
+    assert steady and (steady["repeat"], steady["warmup"]) == ("4", "1"), beside
+    assert COLD.search(beside), beside
+    ratio = re.search(r"^gpupool vs the motivating program: ([\d.]+)x as fast in the steady "
+                      r"state \(([\d.]+) vs ([\d.]+) ms median\), ([\d.]+)x on the cold first "
+                      r"run", text, re.M)
+    assert ratio, text
+    assert float(ratio[1]) == pytest.approx(float(ratio[3]) / float(ratio[2]), rel=0.02)
+
+    done = run(MODULE, "demo", "--size", 3000, "--chunks", 3, "--repeat", 4, "--json", env=env)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    beside_json = report["motivating_program"]
+    assert (beside_json["chunks"], beside_json["size"], len(beside_json["times_ms"])) == \
+        (3, 3000, 4)
+    assert beside_json["x_steady"] == pytest.approx(beside_json["median_ms"] /
+                                                    report["median_ms"])
+    assert beside_json["x_cold"] == pytest.approx(beside_json["cold_ms"] / report["cold_ms"])
+
+
+def test_a_wrong_motivating_result_fails_the_demo(tmp_path):
+    done = run(MODULE, "demo", "--size", 1000, "--repeat", 2,
+               env=fake_cupy(tmp_path / "cupy", square="x * x + 1"))
+    assert done.returncode == 1
+    assert "the motivating program's first run differs from NumPy" in done.stderr
