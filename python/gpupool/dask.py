@@ -15,10 +15,12 @@ worker per GPU (dask-cuda's layout) and one worker per machine both work; with n
 the pool runs on the CPU backend, so the same code runs on a laptop and in CI.
 
 Code that runs on a worker gets the pool with :func:`worker_executor`. On a worker where
-:func:`install` was not called it raises RuntimeError (a pool created behind the user's back
-would hold GPU memory under settings nobody chose, and never be shut down with the worker).
-Outside any Dask worker - Dask's local threaded scheduler, ``compute()`` with no Client - it
-returns one process-wide pool with default settings, created on first use and shut down at exit.
+:func:`install` was not called, the first use makes that worker a pool with default settings,
+says so once in a warning on the ``gpupool.dask`` logger (naming the pool and how to choose its
+settings) and shuts it down when the worker closes, as an installed pool is; ``install`` later
+replaces it. Outside any Dask worker - Dask's local threaded scheduler, ``compute()`` with no
+Client - it returns one process-wide pool with default settings, created on first use and shut
+down at exit.
 
 Needs the ``dask`` extra: ``pip install "gpupool[dask]"`` (dask[array] and distributed).
 """
@@ -30,6 +32,7 @@ import concurrent.futures as _futures
 import contextlib
 import itertools
 import json
+import logging
 import os
 import threading
 import time
@@ -41,7 +44,9 @@ try:
     import dask
     import dask.array as da
     import distributed
+    import distributed.utils
     from dask.highlevelgraph import HighLevelGraph
+    from distributed.worker import WORKER_ANY_RUNNING
 except ImportError as _missing:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "gpupool.dask needs dask[array] and distributed: pip install \"gpupool[dask]\" "
@@ -76,6 +81,9 @@ _EXECUTOR_OPTIONS = ("threads_per_gpu", "devices", "backend", "slots_per_lane", 
 #: What a plugin holds on its worker alone (never pickled).
 _WORKER_STATE = ("executor", "clock_offset_us", "_tracing", "_lock")
 
+#: Where a worker's pool made on first use is announced (see :func:`worker_executor`).
+_log = logging.getLogger("gpupool.dask")
+
 #: How many pools this process's plugin has created and shut down (a worker process normally
 #: has one of each over its life; ``pool_info`` reports them).
 _pools_created = 0
@@ -98,6 +106,9 @@ class PoolPlugin(distributed.WorkerPlugin):
     and shut down in ``teardown`` (when the worker closes or the plugin is replaced)."""
 
     name = PLUGIN_NAME
+
+    #: True for a pool the worker made itself on first use, without :func:`install`.
+    made_on_first_use = False
 
     def __init__(self, **executor_kwargs: Any) -> None:
         unknown = sorted(set(executor_kwargs) - set(_EXECUTOR_OPTIONS))
@@ -200,12 +211,89 @@ def _scheduler_has_plugin(dask_scheduler: Any) -> bool:
 
 
 def _worker_plugin(worker: Any) -> PoolPlugin:
+    """The plugin holding ``worker``'s pool; a worker with none gets one with default settings
+    (:func:`_first_use_plugin`)."""
     plugin = worker.plugins.get(PLUGIN_NAME)
-    if not isinstance(plugin, PoolPlugin) or plugin.executor is None:
+    if plugin is None:
+        plugin = _first_use_plugin(worker)
+    if not isinstance(plugin, PoolPlugin):
         raise RuntimeError(
-            f"gpupool.dask: no gpupool pool on Dask worker {worker.address}: call "
-            "gpupool.dask.install(client, **executor_options) once on the client first")
+            f"gpupool.dask: Dask worker {worker.address} has a plugin named {PLUGIN_NAME!r} that "
+            "is not gpupool's: register gpupool.dask.PoolPlugin under that name, or call "
+            "gpupool.dask.install(client)")
+    if plugin.executor is None:
+        # install's plugin may be making its pool on the worker's loop right now (setup holds
+        # the lock while it does): wait for it rather than fail the task.
+        with plugin._lock:
+            pass
+    if plugin.executor is None:
+        # Its setup failed (install raised on the client), or the worker is closing.
+        raise RuntimeError(
+            f"gpupool.dask: no gpupool pool on Dask worker {worker.address}: its plugin's pool "
+            "could not be created or was shut down with the worker")
     return plugin
+
+
+#: Held while a task thread makes its worker's pool, so that the worker's other task threads
+#: wait for that pool rather than make their own.
+_first_use_lock = threading.Lock()
+
+
+def _first_use_plugin(worker: Any) -> Any:
+    """Makes ``worker`` a pool with default settings and adds its plugin to the worker, as if
+    installed there alone: the worker tears it down when it closes, and ``install`` replaces
+    it. Returns the plugin the worker holds afterwards (another one, if one came first)."""
+    if _untyped(distributed.utils).in_async_call(worker.loop):
+        # On the worker's event loop (client.run): nothing else changes worker.plugins while
+        # this runs. The lock is not taken: a task thread holding it waits for this loop.
+        return _adopt(worker, _default_plugin(worker))
+    with _first_use_lock:
+        plugin = worker.plugins.get(PLUGIN_NAME)
+        if plugin is not None:
+            return plugin
+        # The pool is made here, off the event loop; only adding it to worker.plugins, which
+        # the worker iterates on its loop when it closes, happens there.
+        made = _default_plugin(worker)
+        try:
+            return distributed.utils.sync(worker.loop, _adopt_on_loop, worker, made)
+        except BaseException:
+            made.teardown(worker)
+            raise
+
+
+def _default_plugin(worker: Any) -> PoolPlugin:
+    plugin = PoolPlugin()
+    plugin.made_on_first_use = True
+    plugin.setup(worker)
+    return plugin
+
+
+async def _adopt_on_loop(worker: Any, made: PoolPlugin) -> Any:
+    return _adopt(worker, made)
+
+
+def _adopt(worker: Any, made: PoolPlugin) -> Any:
+    """On the worker's event loop: ``made`` becomes the worker's plugin unless the worker has
+    one already (then ``made``'s pool is shut down) or is closing (then this raises, as a pool
+    added now would outlive the worker's teardown of its plugins)."""
+    current = worker.plugins.get(PLUGIN_NAME)
+    if current is not None or worker.status not in WORKER_ANY_RUNNING:
+        made.teardown(worker)
+        if current is None:
+            raise RuntimeError(f"gpupool.dask: Dask worker {worker.address} is closing "
+                               f"({worker.status.name}); no pool is made for it")
+        return current
+    worker.plugins[PLUGIN_NAME] = made
+    pool = made.executor
+    assert pool is not None
+    _log.warning(
+        "gpupool.dask: made a gpupool pool with default settings on Dask worker %s (backend "
+        "%s, devices %s, %d lanes), because gpupool.dask.install(client) was not called; it is "
+        "shut down when the worker closes. To choose its settings, call "
+        "gpupool.dask.install(client, threads_per_gpu=..., ...) on the client before the work "
+        "(it replaces this pool).",
+        worker.address, pool.backend, [d["ordinal"] for d in pool.devices], pool.lane_count)
+    return made
 
 
 _local_lock = threading.Lock()
@@ -224,19 +312,29 @@ def _local_executor() -> _executor.Executor:
 def worker_executor() -> _executor.Executor:
     """The gpupool.Executor of the Dask worker running the calling task.
 
-    On a Dask worker without the plugin (see :func:`install`) raises RuntimeError. Outside any
-    Dask worker (the local threaded scheduler) returns one process-wide pool with default
-    settings, created on first use and shut down at exit."""
+    On a Dask worker without the plugin (see :func:`install`), the first call makes the worker
+    a pool with default settings, logs one warning on the ``gpupool.dask`` logger naming it, and
+    adds it to the worker as a plugin of its own: it is shut down when the worker closes, and
+    ``install`` replaces it. Raises RuntimeError on a worker that is closing, or whose plugin
+    has no pool (its setup failed). Outside any Dask worker (the local threaded scheduler)
+    returns one process-wide pool with default settings, created on first use and shut down at
+    exit."""
     try:
         worker = distributed.get_worker()
     except ValueError:
         return _local_executor()
-    return _worker_plugin(worker).executor  # type: ignore[return-value]
+    pool = _worker_plugin(worker).executor
+    if pool is None:  # torn down since it was looked at: the worker is closing
+        raise RuntimeError(f"gpupool.dask: the pool of Dask worker {worker.address} was shut "
+                           "down with the worker")
+    return pool
 
 
 def pool_info(client: "distributed.Client") -> Dict[str, Dict[str, Any]]:
-    """Per worker address: the pool's backend, devices, lanes, ``CUDA_VISIBLE_DEVICES``, and
-    how many pools the worker process has created and shut down."""
+    """Per worker address: whether it has a pool (``installed``) and whether the worker made it
+    on first use without :func:`install` (``made_on_first_use``), the pool's backend, devices,
+    lanes, ``CUDA_VISIBLE_DEVICES``, and how many pools the worker process has created and shut
+    down."""
     info: Dict[str, Dict[str, Any]] = client.run(_worker_pool_info)
     return info
 
@@ -246,6 +344,7 @@ def _worker_pool_info(dask_worker: Any) -> Dict[str, Any]:
     pool = getattr(plugin, "executor", None)
     return {
         "installed": pool is not None,
+        "made_on_first_use": pool is not None and bool(getattr(plugin, "made_on_first_use", False)),
         "backend": None if pool is None else pool.backend,
         "devices": [] if pool is None else [d["ordinal"] for d in pool.devices],
         "lanes": 0 if pool is None else pool.lane_count,

@@ -1,10 +1,13 @@
 """gpupool.dask on a LocalCluster of 2 worker processes on the CPU backend: grouped and per-block
 map_blocks and the cluster Executor give NumPy's results, a worker killed mid-run loses no
 block, each worker's pool is created once and shut down with it, and a cluster trace comes
-back as one Chrome trace with a process per worker."""
+back as one Chrome trace with a process per worker. Without install, a worker (here in this
+process, so that its pool and its log line can be seen) makes a default pool once, says so
+once and shuts it down when it closes."""
 
 import concurrent.futures as cf
 import json
+import logging
 import os
 import pathlib
 import signal
@@ -238,14 +241,6 @@ def test_a_worker_killed_mid_run_loses_no_block(tmp_path):
         assert all(i["pools_created"] == 1 for i in after.values())
 
 
-def _no_pool():
-    try:
-        gd.worker_executor()
-    except RuntimeError as exc:
-        return str(exc)
-    return "no error"
-
-
 def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
     log = tmp_path / "pools.log"
 
@@ -271,11 +266,6 @@ def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
                 out.write(f"teardown {os.getpid()} {state}\n")
 
     with local_cluster() as cluster, Client(cluster) as c:
-        message = c.submit(_no_pool, pure=False).result()
-        assert "gpupool.dask.install" in message
-        with pytest.raises(RuntimeError, match="gpupool.dask.install"):
-            with gd.trace(c):
-                pass
         if not gpupool.cuda_available()[0]:
             # A pool that cannot be made fails the install, and leaves no plugin behind.
             with pytest.raises(gpupool.BackendUnavailableError):
@@ -288,6 +278,7 @@ def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
             np.testing.assert_array_equal(y.compute(), np.arange(4_000.0) ** 2)
         info = gd.pool_info(c)
         assert [i["lanes"] for i in info.values()] == [3, 3]
+        assert not any(i["made_on_first_use"] for i in info.values())
         assert [i["pools_created"] for i in info.values()] == [1, 1]
         assert [i["pools_closed"] for i in info.values()] == [0, 0]
         pids = {i["pid"] for i in info.values()}
@@ -299,3 +290,73 @@ def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
 def test_install_refuses_unknown_options():
     with pytest.raises(TypeError, match="threads_per_gpu"):
         gd.PoolPlugin(threads=4)
+
+
+# -- without install: a default pool per worker, made on first use --------------------------------
+
+def in_process_cluster(n_workers):
+    # Workers in this process (their pools, plugins and log records are visible here), several
+    # task threads each so that first uses race.
+    return LocalCluster(n_workers=n_workers, processes=False, threads_per_worker=4,
+                        dashboard_address=":0")
+
+
+def first_use_warnings(caplog):
+    return [r.getMessage() for r in caplog.records
+            if r.name == "gpupool.dask" and r.levelno == logging.WARNING]
+
+
+def test_kernel_before_install_makes_one_default_pool_and_says_so_once(caplog):
+    caplog.set_level(logging.WARNING, logger="gpupool.dask")
+    created, closed = gd._pools_created, gd._pools_closed
+    with in_process_cluster(1) as cluster, Client(cluster) as c:
+        (worker,) = cluster.workers.values()
+        x = da.random.random(20_000, chunks=250)  # 80 blocks over 4 task threads
+        values, squares = c.compute([x, x.map_blocks(gd.kernel(gpupool.kernels.square))],
+                                    sync=True)
+        np.testing.assert_array_equal(squares, values * values)
+        k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = a * x")
+        grouped = gd.map_blocks(k, x, 3.0, blocks_per_task=8)
+        values, tripled = c.compute([x, grouped], sync=True)
+        np.testing.assert_allclose(tripled, 3.0 * values)
+
+        assert gd._pools_created == created + 1  # one pool, however many threads raced
+        (info,) = gd.pool_info(c).values()
+        assert info["installed"] and info["made_on_first_use"]
+        (message,) = first_use_warnings(caplog)  # said once
+        assert worker.address in message and "default settings" in message
+        assert f"{info['lanes']} lanes" in message
+        assert "gpupool.dask.install(client" in message  # how to choose the settings
+
+        pool = worker.plugins[gd.PLUGIN_NAME].executor
+        assert pool.submit(pow, 2, 5).result(timeout=30) == 32
+    # Shut down with the worker, as an installed pool is.
+    assert gd._pools_closed == closed + 1
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        pool.submit(int)
+
+
+def test_install_replaces_a_default_pool_and_trace_makes_one_on_each_worker(caplog):
+    caplog.set_level(logging.WARNING, logger="gpupool.dask")
+    with in_process_cluster(2) as cluster, Client(cluster) as c:
+        x = da.random.random(8_000, chunks=200)
+        # The trace starts on each worker's event loop (client.run): that path makes the pools.
+        with gd.trace(c) as t:
+            values, squares = c.compute([x, x.map_blocks(gd.kernel(gpupool.kernels.square))],
+                                        sync=True)
+        np.testing.assert_array_equal(squares, values * values)
+        assert sum(r["name"] == "square" for r in t.records()) == 40
+        assert t.workers == sorted(cluster.scheduler_info["workers"])
+        messages = first_use_warnings(caplog)
+        assert sorted(next(a for a in t.workers if a in m) for m in messages) == t.workers
+
+        defaults = [w.plugins[gd.PLUGIN_NAME].executor for w in cluster.workers.values()]
+        gd.install(c, threads_per_gpu=3)
+        for pool in defaults:
+            with pytest.raises(RuntimeError, match="after shutdown"):
+                pool.submit(int)
+        info = gd.pool_info(c)
+        assert [(i["lanes"], i["made_on_first_use"]) for i in info.values()] == [(3, False)] * 2
+        y = x.map_blocks(gd.kernel(gpupool.kernels.square))
+        np.testing.assert_array_equal(y.compute(), x.compute() ** 2)
+        assert len(first_use_warnings(caplog)) == 2  # nothing more said after install
