@@ -34,9 +34,13 @@ def test_dask_threads_scheduler_runs_arrays_and_delayed_on_the_pool(executor):
         calls = [dask.delayed(_lane_index)(i) for i in range(40)]
         total = dask.delayed(lambda pairs: (sum(v * v for v, _ in pairs), {i for _, i in pairs}))
         squares, lanes = total(calls).compute()
+        bag = pytest.importorskip("dask.bag").from_sequence(range(30), npartitions=6)
+        bag_pairs = bag.map(_lane_index).compute()
     assert squares == sum(i * i for i in range(40))
+    assert [v for v, _ in bag_pairs] == list(range(30))
     # Every call ran on a lane of this pool (current_lane raises anywhere else).
-    assert lanes and lanes <= set(range(executor.lane_count))
+    lanes |= {i for _, i in bag_pairs}
+    assert lanes <= set(range(executor.lane_count))
 
 
 def test_dask_threads_scheduler_raises_a_task_error_from_the_pool(executor):
@@ -104,8 +108,9 @@ def test_asyncio_refuses_the_pool_as_its_default_executor():
 
 # -- tornado ---------------------------------------------------------------------------------------
 
-def test_tornado_run_on_executor_runs_methods_on_lanes(executor):
+def test_tornado_runs_methods_and_calls_on_lanes(executor):
     tornado_concurrent = pytest.importorskip("tornado.concurrent")
+    tornado_ioloop = pytest.importorskip("tornado.ioloop")
 
     class Handler:
         def __init__(self, pool):
@@ -117,10 +122,16 @@ def test_tornado_run_on_executor_runs_methods_on_lanes(executor):
 
     async def main():
         handler = Handler(executor)
-        return await asyncio.gather(*[handler.lane_of(i) for i in range(20)])
+        pairs = await asyncio.gather(*[handler.lane_of(i) for i in range(20)])
+        loop = tornado_ioloop.IOLoop.current()
+        pairs.append(await loop.run_in_executor(executor, _lane_index, 20))
+        # On asyncio, tornado's default executor is asyncio's, which refuses the pool.
+        with pytest.raises(TypeError, match="ThreadPoolExecutor"):
+            loop.set_default_executor(executor)
+        return pairs
 
     pairs = asyncio.run(main())
-    assert [v for v, _ in pairs] == list(range(20))
+    assert [v for v, _ in pairs] == list(range(21))
     assert {i for _, i in pairs} <= set(range(executor.lane_count))
 
 
