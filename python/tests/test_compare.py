@@ -11,9 +11,10 @@ import pytest
 
 from gpupool.compare import main
 from gpupool.compare import _programs, _report
-from gpupool.compare._harness import (FAILED, GPUPOOL, OK, SKIPPED, Contender, Skip, Timing,
-                                      WrongResult, measure, measure_interleaved)
-from gpupool.compare._workloads import check_squares
+from gpupool.compare._harness import (ALTERNATIVE, ANCHOR, FAILED, GPUPOOL, LIMIT, OK, SKIPPED,
+                                      Contender, Result, Skip, Timing, WrongResult, measure,
+                                      measure_interleaved)
+from gpupool.compare._workloads import check_squares, sizes
 
 HAS_CUPY = importlib.util.find_spec("cupy") is not None
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -74,6 +75,12 @@ def test_tiny_cpu_run_checks_and_times_what_can_run(tmp_path, capsys):
     numpy_entry = next(r for r in table["rows"] if r["variant"] == "NumPy on the CPU, 1 thread")
     assert numpy_entry["of_limit"] > 0
     assert "W2:" in printed and "x best alt" in printed
+    # No share of a limit above 100% goes unremarked: the limit bounds any program.
+    for workload, t in document["tables"].items():
+        for entry in t["rows"]:
+            if (entry.get("of_limit") or 0) > 1:
+                assert "measured low" in entry["note"], (workload, entry)
+                assert any(entry["variant"] in n for n in t["notes"])
     if plot:
         assert (tmp_path / "compare.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
@@ -284,3 +291,128 @@ def test_w8_alone_runs_on_data_of_its_own(tmp_path):
             else:
                 assert r["status"] == SKIPPED and "CuPy" in r["reason"], (table, name)
     assert status == 0
+
+
+FULL_SIZE = sizes(False, 1.0)
+W1_BYTES = FULL_SIZE["W1"][0] * FULL_SIZE["W1"][1] * 8
+W4_TASK_BYTES = FULL_SIZE["W4"][1] * 8
+
+
+def limit_of(workload, limits, gpus=1, results=()):
+    return _report.workload_limit(workload, limits, list(results), FULL_SIZE, gpus)[0]
+
+
+def test_each_limit_is_the_bound_of_any_program():
+    """The copy engines (pinned copies both ways at once, on every GPU) bound W1-W4 and W8: a
+    program may skip the host memcpy (a slower rate here) and coalesce W4's tasks into few
+    launches, so neither is a limit. W4's is its data volume at that rate."""
+    limits = {"both_gb_s": 48.0, "all_both_gb_s": 48.5, "host_memcpy_gb_s": 30.0,
+              "launch_us": 5.0}
+    for workload in ("W2", "W3", "W8@W2"):
+        assert limit_of(workload, limits) == 48.5
+    assert limit_of("W1", limits) == pytest.approx(W1_BYTES / 48.5e9 * 1e3)
+    for workload in ("W4", "W8@W4"):
+        assert limit_of(workload, limits) == pytest.approx(48.5e9 / W4_TASK_BYTES)
+        assert limit_of(workload, limits) > 1e6 / limits["launch_us"]
+    # GPU 0's copies alone (through CuPy) on a machine of two: as fast on each GPU at best.
+    assert limit_of("W2", {"both_gb_s": 40.0, "host_memcpy_gb_s": 9.0}, gpus=2) == 80.0
+    assert limit_of("W2", {"both_gb_s": 40.0, "host_memcpy_gb_s": 9.0}) == 40.0
+    # No GPU copies measured (the CPU backend): every program reads and writes host memory.
+    assert limit_of("W2", {"host_memcpy_gb_s": 9.0}) == 9.0
+    assert limit_of("W4", {"host_memcpy_gb_s": 9.0}) == pytest.approx(9e9 / W4_TASK_BYTES)
+    # W5: the fastest one launch over all the data (ms: the lowest); W6: every GPU's copies at
+    # once (GB/s: its rows' rate on every GPU is what it bounds); W6c: the GPUs.
+    launches = [Result("W5", "CuPy one launch over all the data (limit)", LIMIT, OK, "ms", 4.1),
+                Result("W5", "CUDA one launch over all the data (limit)", LIMIT, OK, "ms", 3.6),
+                Result("W5", "gpupool (Python) map", GPUPOOL, OK, "ms", 3.0)]
+    assert limit_of("W5", limits, results=launches) == 3.6
+    assert limit_of("W6", limits, gpus=2) == 48.5
+    assert limit_of("W6c", limits, gpus=4) == 4.0
+    assert limit_of("W2", {}) is None
+
+
+def summary_of(results, limits, gpus=1):
+    class Comparison:
+        pass
+
+    Comparison.results, Comparison.limits, Comparison.size, Comparison.gpus = \
+        results, limits, FULL_SIZE, gpus
+    return _report.summarise(Comparison)
+
+
+def test_a_share_above_the_limit_is_never_shown_silently():
+    limits = {"all_both_gb_s": 40.0, "host_memcpy_gb_s": 30.0}
+    results = [Result("W2", "motivating program, 5 threads", ANCHOR, OK, "GB/s", 2.0),
+               Result("W2", "NumPy on the CPU, 16 threads", ALTERNATIVE, OK, "GB/s", 30.0),
+               Result("W2", "gpupool (Python) map, defaults", GPUPOOL, OK, "GB/s", 42.0)]
+    tables = summary_of(results, limits)
+    rows = {r["variant"]: r for r in tables["W2"]["rows"]}
+    over = rows["gpupool (Python) map, defaults"]
+    assert over["of_limit"] == pytest.approx(42 / 40)
+    assert "105% of the limit" in over["note"] and "measured low" in over["note"]
+    assert "note" not in rows["NumPy on the CPU, 16 threads"]
+    assert rows["NumPy on the CPU, 16 threads"]["of_limit"] == pytest.approx(0.75)
+    assert len(tables["W2"]["notes"]) == 1
+    text = _report.table_text(tables, lambda w: "test")
+    assert "105%!" in text
+    assert "! above the limit: gpupool (Python) map, defaults: 105% of the limit" in text
+    # Within the limit: no mark, no note.
+    results[2].figure = 39.0
+    tables = summary_of(results, limits)
+    assert tables["W2"]["notes"] == [] and "%!" not in _report.table_text(tables, lambda w: "")
+
+
+def test_floors_have_no_share_and_w6_is_judged_by_its_rate_on_every_gpu():
+    limits = {"all_both_gb_s": 90.0, "both_gb_s": 46.0}
+    results = [
+        Result("W4", "ThreadPoolExecutor running a no-op, 1 thread (floor)", LIMIT, OK,
+               "tasks/s", 9e9),
+        Result("W4", "gpupool (Python) map", GPUPOOL, OK, "tasks/s", 2.5e5),
+        Result("W6", "gpupool (Python) map", GPUPOOL, OK, "x", 1.9,
+               extra={"gb_per_s_every_gpu": 72.0, "gb_per_s_one_gpu": 38.0}),
+        Result("W6", "gpupool (C++) map", GPUPOOL, OK, "x", 1.8,
+               extra={"per_device": {"gb_per_s_every_gpu": 81.0, "gb_per_s_one_gpu": 45.0}})]
+    tables = summary_of(results, limits, gpus=2)
+    w4 = {r["variant"]: r for r in tables["W4"]["rows"]}
+    assert w4["ThreadPoolExecutor running a no-op, 1 thread (floor)"]["of_limit"] is None
+    assert w4["gpupool (Python) map"]["of_limit"] == pytest.approx(2.5e5 * W4_TASK_BYTES / 90e9)
+    w6 = {r["variant"]: r for r in tables["W6"]["rows"]}
+    assert w6["gpupool (Python) map"]["of_limit"] == pytest.approx(0.8)
+    assert w6["gpupool (C++) map"]["of_limit"] == pytest.approx(0.9)
+    assert tables["W6"]["limit_unit"] == "GB/s"
+    assert "90 GB/s" in _report.table_text(tables, lambda w: "")
+
+
+def test_every_label_of_the_plot_is_whole_and_inside_the_figure():
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    long_names = [
+        "gpupool (Python) map of a compiled kernel over CuPy arrays into given outputs (out=), "
+        "defaults (measured: 16 lanes x 4 MiB)",
+        "(a) the motivating function unchanged in gpupool.Executor, 5 lanes x 4 MiB, with a "
+        "name longer than any the comparison makes today",
+        "motivating program, 5 threads (measured in turn with gpupool's rows) (measured in W2)",
+        "NumPy on the CPU, 1 thread"]
+    tables = {}
+    for i, workload in enumerate(("W1", "W2", "W4", "W5", "W8@W2")):
+        results = [Result(workload, name, kind, OK, "GB/s", 1.0 + j + i)
+                   for j, (name, kind) in enumerate(zip(long_names,
+                                                        (GPUPOOL, GPUPOOL, ANCHOR, ALTERNATIVE)))]
+        tables.update(summary_of(results, {"all_both_gb_s": 3.0}))
+    fig = _report.figure(tables, "gpupool compare (cpu, 0 GPU(s)): a machine with a long name")
+    try:
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        box = fig.bbox
+        texts = [t for t in fig.findobj(plt.Text) if t.get_visible() and t.get_text()]
+        labels = [t.get_text() for ax in fig.axes for t in ax.get_yticklabels()]
+        for name in long_names:  # each whole, wrapped at spaces, never cut
+            assert sum(" ".join(label.split()) == name for label in labels) == len(tables), name
+        assert len(texts) > 4 * len(tables)
+        for t in texts:
+            e = t.get_window_extent(renderer)
+            assert box.x0 <= e.x0 and e.x1 <= box.x1 and box.y0 <= e.y0 and e.y1 <= box.y1, \
+                (t.get_text(), e, box)
+    finally:
+        plt.close(fig)

@@ -20,37 +20,78 @@ if TYPE_CHECKING:
     from ._workloads import Comparison
 
 
+def copy_rate(limits: Dict[str, float], gpus: int) -> Optional[Tuple[float, str]]:
+    """(GB/s of input, what it is): the fastest any program can move data to the GPUs and back,
+    both directions at once on every GPU the run uses (the copy engines, measured with pinned
+    memory so that no host copy slows them). Without GPU copies measured (the CPU backend), the
+    host memcpy rate: there every program reads its input and writes its output in host
+    memory."""
+    if limits.get("all_both_gb_s"):
+        return limits["all_both_gb_s"], ("pinned copies both ways at once on every GPU: the "
+                                         "copy engines")
+    if limits.get("both_gb_s"):
+        if gpus > 1:  # measured on GPU 0 alone (through CuPy): each GPU at most as fast
+            return limits["both_gb_s"] * gpus, (f"GPU 0's pinned copies both ways at once x "
+                                                f"{gpus} GPUs: the copy engines")
+        return limits["both_gb_s"], "pinned copies both ways at once: the copy engines"
+    if limits.get("host_memcpy_gb_s"):
+        return limits["host_memcpy_gb_s"], ("host memcpy, best thread count (no GPU copies "
+                                            "measured)")
+    return None
+
+
 def workload_limit(workload: str, limits: Dict[str, float], results: Sequence[Result],
                    size: Dict[str, Any], gpus: int) -> Tuple[Optional[float], str]:
-    """(value in the workload's unit, what it is) or (None, why none)."""
-    def rate(*keys: str) -> Optional[Tuple[float, str]]:
-        """The lowest of the limits measured (non-zero) among ``keys``, with its key."""
-        found = [(limits[k], k) for k in keys if limits.get(k)]
-        return min(found) if found else None
-
-    pageable = rate("both_gb_s", "host_memcpy_gb_s")
-    name = {"both_gb_s": "pinned copies both ways at once, one GPU",
-            "host_memcpy_gb_s": "host memcpy, best thread count"}
-    if workload in ("W2", "W8@W2") and pageable:
-        return pageable[0], name[pageable[1]]
-    if workload == "W1" and pageable:
+    """(value, what it is) or (None, why none). The value bounds every program doing the
+    workload on this machine (docs/compare.md says why for each). It is in the workload's unit,
+    except W6's: GB/s of input on every GPU, since W6's rows are speed-ups and what the copy
+    engines bound is their rate on every GPU."""
+    copies = copy_rate(limits, gpus)
+    if workload in ("W2", "W3", "W8@W2") and copies:
+        return copies[0], copies[1]
+    if workload == "W1" and copies:
         chunks, elements = size["W1"]
-        return chunks * elements * 8 / 1e9 / pageable[0] * 1e3, \
-            f"W1's bytes at {pageable[0]:.1f} GB/s ({name[pageable[1]]})"
-    if workload == "W3" and limits.get("both_gb_s"):
-        return limits["both_gb_s"], name["both_gb_s"]
-    if workload in ("W4", "W8@W4") and limits.get("launch_us"):
-        return 1e6 / limits["launch_us"], "one kernel launch per task (measured launch latency)"
+        return (chunks * elements * 8 / 1e9 / copies[0] * 1e3,
+                f"W1's bytes at {copies[0]:.1f} GB/s, {copies[1]}")
+    if workload in ("W4", "W8@W4") and copies:
+        task_bytes = size["W4"][1] * 8
+        return (copies[0] * 1e9 / task_bytes,
+                f"every task's {task_bytes:,} bytes at {copies[0]:.1f} GB/s, {copies[1]}")
     if workload == "W5":
         one = best([r for r in results if r.workload == "W5"], (LIMIT,))
         if one is not None:
-            return one.figure, one.variant
-    if workload == "W6" and limits.get("all_both_gb_s") and limits.get("both_gb_s"):
-        return limits["all_both_gb_s"] / limits["both_gb_s"], \
-            "copies both ways on every GPU at once vs one GPU"
+            return one.figure, f"{one.variant}: the same arithmetic with no per-array cost"
+    if workload == "W6" and limits.get("all_both_gb_s"):
+        return limits["all_both_gb_s"], ("pinned copies both ways at once on every GPU: the "
+                                         "copy engines; of limit: each row's rate on every GPU")
     if workload == "W6c" and gpus >= 2:
-        return float(gpus), f"{gpus} GPUs, perfectly shared"
+        return float(gpus), f"{gpus} GPUs, the work shared perfectly"
     return None, "not measured in this run"
+
+
+def _every_gpu_rate(r: Result) -> Optional[float]:
+    """A W6 row's GB/s of input on every GPU (Python rows keep it in extra, the C++ programs'
+    in extra["per_device"])."""
+    rate = r.extra.get("gb_per_s_every_gpu")
+    if rate is None and isinstance(r.extra.get("per_device"), dict):
+        rate = r.extra["per_device"].get("gb_per_s_every_gpu")
+    return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+
+def _is_floor(r: Result) -> bool:
+    """A floor does none of the work (a no-op through a pool): it has no share of the limit."""
+    return r.kind == LIMIT and "(floor)" in r.variant
+
+
+def over_limit_note(share: float, what: str, variant: str) -> str:
+    """What a share above 100% means: no program doing the work can pass the limit, so it was
+    measured low in this run (or the row moved no data through a GPU: NumPy on the CPU)."""
+    note = (f"{100 * share:.0f}% of the limit ({what}), which bounds every program doing this "
+            "work: the limit was measured low in this run, and every share of it here is "
+            "overstated")
+    if variant.startswith("NumPy") and "copy engines" in what:
+        note += "; or, as this row runs on the CPU alone, it does not pass through the copy engines"
+    return note
 
 
 def summarise(comparison: Comparison) -> Dict[str, Any]:
@@ -67,6 +108,7 @@ def summarise(comparison: Comparison) -> Dict[str, Any]:
         limit, limit_what = workload_limit(workload, comparison.limits, comparison.results,
                                            comparison.size, comparison.gpus)
         table = []
+        notes: List[str] = []
         for r in rows:
             entry: Dict[str, Any] = {"variant": r.variant, "kind": r.kind, "status": r.status,
                                      "unit": r.unit, "figure": r.figure, "reason": r.reason}
@@ -75,12 +117,23 @@ def summarise(comparison: Comparison) -> Dict[str, Any]:
                     else None
                 entry["x_best_alternative"] = faster(r.unit, r.figure, alternative.figure) \
                     if alternative else None
-                entry["of_limit"] = (faster(r.unit, r.figure, limit) if limit else None)
+                share: Optional[float] = None
+                if limit and not _is_floor(r):
+                    if workload == "W6":
+                        rate = _every_gpu_rate(r)
+                        share = rate / limit if rate else None
+                    else:
+                        share = faster(r.unit, r.figure, limit)
+                entry["of_limit"] = share
+                if share is not None and share > 1.0:
+                    entry["note"] = over_limit_note(share, limit_what, r.variant)
+                    notes.append(f"{r.variant}: {entry['note']}")
             table.append(entry)
         tables[workload] = {
             "motivating": anchor.variant if anchor else None,
             "best_alternative": alternative.variant if alternative else None,
-            "limit": limit, "limit_is": limit_what, "rows": table}
+            "limit": limit, "limit_unit": "GB/s" if workload == "W6" else None,
+            "limit_is": limit_what, "notes": notes, "rows": table}
     return tables
 
 
@@ -107,7 +160,8 @@ def table_text(tables: Dict[str, Any], describe: Callable[[str], str]) -> str:
         lines.append("")
         lines.append(f"{workload}: {title}  [{unit};{better}]")
         if workload != "limits":
-            limit = f"{_num(t['limit'])} {unit} ({t['limit_is']})" if t["limit"] else \
+            limit_unit = t.get("limit_unit") or unit
+            limit = f"{_num(t['limit'])} {limit_unit} ({t['limit_is']})" if t["limit"] else \
                 t["limit_is"]
             lines.append(f"  limit: {limit}")
         lines.append(f"  {'variant':<66} {'figure':>16} {'x motiv.':>9} {'x best alt':>10} "
@@ -117,14 +171,18 @@ def table_text(tables: Dict[str, Any], describe: Callable[[str], str]) -> str:
             if r["status"] != OK:
                 lines.append(f"  {name:<66} {r['status'].upper()}: {r['reason']}")
                 continue
+            share = _num(r.get("of_limit"), "%") + ("!" if r.get("note") else "")
             lines.append(f"  {name:<66} {_num(r['figure']) + ' ' + r['unit']:>16} "
                          f"{_num(r.get('x_motivating'), 'x'):>9} "
                          f"{_num(r.get('x_best_alternative'), 'x'):>10} "
-                         f"{_num(r.get('of_limit'), '%'):>8}")
+                         f"{share:>8}")
+        for note in t.get("notes", []):
+            lines.append(f"  ! above the limit: {note}")
     lines.append("")
     lines.append("x motiv.: times faster than the motivating program (CuPy + ThreadPoolExecutor, "
                  "first row marked so) in this run; x best alt: than the best non-gpupool "
-                 "alternative; of limit: share of the machine's limit measured in this run.")
+                 "alternative; of limit: share of the machine's limit measured in this run, which "
+                 "bounds any program (!: above it, so the limit was measured low).")
     return "\n".join(lines)
 
 
@@ -217,12 +275,30 @@ def write_json(path: str, document: Dict[str, Any]) -> None:
     Path(path).write_text(json.dumps(clean(document), indent=1))
 
 
+#: Characters per line of a variant's name in the plot (longer names take more lines).
+LABEL_WIDTH = 46
+
 COLOURS = {ANCHOR: "#d62728", ALTERNATIVE: "#7f7f7f", GPUPOOL: "#1f77b4", LIMIT: "#2ca02c"}
 
 
 def plot(tables: Dict[str, Any], path: str, title: str) -> None:
-    """One figure: per workload, each measured variant's figure relative to the motivating
-    program (or, where there is none, to the best alternative), limits drawn as a line."""
+    """Draws ``figure(tables, title)`` into ``path`` (PNG, SVG or PDF by the extension)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig = figure(tables, title)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def figure(tables: Dict[str, Any], title: str) -> Any:
+    """One matplotlib figure: per workload, each measured variant's figure as a bar coloured by
+    kind, its limit as a dashed line. Variant names are wrapped onto as many lines as they need,
+    never cut, and the layout makes room for them inside the figure."""
+    import textwrap
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -233,25 +309,32 @@ def plot(tables: Dict[str, Any], path: str, title: str) -> None:
              any(r["status"] == OK and r.get("figure") for r in t["rows"])}
     if not shown:
         shown = {w: t for w, t in tables.items() if any(r["status"] == OK for r in t["rows"])}
-    count = max(1, len(shown))
-    columns = 2 if count > 1 else 1
-    rows = (count + columns - 1) // columns
-    heights = [max(2.0, 0.28 * len(t["rows"]) + 0.8) for t in shown.values()] or [2.0]
-    fig, axes = plt.subplots(rows, columns, figsize=(16, sum(heights) / columns + 1.5),
-                             squeeze=False)
+    labels = {w: ["\n".join(textwrap.wrap(r["variant"], LABEL_WIDTH)) or " "
+                  for r in t["rows"] if r["status"] == OK and r.get("figure")]
+              for w, t in shown.items()}
+    columns = 2 if len(shown) > 1 else 1
+    names = list(shown)
+    grid_rows = [names[i:i + columns] for i in range(0, len(names), columns)] or [[]]
+    # Each bar's band holds its label's lines; a row of plots is as tall as its tallest.
+    heights = [max([0.9 + 0.13 * sum(label.count("\n") + 1 for label in labels[w]) + 0.06 *
+                    len(labels[w]) for w in row] or [2.0]) for row in grid_rows]
+    fig, axes = plt.subplots(len(grid_rows), columns, squeeze=False,
+                             figsize=(16, sum(heights) + 1.2), dpi=110,
+                             gridspec_kw={"height_ratios": heights})
     for ax, (workload, t) in zip(axes.flat, shown.items()):
         measured = [r for r in t["rows"] if r["status"] == OK and r.get("figure")]
         unit = measured[0]["unit"] if measured else ""
-        names = [r["variant"][:55] for r in measured]
         values = [r["figure"] for r in measured]
         ax.barh(range(len(values)), values, color=[COLOURS.get(r["kind"], "#999")
                                                    for r in measured])
-        ax.set_yticks(range(len(values)), names, fontsize=7)
+        ax.set_yticks(range(len(values)), labels[workload], fontsize=7)
         ax.invert_yaxis()
-        if t.get("limit") and workload != "limits":
+        if t.get("limit") and workload != "limits" and not t.get("limit_unit"):
             ax.axvline(t["limit"], color=COLOURS[LIMIT], linestyle="--", linewidth=1)
         better = "higher is better" if UNITS.get(unit, True) else "lower is better"
-        ax.set_title(f"{workload} ({unit}, {better})", fontsize=9)
+        over = "; some bars pass the limit, measured low (see the table)" if t.get("notes") \
+            else ""
+        ax.set_title(f"{workload} ({unit}, {better}{over})", fontsize=9)
         ax.tick_params(axis="x", labelsize=7)
     for ax in list(axes.flat)[len(shown):]:
         ax.axis("off")
@@ -259,6 +342,5 @@ def plot(tables: Dict[str, Any], path: str, title: str) -> None:
     fig.legend(handles, ["motivating program", "alternative", "gpupool", "limit / floor"],
                loc="upper right", fontsize=8)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0, 0.92, 0.97))
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    fig.tight_layout(rect=(0, 0, 0.9, 0.97))
+    return fig
