@@ -195,3 +195,50 @@ def test_host_and_device_arrays_do_not_mix(gpu_executor):
         gpu_executor.map(k, [cp.ones(4)], [np.ones(4)])
     with pytest.raises(ValueError, match="elements"):
         gpu_executor.map(k, [cp.ones(4)], [cp.ones(5)])
+
+
+UNUSABLE_CACHE = textwrap.dedent("""
+    import sys, numpy as np, gpupool
+    for c in (2.0, 3.0):  # two kernels, each in an executor of its own
+        k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = a * x + 0.25;",
+                                "fallback_%d" % c)
+        with gpupool.Executor(threads_per_gpu=1, chunk_bytes=1 << 20, backend=sys.argv[1]) as ex:
+            (out,) = ex.map(k, [np.arange(1000.0)], c)
+        assert out.tolist() == [c * i + 0.25 for i in range(1000)], out[:5]
+    print("compiled", gpupool._ext.kernels_compiled())
+""")
+
+
+@pytest.mark.parametrize("place", ["under a file", "open to others", "of another user"])
+def test_an_unusable_cache_folder_compiles_for_the_process_and_says_so_once(backend, place,
+                                                                            tmp_path):
+    (tmp_path / "file").write_text("not a folder\n")
+    cache = tmp_path / "cache"
+    if place == "under a file":  # refused to anyone, root included
+        cache = tmp_path / "file" / "cache"
+    else:
+        cache.mkdir()
+        if place == "open to others":
+            cache.chmod(0o777)
+        else:
+            if os.geteuid() != 0:
+                pytest.skip("giving a folder to another user needs root (CI runs as root)")
+            os.chown(cache, 65534, 65534)
+    env = dict(os.environ, GPUPOOL_CACHE_DIR=str(cache))
+    env.pop("GPUPOOL_QUIET", None)
+    proc = subprocess.run([sys.executable, "-c", UNUSABLE_CACHE, backend], env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["compiled", "2"], proc.stdout
+    warnings = [line for line in proc.stderr.splitlines()
+                if "not using the kernel cache" in line]
+    assert len(warnings) == 1, proc.stderr
+    assert str(cache) in warnings[0], warnings[0]
+    if cache.is_dir():
+        assert not any(p.is_file() for p in cache.rglob("*")), "nothing is written there"
+    # GPUPOOL_QUIET=1 silences the notice; the kernels still run.
+    quiet = subprocess.run([sys.executable, "-c", UNUSABLE_CACHE, backend],
+                           env=dict(env, GPUPOOL_QUIET="1"), capture_output=True, text=True,
+                           timeout=300)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "not using the kernel cache" not in quiet.stderr, quiet.stderr

@@ -4,6 +4,7 @@
 #include <nvrtc.h>
 
 #include <mutex>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -143,8 +144,37 @@ std::string cache_key(const std::string& source, const std::vector<std::string>&
   return key;
 }
 
-std::string cache_path(const std::string& key) {
-  return cache_folder("cuda") + "/" + entry_file_name(key, ".cubin.entry");
+// Compiled images kept in memory (beyond them the least recently used is read from the disk
+// cache again, or compiled again): far more distinct kernels than a program uses, while a
+// process that makes ever new ones does not keep them all.
+constexpr std::size_t most_images_kept = 1024;
+
+// Where `key`'s entry lives on disk (nullopt: the cache folder cannot be used, and kernels are
+// compiled in memory), and the name it is remembered under in this process: the entry's path,
+// or for an image kept only in memory the full key, so that distinct kernels never share one.
+struct image_place {
+  std::optional<std::string> path;
+  std::string memo_key;
+};
+
+image_place place_of(const std::string& key) {
+  image_place place;
+  if (auto folder = kernel_cache_folder("cuda")) {
+    place.path = *folder + "/" + entry_file_name(key, ".cubin.entry");
+    place.memo_key = *place.path + '\n' + key;
+  } else {
+    place.memo_key = "memory\n" + key;
+  }
+  return place;
+}
+
+// An image that cannot be stored (a full disk, a folder made read-only meanwhile) is still used.
+void store_if_possible(const std::string& path, const std::string& key, const std::string& image) {
+  try {
+    store_entry(path, key, image);
+  } catch (const std::exception& e) {
+    warn_cache_unusable_once(e.what());
+  }
 }
 
 void require_nvrtc() {
@@ -166,14 +196,15 @@ std::shared_ptr<const std::string> compile_cubin(const elementwise_kernel& k,
   const auto options = options_for(major, minor);
   program p{cuda_source(k, is_array), k.name() + ".cu", k.name(), cuda_body_first_line(k), {}};
   const std::string key = cache_key(p.source, options, {});
-  const std::string path = cache_path(key);
-  static compile_once<std::shared_ptr<const std::string>> compiled;
-  return compiled.get(path, [&] {
+  const image_place place = place_of(key);
+  static compile_once<std::shared_ptr<const std::string>> compiled(most_images_kept);
+  return compiled.get(place.memo_key, [&] {
     // An entry that is missing, damaged or for another key is a miss: compiled and replaced.
-    if (auto cached = load_entry(path, key))
-      return std::make_shared<const std::string>(std::move(*cached));
+    if (place.path)
+      if (auto cached = load_entry(*place.path, key))
+        return std::make_shared<const std::string>(std::move(*cached));
     auto image = compile_program(p, options).first;
-    store_entry(path, key, image);
+    if (place.path) store_if_possible(*place.path, key, image);
     return std::make_shared<const std::string>(std::move(image));
   });
 }
@@ -185,11 +216,11 @@ std::shared_ptr<const raw_cubin> compile_raw_cubin(const raw_kernel& k, int majo
   // One entry holds the entry's lowered name (a line: mangled names have no newline) and then
   // the image, checked together.
   const std::string key = cache_key(p.source, options, "entry " + k.entry());
-  const std::string path = cache_path(key);
-  static compile_once<std::shared_ptr<const raw_cubin>> compiled;
-  return compiled.get(path, [&] {
+  const image_place place = place_of(key);
+  static compile_once<std::shared_ptr<const raw_cubin>> compiled(most_images_kept);
+  return compiled.get(place.memo_key, [&] {
     raw_cubin result;
-    if (auto cached = load_entry(path, key)) {
+    if (auto cached = place.path ? load_entry(*place.path, key) : std::nullopt) {
       const std::size_t end = cached->find('\n');
       if (end != std::string::npos && end > 0 && end + 1 < cached->size()) {
         result.entry = cached->substr(0, end);
@@ -198,7 +229,7 @@ std::shared_ptr<const raw_cubin> compile_raw_cubin(const raw_kernel& k, int majo
       }
     }
     auto [image, entry] = compile_program(p, options);
-    store_entry(path, key, entry + '\n' + image);
+    if (place.path) store_if_possible(*place.path, key, entry + '\n' + image);
     result.image = std::move(image);
     result.entry = std::move(entry);
     return std::make_shared<const raw_cubin>(std::move(result));

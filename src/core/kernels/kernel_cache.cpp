@@ -12,9 +12,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
+#include <mutex>
 #include <sstream>
 #include <string>
+#include <string_view>
+#include <system_error>
 #include <thread>
+#include <vector>
 
 #if GPUPOOL_HAS_LIBCRYPTO
 #include <openssl/evp.h>
@@ -70,6 +75,89 @@ void make_folders(const std::string& path) {
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
     throw error("gpupool: cannot create the kernel cache folder " + path + ": " +
                 system_message(errno));
+}
+
+// A private folder this user owns may still refuse writes (mode 0500, a read-only mount): then
+// nothing could be stored, and compiling would fail at the first entry written.
+void require_writable_folder(const std::string& path) {
+  if (::access(path.c_str(), W_OK | X_OK) != 0)
+    throw error("gpupool: cannot write to the kernel cache folder " + path + ": " +
+                system_message(errno));
+}
+
+bool quiet_from_environment() noexcept {
+  const char* v = std::getenv("GPUPOOL_QUIET");
+  return v != nullptr && std::string_view(v) == "1";
+}
+
+std::atomic<bool> cache_warning_given{false};
+
+// The process's own folder for compilers that need files when the cache cannot be used. Leaked:
+// it is read by the exit handler, after static destructors may have run.
+struct scratch_state {
+  std::mutex mutex;
+  pid_t owner = 0;  // the process that made `path` (a fork()ed child makes its own)
+  std::string path;
+  bool removal_registered = false;
+};
+
+scratch_state& scratch() {
+  static auto* const state = new scratch_state;
+  return *state;
+}
+
+// Runs at exit in the process that registered it and in its fork()ed children, which inherit
+// the handler: each removes only a folder it made itself.
+void remove_scratch_folder() noexcept {
+  scratch_state& s = scratch();
+  if (s.path.empty() || s.owner != ::getpid()) return;
+  std::error_code ignored;
+  std::filesystem::remove_all(s.path, ignored);
+}
+
+// Whether a private folder made in `parent` stays private: no one else can swap it for one of
+// their own. That holds where only this user or root can write to the parent, or where the
+// parent is sticky (as /tmp is), so that others cannot rename or remove what they do not own.
+bool safe_parent(const std::string& parent) {
+  struct stat st {};
+  if (parent.empty() || parent.front() != '/' || ::stat(parent.c_str(), &st) != 0 ||
+      !S_ISDIR(st.st_mode))
+    return false;
+  if (st.st_uid != ::geteuid() && st.st_uid != 0) return false;
+  return (st.st_mode & (S_IWGRP | S_IWOTH)) == 0 || (st.st_mode & S_ISVTX) != 0;
+}
+
+// The process's scratch folder (mode 0700), made at the first call in $TMPDIR, else /tmp.
+std::string scratch_folder() {
+  scratch_state& s = scratch();
+  std::lock_guard lock(s.mutex);
+  if (s.owner == ::getpid() && !s.path.empty()) {
+    try {
+      require_private_folder(s.path);
+      return s.path;
+    } catch (const error&) {
+      // Removed or changed under this process: make another.
+    }
+  }
+  std::string why = "no safe temporary folder";
+  std::vector<std::string> parents;
+  if (const char* tmp = std::getenv("TMPDIR"); tmp != nullptr && *tmp == '/')
+    parents.push_back(tmp);
+  parents.push_back("/tmp");
+  for (const std::string& parent : parents) {
+    if (!safe_parent(parent)) continue;
+    std::string pattern = parent + "/gpupool-kernels-XXXXXX";
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      why = "cannot make a folder in " + parent + ": " + system_message(errno);
+      continue;
+    }
+    s.owner = ::getpid();
+    s.path = std::move(pattern);
+    if (!s.removal_registered) s.removal_registered = std::atexit(remove_scratch_folder) == 0;
+    return s.path;
+  }
+  throw error("gpupool: no folder to compile kernels in (the kernel cache cannot be used, and " +
+              why + ")");
 }
 
 #if !GPUPOOL_HAS_LIBCRYPTO
@@ -153,11 +241,51 @@ void require_private_folder(const std::string& path) {
                 "would run; make it private (chmod 700) or set GPUPOOL_CACHE_DIR");
 }
 
-std::string cache_folder(const std::string& kind) {
+std::string persistent_cache_folder(const std::string& kind) {
   const std::string root = kernel_cache_directory();
   const std::string path = root + "/" + kind;
-  make_folders(path);
+  // The root is checked before anything is made inside it.
+  make_folders(root);
   require_private_folder(root);
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    throw error("gpupool: cannot create the kernel cache folder " + path + ": " +
+                system_message(errno));
+  require_private_folder(path);
+  require_writable_folder(path);
+  return path;
+}
+
+void warn_cache_unusable_once(const std::string& why) noexcept {
+  if (cache_warning_given.exchange(true)) return;
+  if (quiet_from_environment()) return;
+  constexpr std::string_view prefix = "gpupool: ";
+  const std::string_view reason =
+      std::string_view(why).substr(why.rfind(prefix, 0) == 0 ? prefix.size() : 0);
+  std::fprintf(stderr,
+               "gpupool: not using the kernel cache: %.*s. Kernels are compiled for this process "
+               "only (GPUPOOL_QUIET=1 silences this notice)\n",
+               static_cast<int>(reason.size()), reason.data());
+}
+
+bool cache_unusable_warned() noexcept {
+  return cache_warning_given.load();
+}
+
+std::optional<std::string> kernel_cache_folder(const std::string& kind) {
+  try {
+    return persistent_cache_folder(kind);
+  } catch (const std::exception& e) {
+    warn_cache_unusable_once(e.what());
+    return std::nullopt;
+  }
+}
+
+std::string cache_folder(const std::string& kind) {
+  if (kind != "host" && kind != "cuda") return persistent_cache_folder(kind);
+  if (auto folder = kernel_cache_folder(kind)) return *folder;
+  const std::string path = scratch_folder() + "/" + kind;
+  if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)
+    throw error("gpupool: cannot create the folder " + path + ": " + system_message(errno));
   require_private_folder(path);
   return path;
 }

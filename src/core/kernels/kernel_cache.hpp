@@ -10,10 +10,33 @@
 
 namespace gpupool::detail {
 
-/// kernel_cache_directory()/`kind`, created (mode 0700) if missing.
-/// @throw gpupool::error if it cannot be created, or if it or the cache directory is not a
-///        folder owned by this process's user and closed to writes by group and others.
+/// kernel_cache_directory()/`kind`, created (mode 0700) if missing, checked as the cache's rules
+/// say: it and the cache directory must be folders owned by this process's user, closed to
+/// writes by group and others, and writable by this user.
+/// @throw gpupool::error naming the folder and what is wrong.
+std::string persistent_cache_folder(const std::string& kind);
+
+/// The folder of compiled kernels of `kind` ("host", "cuda") kept between processes:
+/// persistent_cache_folder(kind) where it can be used; nullopt where it cannot, after one warning
+/// on stderr per process (none when GPUPOOL_QUIET is 1). A kernel is never refused for want of a
+/// cache: without one it is compiled for this process only. Nothing is ever read from or written
+/// to a folder that fails the checks.
+std::optional<std::string> kernel_cache_folder(const std::string& kind);
+
+/// The folder `kind`'s entries go to. For compiled kernels ("host", "cuda"): kernel_cache_folder,
+/// else `kind` inside a private folder of this process (mode 0700, made in $TMPDIR or /tmp and
+/// removed when the process exits), where a compiler that needs files writes them. For anything
+/// else (tuning results): persistent_cache_folder, whose error the caller reports.
+/// @throw gpupool::error where no folder can be had.
 std::string cache_folder(const std::string& kind);
+
+/// Prints, once per process, why the kernel cache is not used (`why`); later calls print nothing.
+/// Silent when GPUPOOL_QUIET is 1.
+void warn_cache_unusable_once(const std::string& why) noexcept;
+
+/// Whether warn_cache_unusable_once has printed (or, quiet, would have printed) its warning in
+/// this process.
+bool cache_unusable_warned() noexcept;
 
 /// Refuses (gpupool::error, naming the folder and what is wrong) a folder that is not a
 /// directory, is owned by another user, or is writable by group or others.
