@@ -9,6 +9,7 @@
 #include "gpupool/future.hpp"        // IWYU pragma: export
 #include "gpupool/host_vector.hpp"   // IWYU pragma: export
 #include "gpupool/lane.hpp"          // IWYU pragma: export
+#include "gpupool/map_stream.hpp"    // IWYU pragma: export
 #include "gpupool/options.hpp"       // IWYU pragma: export
 #include "gpupool/pinned.hpp"        // IWYU pragma: export
 #include "gpupool/pointer.hpp"       // IWYU pragma: export
