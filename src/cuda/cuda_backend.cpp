@@ -143,23 +143,33 @@ class cuda_timer final : public backend_timer {
 };
 
 // A CUBIN loaded into the process (cudaLibrary: context-independent, loaded into each device's
-// context on first launch there) and the kernels taken from it.
+// context on first launch there) and the kernels taken from it. The library is unloaded when the
+// last holder lets it go: the executors' backends hold their kernels (so do tasks in flight),
+// and an executor's lanes have waited out their streams before its backend goes, so no launch
+// of it is pending then. Without the unload, every executor that ran a compiled kernel left
+// its copy of the code loaded, host and device memory, for the rest of the process.
 class cuda_compiled final : public compiled_kernel {
  public:
-  cuda_compiled(std::vector<bool> is_array, const std::string& image, const char* entry,
-                const char* batch_entry, launch_shape shape)
-      : compiled_kernel(std::move(is_array)), shape_(shape) {
+  // `image_owner` keeps the bytes (and so their address, which identifies them in the process's
+  // table of loaded libraries) alive as long as this library.
+  cuda_compiled(std::vector<bool> is_array, std::shared_ptr<const void> image_owner,
+                const std::string& image, const char* entry, const char* batch_entry,
+                launch_shape shape)
+      : compiled_kernel(std::move(is_array)), image_owner_(std::move(image_owner)), shape_(shape) {
     GPUPOOL_CUDA_CHECK(
         cudaLibraryLoadData(&library_, image.data(), nullptr, nullptr, 0, nullptr, nullptr, 0));
-    GPUPOOL_CUDA_CHECK(cudaLibraryGetKernel(&single_, library_, entry));
-    if (batch_entry != nullptr)
-      GPUPOOL_CUDA_CHECK(cudaLibraryGetKernel(&batch_, library_, batch_entry));
+    try {
+      GPUPOOL_CUDA_CHECK(cudaLibraryGetKernel(&single_, library_, entry));
+      if (batch_entry != nullptr)
+        GPUPOOL_CUDA_CHECK(cudaLibraryGetKernel(&batch_, library_, batch_entry));
+    } catch (...) {
+      unload();
+      throw;
+    }
   }
   cuda_compiled(const cuda_compiled&) = delete;
   cuda_compiled& operator=(const cuda_compiled&) = delete;
-  // Kernels live as long as the process: the executors' caches hold them to the end, when the
-  // runtime may already be unloading.
-  ~cuda_compiled() override = default;
+  ~cuda_compiled() override { unload(); }
 
   [[nodiscard]] const void* single() const noexcept { return single_; }
   [[nodiscard]] const void* batch() const noexcept { return batch_; }
@@ -169,11 +179,79 @@ class cuda_compiled final : public compiled_kernel {
   [[nodiscard]] bool is_raw() const noexcept { return batch_ == nullptr; }
 
  private:
+  void unload() noexcept {
+    if (library_ == nullptr) return;
+    // At process exit the runtime may already be unloading (cudaErrorCudartUnloading), and with
+    // it every library: nothing is left to free then.
+    if (cudaLibraryUnload(library_) != cudaSuccess) (void)cudaGetLastError();
+    library_ = nullptr;
+  }
+
+  std::shared_ptr<const void> image_owner_;
   cudaLibrary_t library_ = nullptr;
   cudaKernel_t single_ = nullptr;
   cudaKernel_t batch_ = nullptr;
   launch_shape shape_;
 };
+
+// What a loaded kernel is made of: its compiled image (the address of bytes its library keeps
+// alive) and what the image alone does not say. A raw kernel's image depends only on its source
+// and entry, so two raw kernels of one source with another launch shape or other array
+// declarations share the image and need entries of their own.
+struct loaded_key {
+  std::uintptr_t image;
+  std::vector<bool> is_array;
+  unsigned block;
+  unsigned grid;
+  auto operator<=>(const loaded_key&) const = default;
+};
+
+// The libraries loaded now, shared by every executor of the process (and every device, which
+// loads a library on first launch), each held only by those that use it: an executor made while
+// another runs the same kernel loads nothing, and one made after the last user went loads the
+// image again. Entries of libraries gone are dropped as new ones come, so the table holds no
+// more than the libraries alive and as many again.
+class loaded_libraries {
+ public:
+  std::shared_ptr<const compiled_kernel> get(std::shared_ptr<const void> image_owner,
+                                             const std::string& bytes,
+                                             const std::vector<bool>& is_array, const char* entry,
+                                             const char* batch_entry, launch_shape shape) {
+    loaded_key key{reinterpret_cast<std::uintptr_t>(image_owner.get()), is_array, shape.block,
+                   shape.grid};
+    std::lock_guard lock(mutex_);
+    if (auto it = loaded_.find(key); it != loaded_.end())
+      if (auto alive = it->second.lock()) return alive;
+    if (loaded_.size() >= 2 * live_after_sweep_ + 16) sweep();
+    auto made = std::make_shared<cuda_compiled>(is_array, std::move(image_owner), bytes, entry,
+                                                batch_entry, shape);
+    loaded_[std::move(key)] = made;
+    return made;
+  }
+
+  /// Libraries loaded now (for tests).
+  [[nodiscard]] std::size_t alive() {
+    std::lock_guard lock(mutex_);
+    sweep();
+    return loaded_.size();
+  }
+
+ private:
+  void sweep() {
+    std::erase_if(loaded_, [](const auto& entry) { return entry.second.expired(); });
+    live_after_sweep_ = loaded_.size();
+  }
+
+  std::mutex mutex_;
+  std::map<loaded_key, std::weak_ptr<const compiled_kernel>> loaded_;
+  std::size_t live_after_sweep_ = 0;
+};
+
+// Never destroyed: kernels may be let go by static destructors after main returns.
+loaded_libraries& libraries() {
+  static auto* const table = new loaded_libraries;
+  return *table;
+}
 
 class cuda_stream final : public backend_stream {
  public:
@@ -348,8 +426,9 @@ class cuda_backend final : public backend {
                                                  int ordinal) override {
     const auto [major, minor] = compute_capability(ordinal);
     auto image = cuda::compile_cubin(k, is_array, major, minor);
-    return loaded(image.get(), *image, is_array, kernel_entry_point, kernel_batch_entry_point,
-                  launch_shape{});
+    const std::string& bytes = *image;
+    return libraries().get(std::move(image), bytes, is_array, kernel_entry_point,
+                           kernel_batch_entry_point, launch_shape{});
   }
 
   std::shared_ptr<const compiled_kernel> compile(const raw_kernel& k, int ordinal) override {
@@ -357,7 +436,9 @@ class cuda_backend final : public backend {
     auto image = cuda::compile_raw_cubin(k, major, minor);
     std::vector<bool> is_array;
     for (const auto& p : k.inputs()) is_array.push_back(p.array);
-    return loaded(image.get(), image->image, is_array, image->entry.c_str(), nullptr, k.shape());
+    const cuda::raw_cubin& compiled = *image;
+    return libraries().get(std::move(image), compiled.image, is_array, compiled.entry.c_str(),
+                           nullptr, k.shape());
   }
 
   std::unique_ptr<backend_stream> open_stream(int ordinal) override {
@@ -367,31 +448,6 @@ class cuda_backend final : public backend {
     GPUPOOL_CUDA_CHECK(
         cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, ordinal));
     return std::make_unique<cuda_stream>(static_cast<unsigned>(sms * threads_per_sm));
-  }
-
-  // What a loaded kernel is made of: its compiled image (images are cached for the process, so
-  // the address identifies them) and what the image alone does not say. A raw kernel's image
-  // depends only on its source and entry, so two raw kernels of one source with another launch
-  // shape or other array declarations share the image and need entries of their own.
-  struct loaded_key {
-    std::uintptr_t image;
-    std::vector<bool> is_array;
-    unsigned block;
-    unsigned grid;
-    auto operator<=>(const loaded_key&) const = default;
-  };
-
-  // One loaded library per key, made from `bytes` (the image `image` owns) on first use; shared
-  // by every device, which loads it on first launch.
-  std::shared_ptr<const compiled_kernel> loaded(const void* image, const std::string& bytes,
-                                                const std::vector<bool>& is_array,
-                                                const char* entry, const char* batch_entry,
-                                                launch_shape shape) {
-    std::lock_guard lock(loaded_mutex_);
-    auto& slot =
-        loaded_[{reinterpret_cast<std::uintptr_t>(image), is_array, shape.block, shape.grid}];
-    if (!slot) slot = std::make_shared<cuda_compiled>(is_array, bytes, entry, batch_entry, shape);
-    return slot;
   }
 
   std::pair<int, int> compute_capability(int ordinal) const {
@@ -457,8 +513,6 @@ class cuda_backend final : public backend {
 
  private:
   int devices_;
-  std::mutex loaded_mutex_;
-  std::map<loaded_key, std::shared_ptr<const compiled_kernel>> loaded_;
 };
 
 // Page-locked, portable host memory (usable by every device): what the pinned cache hands out.
@@ -562,6 +616,10 @@ host_memory& host() {
 }
 
 }  // namespace
+
+std::size_t cuda::loaded_libraries_alive() {
+  return libraries().alive();
+}
 
 constinit const backend_registration cuda_backend_registration{backend_kind::cuda, &probe, &make,
                                                                &host};

@@ -3,6 +3,7 @@
 // NVRTC is loaded at run time (dlopen), so programs start where it is not installed.
 #pragma once
 
+#include <cstddef>
 #include <memory>
 #include <string>
 #include <vector>
@@ -31,5 +32,9 @@ struct raw_cubin {
 /// compile_cubin. @throw compile_error with NVRTC's log (and the source line), also when the
 /// source has no kernel named `k.entry()`.
 std::shared_ptr<const raw_cubin> compile_raw_cubin(const raw_kernel& k, int major, int minor);
+
+/// Compiled kernels loaded into the process now (cudaLibrary handles, shared by every executor
+/// that uses them and unloaded when the last lets go). Defined by the CUDA backend.
+std::size_t loaded_libraries_alive();
 
 }  // namespace gpupool::detail::cuda
