@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import concurrent.futures as _futures
 import contextlib
 import functools
@@ -498,22 +499,32 @@ class Executor(_futures.Executor):
 
     @overload
     def map(self, fn: AnyKernel, *iterables: Any, timeout: Optional[float] = None,
-            chunksize: int = 1, progress: bool = False,
+            chunksize: int = 1, buffersize: Optional[int] = None, progress: bool = False,
             out: Optional[Iterable[Any]] = None) -> Iterator[npt.NDArray[Any]]: ...
 
     @overload
     def map(self, fn: Callable[..., _T], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1,
-            progress: bool = False, out: Optional[Iterable[Any]] = None) -> Iterator[_T]: ...
+            buffersize: Optional[int] = None, progress: bool = False,
+            out: Optional[Iterable[Any]] = None) -> Iterator[_T]: ...
 
     def map(self, fn: Any, *iterables: Any, timeout: Optional[float] = None,
-            chunksize: int = 1, progress: bool = False,
+            chunksize: int = 1, buffersize: Optional[int] = None, progress: bool = False,
             out: Optional[Iterable[Any]] = None) -> Iterator[Any]:
         """Returns an iterator of ``fn(*items)`` in input order, like Executor.map.
 
-        With a built-in kernel, every array is checked at the call (TypeError/ValueError before
-        any work starts) and the work runs in C++ with the GIL released; the results are NumPy
-        arrays. For two-input kernels the two iterables must have the same length.
+        The map runs ahead of its consumer only as far as its window: calls whose results have
+        not been taken yet, together at most ``map_window_bytes`` of results (and, for built-in
+        kernels over host arrays, of inputs) and at most ``buffersize`` calls. More calls are
+        queued as results are taken, so a map of any length runs in bounded memory; a map
+        whose iterator is never read runs only its first window. With ``buffersize`` (as in
+        Python 3.14's ``Executor.map``: a whole number of at least 1) the iterables are read
+        lazily too, as the window has room; without it they are read whole at the call, as
+        ``concurrent.futures`` does (and a bad array is refused before anything runs).
+
+        With a built-in kernel, every array is checked (TypeError/ValueError) before it is
+        queued and the work runs in C++ with the GIL released; the results are NumPy arrays.
+        For two-input kernels the two iterables must have the same length.
 
         With ``progress=True`` a progress bar (tqdm) with rate and ETA advances as results come
         back; it stays silent when standard error is not a terminal.
@@ -526,63 +537,133 @@ class Executor(_futures.Executor):
         queued, may have run). The arrays hold their results once the iterator gives them (it
         waits for the whole map); after a TimeoutError or Ctrl-C, batches that had started have
         ended before the error reaches the caller. It saves making a new array per call, which
-        with thousands of small arrays costs the host as much as reading them."""
+        with thousands of small arrays costs the host as much as reading them.
+
+        A map over device arrays (CuPy, PyTorch) holds its inputs on the GPU already; without
+        ``buffersize`` it queues every call at once and makes its results there in one pass
+        (a few launches for thousands of arrays), and with ``out`` it writes arrays the caller
+        holds: neither is windowed. With ``buffersize`` it runs in windows of that many calls."""
         del chunksize  # every item is its own task; kept for Executor.map compatibility
+        window_calls = _buffersize(buffersize)
+        lazy = buffersize is not None
         deadline = None if timeout is None else time.monotonic() + timeout
         outputs = None if out is None else list(out)
         if outputs is not None and not isinstance(fn, _COMPILED):
             raise TypeError("gpupool: out is for compiled kernels (elementwise, raw) over device "
                             "arrays")
-        if isinstance(fn, _COMPILED):
-            calls, on_device = _compiled_calls(iterables)
-            if outputs is not None and not on_device:
-                raise TypeError("gpupool: out is for maps over device arrays; a map over host "
-                                "arrays returns new arrays in pinned memory")
-            with self._lock:
-                self._check_open()
-                if on_device:
-                    if self.backend != "cuda":
-                        raise TypeError("gpupool: device arrays need the CUDA backend")
-                    results = _device.map_compiled(self._core, fn, calls, _Future,
-                                                   out=outputs).results(deadline)
-                    if progress:
-                        results = _with_progress(results, len(calls), fn.name)
-                    return results
-                pending: List[_futures.Future[Any]] = []
-                try:
-                    for args in calls:
-                        # The extension makes the future with _Future (its stub: "object").
-                        pending.append(cast(_Future, self._core.launch_compiled(fn, args,
-                                                                                 _Future)))
-                except BaseException:
-                    for started in pending:
-                        started.cancel()
-                    raise
-        elif isinstance(fn, BuiltinKernel):
+        label = getattr(fn, "name", None) or getattr(fn, "__name__", "map")
+        if isinstance(fn, BuiltinKernel):
             if len(iterables) not in (1, 2):
                 raise TypeError(
                     f"gpupool: kernel '{fn.name}' takes {fn.arity} iterable(s) of arrays")
-            xs = list(iterables[0])
-            ys = list(iterables[1]) if len(iterables) == 2 else None
+            xs, first = _peek(iterables[0], lazy)
+            ys = (_peek(iterables[1], lazy)[0] if len(iterables) == 2 else None)
             with self._lock:
                 self._check_open()
-                if not (xs and _device.is_device_array(xs[0])):
-                    # Host arrays: every call queued now, results yielded in order straight from
-                    # C++ (no Future per call; TimeoutError, a failure or Ctrl-C cancels the
-                    # rest, as below).
+                if first is _NOTHING or not _device.is_device_array(first):
+                    # Host arrays: results yielded in order straight from C++ (no Future per
+                    # call; TimeoutError, a failure or Ctrl-C cancels the rest, as below).
                     left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                    in_order: Iterator[Any] = self._core.map_kernel_results(fn, xs, ys, left)
+                    in_order: Iterator[Any] = self._core.map_kernel_results(
+                        fn, xs, ys, left, window_calls, self.map_window_bytes, lazy)
                     if progress:
-                        in_order = _with_progress(in_order, len(xs), fn.name)
+                        in_order = _with_progress(in_order, _known_length(xs), fn.name)
                     return in_order
-                pending = self._kernel_futures(fn, xs, ys)
+            if self.backend != "cuda":
+                raise TypeError("gpupool: device arrays need the CUDA backend")
+            if not lazy:
+                # Device arrays: the inputs are on the GPU already and so go the results, in
+                # one pass (see the docstring); buffersize windows it.
+                with self._lock:
+                    self._check_open()
+                    pending = _device.launch(self._core, fn, cast(List[object], xs),
+                                             cast(Optional[List[object]], ys), _Future)
+                everything = _ordered_results(pending, deadline)
+                if progress:
+                    everything = _with_progress(everything, len(pending), fn.name)
+                return everything
+            calls: Iterable[Tuple[Any, ...]] = (zip(xs) if ys is None else zip(xs, ys))
+            arity = 1 if ys is None else 2
+            result_bytes = _array_bytes((first,))
+
+            def submit(batch: List[Tuple[Any, ...]]) -> List[_futures.Future[Any]]:
+                columns = list(zip(*batch))
+                with self._lock:
+                    self._check_open()
+                    return _device.launch(self._core, fn, list(columns[0]),
+                                          list(columns[1]) if arity == 2 else None, _Future)
+        elif isinstance(fn, _COMPILED):
+            if lazy:
+                first_call, raw = _peek_call(zip(*_elementwise_columns(iterables)))
+                on_device = first_call is not None and _on_device(first_call)
+                calls = raw if on_device else (tuple(_elementwise_arguments(call))
+                                               for call in raw)
+            else:
+                calls, on_device = _compiled_calls(iterables)
+            if outputs is not None and not on_device:
+                raise TypeError("gpupool: out is for maps over device arrays; a map over host "
+                                "arrays returns new arrays in pinned memory")
+            # A call's result is as long as its arrays: its largest array says how large.
+            if lazy:
+                result_bytes = _array_bytes(first_call or ())
+            else:
+                listed = cast(List[Tuple[Any, ...]], calls)
+                result_bytes = _array_bytes(listed[0]) if listed else 0
+            with self._lock:
+                self._check_open()
+                if on_device and self.backend != "cuda":
+                    raise TypeError("gpupool: device arrays need the CUDA backend")
+            if on_device and (outputs is not None or not lazy):
+                with self._lock:
+                    self._check_open()
+                    written = _device.map_compiled(self._core, fn, list(calls), _Future,
+                                                   out=outputs).results(deadline)
+                if progress:
+                    written = _with_progress(written, _known_length(calls), fn.name)
+                return written
+
+            def submit(batch: List[Tuple[Any, ...]]) -> List[_futures.Future[Any]]:
+                with self._lock:
+                    self._check_open()
+                    if on_device:
+                        return list(_device.map_compiled(self._core, fn, batch,
+                                                         _Future).futures)
+                    futures: List[_futures.Future[Any]] = []
+                    try:
+                        for args in batch:
+                            # The extension makes the future with _Future (stub: "object").
+                            futures.append(cast(_Future, self._core.launch_compiled(
+                                fn, args, _Future)))
+                    except BaseException:
+                        for started in futures:
+                            started.cancel()
+                        raise
+                    return futures
         else:
-            pending = self._submit_calls(fn, zip(*iterables))
-        results = _ordered_results(pending, deadline)
+            calls = zip(*iterables)
+            if not lazy:
+                calls = list(calls)
+            result_bytes = 0  # unknown until the first result
+            with self._lock:
+                self._check_open()
+
+            def submit(batch: List[Tuple[Any, ...]]) -> List[_futures.Future[Any]]:
+                return self._submit_calls(fn, iter(batch))
+
+        # Before the first result says how large results are, a few calls per lane.
+        first_batch = max(_FIRST_BATCH, 4 * self.lane_count)
+        stream = _MapStream(submit, iter(calls), window_calls, self.map_window_bytes,
+                            first_batch, deadline, result_bytes)
+        results: Iterator[Any] = stream.results()
         if progress:
-            results = _with_progress(results, len(pending), getattr(fn, "name", None) or
-                                     getattr(fn, "__name__", "map"))
+            results = _with_progress(results, _known_length(calls), label)
         return results
+
+    @property
+    def map_window_bytes(self) -> int:
+        """Bytes of results (with inputs, where the map holds them) that ``map`` keeps queued
+        ahead of its consumer: eight pieces per lane, and at least 1 GiB."""
+        return max(_MAP_WINDOW_FLOOR, 8 * self.lane_count * self.chunk_bytes)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         """Stops taking work. With ``cancel_futures``, work no lane has taken yet is cancelled
@@ -805,14 +886,13 @@ def _compiled_calls(iterables: Sequence[Any]) -> Tuple[List[Tuple[object, ...]],
     the first call has an array on a GPU (then the extension checks every value itself, with no
     Python work per array). Host calls have their numbers as Python numbers."""
     calls = list(zip(*_elementwise_columns(iterables)))
-    on_device = bool(calls) and any(
-        _device.is_device_array(a) and _as_number(a) is None for a in calls[0])
+    on_device = bool(calls) and _on_device(calls[0])
     if on_device:
         return calls, True
     return [tuple(_elementwise_arguments(call)) for call in calls], False
 
 
-def _with_progress(results: Iterable[_R], total: int, label: object) -> Iterator[_R]:
+def _with_progress(results: Iterable[_R], total: Optional[int], label: object) -> Iterator[_R]:
     # tqdm ships no type annotations (unused-ignore: where its stubs, types-tqdm, are installed).
     from tqdm import tqdm  # type: ignore[import-untyped, unused-ignore]
 
@@ -820,6 +900,145 @@ def _with_progress(results: Iterable[_R], total: int, label: object) -> Iterator
         for result in results:
             bar.update(1)
             yield result
+
+
+_NOTHING = object()
+# No limit on a map's calls in flight (the window's bytes still bound it).
+_NO_LIMIT = 2**64 - 1
+# The least window of a map, in bytes (see Executor.map_window_bytes).
+_MAP_WINDOW_FLOOR = 1 << 30
+# The least number of calls a map queues before its first result says how large results are.
+_FIRST_BATCH = 64
+
+
+def _buffersize(buffersize: object) -> int:
+    """The calls a map may run ahead of its consumer, as Python 3.14's ``buffersize``."""
+    if buffersize is None:
+        return _NO_LIMIT
+    if not isinstance(buffersize, int) or isinstance(buffersize, bool):
+        raise TypeError(f"buffersize must be an integer or None, not {buffersize!r}")
+    if buffersize < 1:
+        raise ValueError("buffersize must be None or > 0")
+    return buffersize
+
+
+def _peek(iterable: Iterable[Any], lazy: bool) -> Tuple[Iterable[Any], Any]:
+    """The iterable (a list unless ``lazy``) and its first item (_NOTHING if empty); a lazy
+    iterable's first item is read and put back in front."""
+    if not lazy:
+        items = list(iterable)
+        return items, (items[0] if items else _NOTHING)
+    iterator = iter(iterable)
+    first = next(iterator, _NOTHING)
+    if first is _NOTHING:
+        return iterator, first
+    return itertools.chain((first,), iterator), first
+
+
+def _peek_call(calls: Iterator[Tuple[Any, ...]]) -> Tuple[Optional[Tuple[Any, ...]],
+                                                          Iterator[Tuple[Any, ...]]]:
+    first = next(calls, None)
+    if first is None:
+        return None, calls
+    return first, itertools.chain((first,), calls)
+
+
+def _on_device(call: Sequence[Any]) -> bool:
+    return any(_device.is_device_array(a) and _as_number(a) is None for a in call)
+
+
+def _array_bytes(arguments: Iterable[Any]) -> int:
+    """The bytes of the largest array among a call's arguments (0 if none says)."""
+    sizes = [getattr(a, "nbytes", 0) for a in arguments]
+    return max([n for n in sizes if isinstance(n, int)], default=0)
+
+
+def _known_length(items: object) -> Optional[int]:
+    return len(items) if isinstance(items, (list, tuple)) else None
+
+
+def _result_bytes(result: object) -> int:
+    """What a result holds, as far as it says: an array's ``nbytes``, else its own size."""
+    nbytes = getattr(result, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    return sys.getsizeof(result, 64)
+
+
+class _MapStream:
+    """A map's calls queued as far ahead of its consumer as its window allows.
+
+    The window holds at most ``window_calls`` calls whose results have not been taken, and as
+    many as results of the largest size seen so far (at first ``result_bytes``, where the
+    caller knows it) fit in ``window_bytes``; before the first result says, ``first_batch``. Calls go ``_SUBMIT_BATCH`` at a time to ``submit``,
+    which returns their futures. The first batch is queued here, at the map's call, as concurrent.futures queues
+    its calls; the rest as results are taken. Leaving the iteration early (the consumer stops,
+    a failure, the timeout, Ctrl-C) cancels what is queued and queues nothing more."""
+
+    def __init__(self, submit: Callable[[List[Tuple[Any, ...]]], List[_futures.Future[Any]]],
+                 calls: Iterator[Tuple[Any, ...]], window_calls: int, window_bytes: int,
+                 first_batch: int, deadline: Optional[float], result_bytes: int = 0) -> None:
+        self._submit = submit
+        self._calls = calls
+        self._window_calls = window_calls
+        self._window_bytes = window_bytes
+        self._first_batch = first_batch
+        self._deadline = deadline
+        self._pending: collections.deque[_futures.Future[Any]] = collections.deque()
+        # The largest result taken so far, in bytes (or the size the caller expects); 0 before
+        # the first when nothing is expected.
+        self._largest = result_bytes
+        self._calls_left = True
+        self._top_up()
+
+    def _room(self) -> int:
+        queued = len(self._pending)
+        room = self._window_calls - queued
+        if self._largest:
+            room = min(room, self._window_bytes // self._largest - queued)
+        else:  # nothing known of the results' size yet: the first batch alone
+            room = min(room, self._first_batch - queued)
+        return max(room, 1 if not queued else 0)
+
+    def _top_up(self) -> None:
+        while self._calls_left:
+            room = self._room()
+            if room <= 0:
+                return
+            batch = list(itertools.islice(self._calls, min(room, _SUBMIT_BATCH)))
+            if not batch:
+                self._calls_left = False
+                return
+            try:
+                self._pending.extend(self._submit(batch))
+            except BaseException:
+                self._cancel()
+                raise
+
+    def _cancel(self) -> None:
+        self._calls_left = False
+        for future in self._pending:
+            future.cancel()
+        self._pending.clear()
+
+    def results(self) -> Iterator[Any]:
+        try:
+            while self._pending:
+                future = self._pending.popleft()
+                if self._deadline is None:
+                    result = _result_or_cancel(future)
+                else:
+                    result = _result_or_cancel(future,
+                                               max(0.0, self._deadline - time.monotonic()))
+                del future
+                self._largest = max(self._largest, _result_bytes(result), 1)
+                self._top_up()
+                # Handed on without a reference kept here, as concurrent.futures does.
+                taken = [result]
+                del result
+                yield taken.pop()
+        finally:
+            self._cancel()
 
 
 def _result_or_cancel(future: _futures.Future[_R], timeout: Optional[float] = None) -> _R:

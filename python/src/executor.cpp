@@ -144,11 +144,14 @@ class py_executor {
   }
 
   // A built-in kernel over each host array (pair), for Executor.map: the results in order,
-  // without a Python future per call (see kernel_map).
+  // without a Python future per call, queued as far ahead as `window_calls` and `window_bytes`
+  // allow (see kernel_map). With `lazy`, `xs` and `ys` are iterables read as the window has room.
   kernel_map* map_kernel_results(nb::pointer_and_handle<gpupool::builtin_kernel> kernel,
-                                 nb::sequence xs, std::optional<nb::sequence> ys,
-                                 std::optional<double> timeout) {
-    return new kernel_map(get(), kernel.h, *kernel.p, xs, ys, timeout);
+                                 nb::object xs, std::optional<nb::object> ys,
+                                 std::optional<double> timeout, std::size_t window_calls,
+                                 std::size_t window_bytes, bool lazy) {
+    return new kernel_map(get(), kernel.h, *kernel.p, std::move(xs), std::move(ys), timeout,
+                          map_window{window_calls, window_bytes}, lazy);
   }
 
   // A compiled kernel (elementwise or raw) over host arrays and numbers: one future (of
@@ -742,7 +745,8 @@ void bind_executor(nb::module_& m) {
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
            "future_type"_a)
       .def("map_kernel_results", &py_executor::map_kernel_results, "kernel"_a, "xs"_a,
-           "ys"_a.none(), "timeout"_a.none(), nb::rv_policy::take_ownership)
+           "ys"_a.none(), "timeout"_a.none(), "window_calls"_a, "window_bytes"_a, "lazy"_a,
+           nb::rv_policy::take_ownership)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::elementwise_kernel>,
            "kernel"_a, "args"_a, "future_type"_a)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,

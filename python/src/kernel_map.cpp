@@ -1,9 +1,9 @@
-// Executor.map over a built-in kernel and host arrays: every call checked, then queued at once
-// (the GIL let go once for all of them), and the results yielded in input order as NumPy arrays
-// in pinned memory. No Python future is made per call and no lane takes the GIL for the results
-// (one does, once, to let go of what a map dropped early kept for its running calls): a map of
-// thousands of tiny arrays costs what the core costs, not a Future, a hand-over and a wake-up
-// per array.
+// Executor.map over a built-in kernel and host arrays: calls checked, then queued as the map's
+// window has room (the GIL let go once per top-up), and the results yielded in input order as
+// NumPy arrays in pinned memory. No Python future is made per call and no lane takes the GIL for
+// the results (one does, once, to let go of what a map dropped early kept for its running
+// calls): a map of thousands of tiny arrays costs what the core costs, not a Future, a hand-over
+// and a wake-up per array; a map of many large arrays holds only its window's results.
 #include "kernel_map.hpp"
 
 #include <algorithm>
@@ -22,16 +22,55 @@
 
 namespace gpupool_python {
 
+checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
+                                      nb::handle x_object, nb::handle y_object, std::size_t index,
+                                      std::vector<gpupool::dtype>& alpha_checked) {
+  checked_kernel_call call{as_input(x_object, index, "x"), std::nullopt, gpupool::dtype{}};
+  const input_array& x = call.x;
+  call.type = gpupool_dtype(x.dtype());
+  if (k.takes_alpha() &&
+      std::find(alpha_checked.begin(), alpha_checked.end(), call.type) == alpha_checked.end()) {
+    check_alpha(kernel_object, k, call.type, "x[" + std::to_string(index) + "]");
+    alpha_checked.push_back(call.type);
+  }
+  if (!y_object.is_valid()) return call;
+  call.y = as_input(y_object, index, "y");
+  const input_array& y = *call.y;
+  if (y.dtype() != x.dtype() || y.ndim() != x.ndim() ||
+      !std::equal(x.shape_ptr(), x.shape_ptr() + x.ndim(), y.shape_ptr())) {
+    const std::string pair =
+        "x[" + std::to_string(index) + "] and y[" + std::to_string(index) + "]";
+    if (y.dtype() != x.dtype())
+      throw nb::value_error(("gpupool: " + pair + " differ in dtype (" + dtype_name(x.dtype()) +
+                             " and " + dtype_name(y.dtype()) +
+                             "); the two arrays of a call must have the same dtype")
+                                .c_str());
+    throw nb::value_error(("gpupool: " + pair + " differ in length or shape (" +
+                           std::to_string(x.size()) + " and " + std::to_string(y.size()) +
+                           " elements); the two arrays of a call must have the same shape")
+                              .c_str());
+  }
+  return call;
+}
+
+namespace {
+
+void check_kernel_arity(const gpupool::builtin_kernel& k, bool two_inputs) {
+  if (k.arity() == 2 && !two_inputs)
+    throw nb::value_error(
+        ("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
+  if (k.arity() == 1 && two_inputs)
+    throw nb::value_error(
+        ("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
+}
+
+}  // namespace
+
 checked_kernel_inputs check_kernel_inputs(nb::handle kernel_object,
                                           const gpupool::builtin_kernel& k, nb::sequence xs,
                                           std::optional<nb::sequence> ys) {
   const std::size_t n = nb::len(xs);
-  if (k.arity() == 2 && !ys)
-    throw nb::value_error(
-        ("gpupool: kernel '" + std::string(k.name()) + "' takes two arrays").c_str());
-  if (k.arity() == 1 && ys)
-    throw nb::value_error(
-        ("gpupool: kernel '" + std::string(k.name()) + "' takes one array").c_str());
+  check_kernel_arity(k, ys.has_value());
   if (ys && nb::len(*ys) != n)
     throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
                            " arrays and " + std::to_string(nb::len(*ys)) + ")")
@@ -40,33 +79,13 @@ checked_kernel_inputs check_kernel_inputs(nb::handle kernel_object,
   in.x.reserve(n);
   in.types.reserve(n);
   if (ys) in.y.reserve(n);
-  std::vector<gpupool::dtype> alpha_checked;  // the alpha fits each of these types
+  std::vector<gpupool::dtype> alpha_checked;
   for (std::size_t i = 0; i < n; ++i) {
-    in.x.push_back(as_input(xs[i], i, "x"));
-    const input_array& x = in.x.back();
-    const gpupool::dtype type = gpupool_dtype(x.dtype());
-    in.types.push_back(type);
-    if (k.takes_alpha() &&
-        std::find(alpha_checked.begin(), alpha_checked.end(), type) == alpha_checked.end()) {
-      check_alpha(kernel_object, k, type, "x[" + std::to_string(i) + "]");
-      alpha_checked.push_back(type);
-    }
-    if (!ys) continue;
-    in.y.push_back(as_input((*ys)[i], i, "y"));
-    const input_array& y = in.y.back();
-    if (y.dtype() != x.dtype() || y.ndim() != x.ndim() ||
-        !std::equal(x.shape_ptr(), x.shape_ptr() + x.ndim(), y.shape_ptr())) {
-      const std::string pair = "x[" + std::to_string(i) + "] and y[" + std::to_string(i) + "]";
-      if (y.dtype() != x.dtype())
-        throw nb::value_error(("gpupool: " + pair + " differ in dtype (" + dtype_name(x.dtype()) +
-                               " and " + dtype_name(y.dtype()) +
-                               "); the two arrays of a call must have the same dtype")
-                                  .c_str());
-      throw nb::value_error(("gpupool: " + pair + " differ in length or shape (" +
-                             std::to_string(x.size()) + " and " + std::to_string(y.size()) +
-                             " elements); the two arrays of a call must have the same shape")
-                                .c_str());
-    }
+    checked_kernel_call call = check_kernel_call(
+        kernel_object, k, xs[i], ys ? nb::handle((*ys)[i]) : nb::handle(), i, alpha_checked);
+    in.x.push_back(std::move(call.x));
+    in.types.push_back(call.type);
+    if (call.y) in.y.push_back(std::move(*call.y));
   }
   return in;
 }
@@ -79,52 +98,153 @@ using clock = std::chrono::steady_clock;
 // does not wake a thread asleep on a C++ future.
 constexpr auto wait_slice = std::chrono::milliseconds(50);
 
+// The next item of a Python iterator, or nothing at its end (its error raised as is).
+std::optional<nb::object> next_item(const nb::object& iterator) {
+  PyObject* item = PyIter_Next(iterator.ptr());
+  if (item == nullptr) {
+    if (PyErr_Occurred() != nullptr) throw nb::python_error();
+    return std::nullopt;
+  }
+  return nb::steal(item);
+}
+
 }  // namespace
 
 kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
-                       const gpupool::builtin_kernel& k, nb::sequence xs,
-                       std::optional<nb::sequence> ys, std::optional<double> timeout)
-    : inputs_(check_kernel_inputs(kernel_object, k, xs, ys)) {
+                       const gpupool::builtin_kernel& k, nb::object xs,
+                       std::optional<nb::object> ys, std::optional<double> timeout,
+                       map_window window, bool lazy)
+    : exec_(exec),
+      kernel_object_(nb::borrow(kernel_object)),
+      kernel_(k),
+      window_(window),
+      lazy_(lazy) {
+  if (window_.calls == 0 || window_.bytes == 0)
+    throw nb::value_error("gpupool: a map's window holds at least one call");
+  if (lazy_) {
+    check_kernel_arity(k, ys.has_value());
+    x_iter_ = nb::steal(PyObject_GetIter(xs.ptr()));
+    if (!x_iter_.is_valid()) throw nb::python_error();
+    if (ys) {
+      y_iter_ = nb::steal(PyObject_GetIter(ys->ptr()));
+      if (!y_iter_.is_valid()) throw nb::python_error();
+    }
+  } else {
+    inputs_ = check_kernel_inputs(
+        kernel_object, k, nb::borrow<nb::sequence>(xs),
+        ys ? std::optional<nb::sequence>(nb::borrow<nb::sequence>(*ys)) : std::nullopt);
+  }
   if (timeout) {
     // As concurrent.futures: a timeout already passed (or negative) times out at the first wait.
     const double seconds = *timeout >= 0 ? std::min(*timeout, 1e9) : 0.0;
     deadline_ = clock::now() +
                 std::chrono::duration_cast<clock::duration>(std::chrono::duration<double>(seconds));
   }
-  const std::size_t n = inputs_.x.size();
-  results_.reserve(n);
-  for (const input_array& x : inputs_.x)
-    results_.push_back(std::make_unique<pinned_block>(x.nbytes()));
-  std::vector<gpupool::transform_call> calls(n);
-  for (std::size_t i = 0; i < n; ++i)
-    calls[i] = {inputs_.x[i].data(), inputs_.y.empty() ? nullptr : inputs_.y[i].data(),
-                results_[i]->data(), inputs_.x[i].size()};
-  futures_.reserve(n);
-  // Queueing may wait for room in the in-flight budget: without the GIL, which nothing here
-  // needs (the arrays are held by this object, and no lane hands anything to Python).
-  nb::gil_scoped_release nogil;
+  top_up();
+}
+
+std::optional<checked_kernel_call> kernel_map::read_call() {
+  if (lookahead_) {
+    std::optional<checked_kernel_call> call = std::move(lookahead_);
+    lookahead_.reset();
+    return call;
+  }
+  if (inputs_done_) return std::nullopt;
+  if (!lazy_) {
+    if (read_ == inputs_.x.size()) {
+      inputs_done_ = true;
+      return std::nullopt;
+    }
+    const std::size_t i = read_++;
+    checked_kernel_call call{std::move(inputs_.x[i]), std::nullopt, inputs_.types[i]};
+    if (!inputs_.y.empty()) call.y = std::move(inputs_.y[i]);
+    return call;
+  }
+  const std::size_t index = handed_on_ + queued_.size();
+  std::optional<nb::object> x = next_item(x_iter_);
+  std::optional<nb::object> y;
+  if (y_iter_.is_valid()) y = next_item(y_iter_);
+  if (!x || (y_iter_.is_valid() && !y)) {
+    inputs_done_ = true;
+    if (x.has_value() != y.has_value() && y_iter_.is_valid())
+      throw nb::value_error(("gpupool: the two inputs differ in length (one ended after " +
+                             std::to_string(index) + " arrays)")
+                                .c_str());
+    return std::nullopt;
+  }
+  return check_kernel_call(kernel_object_, kernel_, *x, y ? nb::handle(*y) : nb::handle(), index,
+                           alpha_checked_);
+}
+
+void kernel_map::top_up() {
+  // Calls read now and queued below, in order; runs of one element type share a transform_each.
+  const std::size_t first = queued_.size();
   try {
-    // One transform_each per run of calls of one element type (a map's arrays share theirs).
-    for (std::size_t first = 0; first < n;) {
-      std::size_t end = first + 1;
-      while (end < n && inputs_.types[end] == inputs_.types[first]) ++end;
-      auto queued = exec.transform_each(
-          k, inputs_.types[first],
-          std::span<const gpupool::transform_call>(calls.data() + first, end - first));
-      for (auto& f : queued) futures_.push_back(std::move(f));
-      first = end;
+    while (true) {
+      // Full by count: nothing more is read (a lazy map reads no input before it has room).
+      if (!queued_.empty() && queued_.size() >= window_.calls) break;
+      std::optional<checked_kernel_call> call = read_call();
+      if (!call) break;
+      const std::size_t result_bytes = call->x.nbytes();
+      const std::size_t bytes = result_bytes + (lazy_ ? result_bytes * (call->y ? 2 : 1) : 0);
+      // A call always goes when nothing is queued, however large: the map must make progress.
+      if (!queued_.empty() && (bytes > window_.bytes || queued_bytes_ > window_.bytes - bytes)) {
+        lookahead_ = std::move(call);
+        break;
+      }
+      queued_call q{std::move(call->x), std::move(call->y),
+                    std::make_unique<pinned_block>(result_bytes), gpupool::future<void>(), bytes};
+      queued_.push_back(std::move(q));
+      queued_bytes_ += bytes;
+    }
+  } catch (...) {
+    // Not queued yet: dropped without a wait. What was queued before stays for next() to hand
+    // on or cancel; the error ends the map as a failed call would.
+    while (queued_.size() > first) {
+      queued_bytes_ -= queued_.back().bytes;
+      queued_.pop_back();
+    }
+    cancel_rest();
+    throw;
+  }
+  if (queued_.size() == first) return;
+  std::vector<gpupool::transform_call> calls;
+  std::vector<gpupool::dtype> types;
+  calls.reserve(queued_.size() - first);
+  types.reserve(queued_.size() - first);
+  for (std::size_t i = first; i < queued_.size(); ++i) {
+    const queued_call& q = queued_[i];
+    calls.push_back({q.x.data(), q.y ? q.y->data() : nullptr, q.result->data(), q.x.size()});
+    types.push_back(gpupool_dtype(q.x.dtype()));
+  }
+  std::size_t queued_now = 0;
+  try {
+    // Queueing may wait for room in the in-flight budget: without the GIL, which nothing here
+    // needs (the arrays are held by this object, and no lane hands anything to Python).
+    nb::gil_scoped_release nogil;
+    for (std::size_t at = 0; at < calls.size();) {
+      std::size_t end = at + 1;
+      while (end < calls.size() && types[end] == types[at]) ++end;
+      auto futures = exec_.transform_each(
+          kernel_, types[at],
+          std::span<const gpupool::transform_call>(calls.data() + at, end - at));
+      for (auto& f : futures) queued_[first + queued_now++].future = std::move(f);
+      at = end;
     }
   } catch (...) {
     // transform_each left nothing of its own calls running; the runs queued before it stop too,
     // before the arrays and result blocks they use are let go.
-    for (auto& f : futures_) (void)f.cancel();
-    for (auto& f : futures_) f.wait();
+    for (std::size_t i = first + queued_now; i < queued_.size(); ++i)
+      queued_bytes_ -= queued_[i].bytes;
+    queued_.resize(first + queued_now);
+    cancel_rest();
+    for (auto& q : queued_) q.future.wait();
     throw;
   }
 }
 
 kernel_map::~kernel_map() {
-  cancel_rest();
+  cancel_queued();
   // Calls that a lane had already started read their inputs and write their result block until
   // they end: those are kept (and let go with the GIL, by a hand-over) until then.
   struct kept_memory {
@@ -132,35 +252,43 @@ kernel_map::~kernel_map() {
     std::vector<input_array> inputs;
     std::vector<std::unique_ptr<pinned_block>> results;
   };
-  kept_memory* kept = nullptr;
-  std::vector<std::size_t> running;
-  for (std::size_t i = next_; i < futures_.size(); ++i)
-    if (!futures_[i].ready()) running.push_back(i);
+  std::vector<queued_call*> running;
+  for (queued_call& q : queued_)
+    if (q.future.valid() && !q.future.ready()) running.push_back(&q);
   if (running.empty()) return;
-  kept = new kept_memory;
+  auto* kept = new kept_memory;
   kept->running.store(running.size());
-  for (std::size_t i : running) {
-    kept->inputs.push_back(std::move(inputs_.x[i]));
-    if (!inputs_.y.empty()) kept->inputs.push_back(std::move(inputs_.y[i]));
-    kept->results.push_back(std::move(results_[i]));
+  for (queued_call* q : running) {
+    kept->inputs.push_back(std::move(q->x));
+    if (q->y) kept->inputs.push_back(std::move(*q->y));
+    kept->results.push_back(std::move(q->result));
   }
-  for (std::size_t i : running)
-    futures_[i].on_complete([kept](gpupool::future<void>&) {
+  for (queued_call* q : running)
+    q->future.on_complete([kept](gpupool::future<void>&) {
       if (kept->running.fetch_sub(1, std::memory_order_acq_rel) == 1)
         post_handover([kept] { delete kept; });  // with the GIL; leaked if Python is gone
     });
 }
 
+void kernel_map::cancel_queued() noexcept {
+  for (queued_call& q : queued_)
+    if (q.future.valid()) (void)q.future.cancel();
+}
+
 void kernel_map::cancel_rest() noexcept {
-  for (std::size_t i = next_; i < futures_.size(); ++i) (void)futures_[i].cancel();
+  cancel_queued();
+  lookahead_.reset();
+  inputs_done_ = true;
   done_ = true;
 }
 
+std::size_t kernel_map::remaining() const noexcept {
+  if (done_) return 0;
+  return queued_.size() + (lookahead_ ? 1 : 0) + (lazy_ ? 0 : inputs_.x.size() - read_);
+}
+
 nb::object kernel_map::next() {
-  if (done_ || next_ == futures_.size()) {
-    done_ = true;
-    throw nb::stop_iteration();
-  }
+  if (done_) throw nb::stop_iteration();
   // Another thread waiting in next() (it lets the GIL go) would hand out the same result: a
   // generator refuses to be re-entered likewise.
   if (busy_)
@@ -170,7 +298,13 @@ nb::object kernel_map::next() {
     bool& flag;
     ~not_busy() { flag = false; }
   } leave{busy_};
-  gpupool::future<void>& f = futures_[next_];
+  // The results handed on before have left the window: queue what now fits.
+  top_up();
+  if (queued_.empty()) {
+    done_ = true;
+    throw nb::stop_iteration();
+  }
+  gpupool::future<void>& f = queued_.front().future;
   while (!f.ready()) {
     auto slice = wait_slice;
     if (deadline_) {
@@ -178,7 +312,7 @@ nb::object kernel_map::next() {
       if (left <= clock::duration::zero()) {
         cancel_rest();
         throw_python(PyExc_TimeoutError, "gpupool: map's timeout passed before result " +
-                                             std::to_string(next_) + " was ready");
+                                             std::to_string(handed_on_) + " was ready");
       }
       slice = std::min(slice, std::chrono::duration_cast<std::chrono::milliseconds>(left) +
                                   std::chrono::milliseconds(1));
@@ -192,18 +326,17 @@ nb::object kernel_map::next() {
       throw nb::python_error();
     }
   }
-  const std::size_t i = next_++;
-  const input_array& x = inputs_.x[i];
-  const std::vector<std::size_t> shape = shape_of(x);
-  const nb::dlpack::dtype type = x.dtype();
-  // Its task has ended: the arrays it read are free to change.
-  inputs_.x[i] = input_array();
-  if (!inputs_.y.empty()) inputs_.y[i] = input_array();
-  if (f.status() != gpupool::task_status::succeeded) {
-    cancel_rest();  // as concurrent.futures' map: the first failure ends the iteration
-    f.get();        // throws the task's failure, or cancelled_error
+  queued_call q = std::move(queued_.front());
+  queued_.pop_front();
+  queued_bytes_ -= q.bytes;
+  ++handed_on_;
+  if (q.future.status() != gpupool::task_status::succeeded) {
+    cancel_rest();   // as concurrent.futures' map: the first failure ends the iteration
+    q.future.get();  // throws the task's failure, or cancelled_error
   }
-  return pinned_array(std::move(results_[i]), shape, type);
+  const std::vector<std::size_t> shape = shape_of(q.x);
+  const nb::dlpack::dtype type = q.x.dtype();
+  return pinned_array(std::move(q.result), shape, type);
 }
 
 void bind_kernel_map(nb::module_& m) {
@@ -214,6 +347,10 @@ void bind_kernel_map(nb::module_& m) {
           nb::sig("def __iter__(self) -> KernelMap"))
       .def("__next__", &kernel_map::next)
       .def("__length_hint__", &kernel_map::remaining)
+      .def_prop_ro("queued_calls", &kernel_map::queued_calls,
+                   "Calls queued and not yet handed on (the window's use).")
+      .def_prop_ro("queued_bytes", &kernel_map::queued_bytes,
+                   "Their input and result bytes, as the window counts them.")
       .def("cancel", &kernel_map::cancel_rest,
            "Cancels every call not yet started; the iteration then ends.")
       .def("close", &kernel_map::cancel_rest,

@@ -3,6 +3,8 @@
 #pragma once
 
 #include <chrono>
+#include <cstddef>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -12,6 +14,19 @@
 #include "gpupool/gpupool.hpp"
 
 namespace gpupool_python {
+
+// One call of a built-in kernel, its arrays checked (TypeError or ValueError naming the array).
+struct checked_kernel_call {
+  input_array x;
+  std::optional<input_array> y;  // the second array of a two-input kernel
+  gpupool::dtype type;
+};
+
+// Checks call `index`'s arrays. `alpha_checked` lists the element types the kernel's alpha has
+// been checked against (it is checked once per type, and the list grows).
+checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
+                                      nb::handle x, nb::handle y, std::size_t index,
+                                      std::vector<gpupool::dtype>& alpha_checked);
 
 // The arrays of a built-in kernel's calls, checked before any work starts (TypeError or
 // ValueError naming the array), with each call's element type.
@@ -24,16 +39,28 @@ checked_kernel_inputs check_kernel_inputs(nb::handle kernel_object,
                                           const gpupool::builtin_kernel& k, nb::sequence xs,
                                           std::optional<nb::sequence> ys);
 
-// The results of one map, in input order (Python: an iterator). Every call is queued when it is
-// made; each result, a NumPy array in pinned memory, is handed on once and not kept. As
-// concurrent.futures' map: a failure, a cancelled call, the timeout or Ctrl-C during a wait
-// raises and cancels every call not yet started, and so does dropping the iterator early; the
-// arrays of calls a lane had started are kept until those end.
+// How far a map runs ahead of its consumer: the calls queued and not yet handed on, and their
+// input and result bytes. A call is always queued when nothing is, however large it is.
+struct map_window {
+  std::size_t calls = SIZE_MAX;
+  std::size_t bytes = SIZE_MAX;
+};
+
+// The results of one map, in input order (Python: an iterator). Calls are queued while they fit
+// the window, and more as results are handed on: memory does not grow with the map's length.
+// Each result, a NumPy array in pinned memory, is handed on once and not kept. The inputs are
+// either a list checked whole at the call (`xs`, `ys` sequences), or iterators read lazily as
+// the window has room (each array checked as it is read). As concurrent.futures' map: a
+// failure, a cancelled call, the timeout or Ctrl-C during a wait raises and cancels every call
+// not yet started, and so does dropping the iterator early; the arrays of calls a lane had
+// started are kept until those end.
 class kernel_map {
  public:
-  // `timeout`: seconds from now for every result (None: no limit).
+  // `timeout`: seconds from now for every result (None: no limit). With `lazy`, `xs` and `ys`
+  // are iterators; otherwise sequences.
   kernel_map(gpupool::executor& exec, nb::handle kernel_object, const gpupool::builtin_kernel& k,
-             nb::sequence xs, std::optional<nb::sequence> ys, std::optional<double> timeout);
+             nb::object xs, std::optional<nb::object> ys, std::optional<double> timeout,
+             map_window window, bool lazy);
   kernel_map(const kernel_map&) = delete;
   kernel_map& operator=(const kernel_map&) = delete;
   ~kernel_map();
@@ -42,16 +69,45 @@ class kernel_map {
   nb::object next();
   // Cancels every call not yet started; the iteration ends.
   void cancel_rest() noexcept;
-  [[nodiscard]] std::size_t remaining() const noexcept {
-    return done_ ? 0 : futures_.size() - next_;
-  }
+  // Calls not yet handed on, of those known (a lazy map's unread inputs are not).
+  [[nodiscard]] std::size_t remaining() const noexcept;
+  // The window's use now: calls queued and not handed on, and their bytes.
+  [[nodiscard]] std::size_t queued_calls() const noexcept { return queued_.size(); }
+  [[nodiscard]] std::size_t queued_bytes() const noexcept { return queued_bytes_; }
 
  private:
+  struct queued_call {
+    input_array x;
+    std::optional<input_array> y;
+    std::unique_ptr<pinned_block> result;
+    gpupool::future<void> future;
+    std::size_t bytes = 0;
+  };
+
+  // The next call's arrays, checked, or nothing at the end of the inputs (with the GIL).
+  std::optional<checked_kernel_call> read_call();
+  // Queues calls while the window has room (with the GIL; let go while queueing).
+  void top_up();
+  void cancel_queued() noexcept;
+
+  gpupool::executor& exec_;
+  nb::object kernel_object_;
+  const gpupool::builtin_kernel& kernel_;
+  map_window window_;
+  bool lazy_;
+  // Eager inputs: checked at the call, taken from the front as they are queued.
   checked_kernel_inputs inputs_;
-  std::vector<std::unique_ptr<pinned_block>> results_;
-  std::vector<gpupool::future<void>> futures_;
+  std::size_t read_ = 0;
+  // Lazy inputs: the iterators, and the element types the alpha has been checked against.
+  nb::object x_iter_, y_iter_;
+  std::vector<gpupool::dtype> alpha_checked_;
+  std::optional<checked_kernel_call> lookahead_;  // read, not yet queued (the window was full)
+  bool inputs_done_ = false;
+
+  std::deque<queued_call> queued_;
+  std::size_t queued_bytes_ = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
-  std::size_t next_ = 0;
+  std::size_t handed_on_ = 0;
   bool done_ = false;
   bool busy_ = false;  // a next() is waiting, with the GIL let go
 };
