@@ -10,6 +10,10 @@ from typing import IO, Any, Union
 
 FORMATS = ("png", "svg", "pdf")
 
+#: Pixels per inch of every saved picture (a PNG's pixels; what an SVG's embedded images are
+#: drawn for).
+DPI = 110
+
 Target = Union[str, "os.PathLike[str]", IO[bytes]]
 
 
@@ -41,7 +45,7 @@ def save(fig: Any, target: Target, format: Union[str, None] = None) -> None:
 
     kind = format_of(target, format)
     with matplotlib.rc_context({"svg.fonttype": "none"}):
-        fig.savefig(target, format=kind, dpi=110)
+        fig.savefig(target, format=kind, dpi=DPI)
 
 
 def to_bytes(fig: Any, format: str) -> bytes:
