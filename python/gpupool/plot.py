@@ -15,7 +15,7 @@ import sys
 from typing import Any, Dict, List, Optional, Sequence, Union
 
 from ._figure import Target, new_figure, save, to_bytes
-from ._timeline import draw_timeline
+from ._timeline import draw_timeline, gc_paused
 
 __all__ = ["BenchResult", "draw_bench", "draw_timeline", "main", "plot_bench",
            "records_from_json"]
@@ -90,8 +90,9 @@ class BenchResult:
 def records_from_json(data: Dict[str, Any]) -> List[Dict[str, Any]]:
     """The records of `gpupool demo --timeline t.json` in Trace.records()'s form. (The file's
     ``stages`` is the stage table they were written with: pass it to draw_timeline.)"""
-    return [{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}
-            for r in data["records"]]
+    with gc_paused():
+        return [{k: tuple(v) if isinstance(v, list) else v for k, v in r.items()}
+                for r in data["records"]]
 
 
 def _human(n: int) -> str:
@@ -104,9 +105,11 @@ def _human(n: int) -> str:
 def main(argv: Optional[Sequence[str]] = None) -> None:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) == 3 and args[0] == "timeline":
-        with open(args[1], encoding="utf-8") as f:
+        # A big records file is millions of containers, none in a cycle: the collector would
+        # walk them again and again while they load. The drawing takes the spans as lists.
+        with open(args[1], encoding="utf-8") as f, gc_paused():
             trace = json.load(f)
-        draw_timeline(records_from_json(trace), args[2], backend=trace["backend"],
+        draw_timeline(trace["records"], args[2], backend=trace["backend"],
                       stages=trace.get("stages"))
         return
     if len(args) != 2:
