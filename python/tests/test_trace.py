@@ -1,12 +1,16 @@
 """Executor.trace(): the journey of every task, its exports and stats."""
 
+import gc
 import json
 import pathlib
+import time
 import xml.etree.ElementTree as ET
 
 import gpupool
 import numpy as np
 import pytest
+from gpupool._timeline import timeline_figure
+from gpupool.plot import draw_timeline
 
 
 def traced_run(ex, tmp_path, name="trace.json"):
@@ -149,3 +153,122 @@ def test_the_docs_list_the_stage_table():
         row = (f"| `{s['key']}` | {s['label']} | {s['track']} | {s['engine'] or '-'} | "
                f"`{s['colour']}` |")
         assert row in text, f"docs/tracing.md lacks the row {row}"
+
+
+AGGREGATED = "bars aggregated per pixel column"
+
+
+def synthetic_records(tasks, lanes=16, lanes_per_device=8, period_us=10.0):
+    """Records in Trace.records()'s form (as records_from_json reads them from a records file),
+    made without running the tasks: the lanes take tasks in turn, one every ``period_us`` each,
+    and every task spends 10% of its period staging in, 10% uploading, 40% in its kernel, 10%
+    downloading and 10% staging out. No cycles among them, so the collector is paused while
+    they are made (it would walk them all again and again as they pile up)."""
+    lane = np.arange(tasks) % lanes
+    start = (np.arange(tasks) // lanes) * period_us + lane * (period_us / lanes)
+    marks = [(start + f * period_us).tolist() for f in (0.0, 0.05, 0.15, 0.25, 0.65, 0.75, 0.85,
+                                                        0.9)]
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        return [{"id": i, "name": "square", "device": n // lanes_per_device, "lane": n,
+                 "submitted": s, "started": s, "stage_in": (a, b), "upload": (b, c),
+                 "kernel": (c, d), "download": (d, e), "stage_out": (e, f), "done": g,
+                 "bytes_in": 8192, "bytes_out": 8192, "failed": False, "on_stream": True}
+                for i, (n, s, a, b, c, d, e, f, g) in enumerate(zip(lane.tolist(), *marks))]
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def test_a_million_tasks_draw_in_seconds_aggregated_per_pixel_column(tmp_path):
+    """Drawn one bar per stage and task, a big trace ran for minutes; aggregated per pixel
+    column, a million tasks draw in seconds, and the picture says it is aggregated."""
+    records = synthetic_records(1_000_000)
+    for kind in ("png", "svg"):
+        began = time.perf_counter()
+        draw_timeline(records, tmp_path / f"timeline.{kind}", backend="cpu")
+        took = time.perf_counter() - began
+        assert took < 60, f"drawing a million tasks as {kind} took {took:.1f} s"
+    svg = (tmp_path / "timeline.svg").read_text()
+    ET.fromstring(svg)  # well-formed XML
+    assert "1,000,000 tasks" in svg and AGGREGATED in svg
+    assert "<image" in svg  # the bars as one picture, not a shape per bar
+    assert (tmp_path / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from matplotlib.image import imread
+
+    pixels = (imread(tmp_path / "timeline.png")[..., :3] * 255).round()
+    for stage in gpupool.Trace.stages():
+        colour = [int(stage["colour"][i:i + 2], 16) for i in (1, 3, 5)]
+        assert (pixels == colour).all(axis=-1).sum() > 1000, f"{stage['key']} is not drawn"
+
+
+def test_an_aggregated_column_shows_each_stage_as_its_share_of_the_time():
+    """Every lane spends 40% of its time in kernels and 10% in each other stage: in the middle
+    column of the picture, lane 0's bands show each stage as that share of their height
+    (within a pixel and a half)."""
+    from matplotlib.colors import to_rgba
+
+    fig = timeline_figure(synthetic_records(40_000, lanes=4, lanes_per_device=4), "cpu")
+    assert AGGREGATED in fig.axes[0].get_title()
+    (image,) = fig.axes[0].images
+    column = np.asarray(image.get_array())[:, image.get_array().shape[1] // 2]
+    rows = len(fig.axes[0].get_yticks())
+    assert rows == 4 + 3  # four lanes, then the device's three engines
+    band = column.shape[0] // rows  # pixels per row: lane 0's row comes first
+    lane0 = column[:band]
+    colours = {s["key"]: np.array(to_rgba(s["colour"])) for s in gpupool.Trace.stages()}
+    for key, share in (("kernel", 0.4), ("upload", 0.1), ("download", 0.1),
+                       ("stage_in", 0.1), ("stage_out", 0.1)):
+        drawn = np.isclose(lane0, colours[key]).all(axis=-1).sum()
+        band_pixels = round(0.35 * band)  # a lane's host or stream band is 0.35 of its row
+        assert abs(drawn - share * band_pixels) <= 1.5, (key, drawn, band_pixels)
+
+
+def test_aggregation_keeps_when_the_work_happened():
+    """One lane busy with back-to-back kernels for the first half of the trace and idle for
+    the second: the first half of the picture's columns is kernel on that lane, the second
+    half is empty."""
+    records = [{"id": i, "name": "task", "device": 0, "lane": 0, "submitted": i, "started": i,
+                "stage_in": None, "upload": None, "kernel": (i, i + 1.0), "download": None,
+                "stage_out": None, "done": i + 1.0, "bytes_in": 0, "bytes_out": 0,
+                "failed": False, "on_stream": False} for i in range(5_000)]
+    records.append(dict(records[-1], id=5_000, kernel=None, started=9_999.0, done=10_000.0))
+    fig = timeline_figure(records, "cpu")
+    assert AGGREGATED in fig.axes[0].get_title()
+    (image,) = fig.axes[0].images
+    drawn = np.asarray(image.get_array())[..., 3] > 0  # rows x columns: anything drawn
+    columns = drawn.shape[1]
+    busy = drawn[:, : int(columns * 0.49)].sum(axis=0)
+    assert (busy == busy[0]).all() and busy[0] > 5
+    assert not drawn[:, int(columns * 0.51):].any()
+    # The engines' rows stay empty: a submit() task's run is not the device's work.
+    assert drawn[: drawn.shape[0] // 4].sum() == drawn.sum()
+
+
+def test_a_small_trace_keeps_a_bar_per_stage_and_task():
+    records = synthetic_records(100, lanes=4, lanes_per_device=4)
+    fig = timeline_figure(records, "cpu")
+    ax = fig.axes[0]
+    assert not ax.images and AGGREGATED not in ax.get_title()
+    assert "100 tasks" in ax.get_title()
+    bars = sum(len(c.get_paths()) for c in ax.collections)
+    # Five stages on each task's lane, and the three stream stages on their engines' rows.
+    assert bars == 100 * (5 + 3)
+
+
+def test_a_big_traces_outputs_are_quick(executor, tmp_path):
+    """A trace of real tasks past the limit of bars drawn one by one: the picture (also as
+    Jupyter shows it), the stats and the table."""
+    tasks = 30_000
+    with executor.trace(capacity=tasks) as t:
+        for _ in executor.map(gpupool.kernels.square, [np.ones(4)] * tasks):
+            pass
+    assert len(t) == tasks
+    began = time.perf_counter()
+    assert AGGREGATED in t.svg()
+    assert t._repr_png_()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert sum(s["tasks"] for s in t.stats() if s["lane"] is None) == tasks
+    assert "GB/s" in t.stats_table()
+    took = time.perf_counter() - began
+    assert took < 60, f"a trace of {tasks} tasks took {took:.1f} s to draw and summarise"
