@@ -22,8 +22,8 @@ def _lane_index(value):
 # -- Dask's local threaded scheduler --------------------------------------------------------------
 
 def test_dask_threads_scheduler_runs_arrays_and_delayed_on_the_pool(executor):
-    dask = pytest.importorskip("dask")
-    da = pytest.importorskip("dask.array")
+    dask = pytest.importorskip("dask", reason="dask is not installed (pip install '.[dask]')")
+    da = pytest.importorskip("dask.array", reason="dask is not installed (pip install '.[dask]')")
     assert executor._max_workers == executor.lane_count
     with dask.config.set(pool=executor, scheduler="threads"):
         x = da.arange(1_000_000, chunks=50_000, dtype=np.float64)
@@ -34,7 +34,9 @@ def test_dask_threads_scheduler_runs_arrays_and_delayed_on_the_pool(executor):
         calls = [dask.delayed(_lane_index)(i) for i in range(40)]
         total = dask.delayed(lambda pairs: (sum(v * v for v, _ in pairs), {i for _, i in pairs}))
         squares, lanes = total(calls).compute()
-        bag = pytest.importorskip("dask.bag").from_sequence(range(30), npartitions=6)
+        bag = pytest.importorskip(
+            "dask.bag", reason="dask is not installed (pip install '.[dask]')"
+        ).from_sequence(range(30), npartitions=6)
         bag_pairs = bag.map(_lane_index).compute()
     assert squares == sum(i * i for i in range(40))
     assert [v for v, _ in bag_pairs] == list(range(30))
@@ -44,7 +46,7 @@ def test_dask_threads_scheduler_runs_arrays_and_delayed_on_the_pool(executor):
 
 
 def test_dask_threads_scheduler_raises_a_task_error_from_the_pool(executor):
-    dask = pytest.importorskip("dask")
+    dask = pytest.importorskip("dask", reason="dask is not installed (pip install '.[dask]')")
 
     def fail(i):
         raise KeyError(f"task {i}")
@@ -109,8 +111,8 @@ def test_asyncio_refuses_the_pool_as_its_default_executor():
 # -- tornado ---------------------------------------------------------------------------------------
 
 def test_tornado_runs_methods_and_calls_on_lanes(executor):
-    tornado_concurrent = pytest.importorskip("tornado.concurrent")
-    tornado_ioloop = pytest.importorskip("tornado.ioloop")
+    tornado_concurrent = pytest.importorskip("tornado.concurrent", reason="tornado (which the dask extra brings) is not installed (pip install '.[dask]')")
+    tornado_ioloop = pytest.importorskip("tornado.ioloop", reason="tornado (which the dask extra brings) is not installed (pip install '.[dask]')")
 
     class Handler:
         def __init__(self, pool):
@@ -149,8 +151,8 @@ def _where():
 
 
 def test_a_distributed_worker_runs_its_tasks_on_the_pool_and_shuts_it_down():
-    pytest.importorskip("dask.array")
-    distributed = pytest.importorskip("distributed")
+    pytest.importorskip("dask.array", reason="dask is not installed (pip install '.[dask]')")
+    distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install '.[dask]')")
     import dask.array as da
 
     ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
