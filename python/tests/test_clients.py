@@ -13,6 +13,9 @@ import pytest
 
 import gpupool
 
+# The dask extra brings tornado (distributed needs it).
+_TORNADO_MISSING = "tornado is not installed (pip install '.[dask]')"
+
 
 def _lane_index(value):
     """``value`` and the index of the lane the call ran on (RuntimeError off a lane)."""
@@ -111,8 +114,8 @@ def test_asyncio_refuses_the_pool_as_its_default_executor():
 # -- tornado ---------------------------------------------------------------------------------------
 
 def test_tornado_runs_methods_and_calls_on_lanes(executor):
-    tornado_concurrent = pytest.importorskip("tornado.concurrent", reason="tornado (which the dask extra brings) is not installed (pip install '.[dask]')")
-    tornado_ioloop = pytest.importorskip("tornado.ioloop", reason="tornado (which the dask extra brings) is not installed (pip install '.[dask]')")
+    tornado_concurrent = pytest.importorskip("tornado.concurrent", reason=_TORNADO_MISSING)
+    tornado_ioloop = pytest.importorskip("tornado.ioloop", reason=_TORNADO_MISSING)
 
     class Handler:
         def __init__(self, pool):
@@ -152,7 +155,8 @@ def _where():
 
 def test_a_distributed_worker_runs_its_tasks_on_the_pool_and_shuts_it_down():
     pytest.importorskip("dask.array", reason="dask is not installed (pip install '.[dask]')")
-    distributed = pytest.importorskip("distributed", reason="distributed is not installed (pip install '.[dask]')")
+    distributed = pytest.importorskip(
+        "distributed", reason="distributed is not installed (pip install '.[dask]')")
     import dask.array as da
 
     ex = gpupool.Executor(threads_per_gpu=2, backend="cpu")
