@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "core/kernels/kernel_cache.hpp"
 #include "cuda/nvrtc_compiler.hpp"
 #include "gpupool/gpupool.hpp"
 
@@ -212,24 +213,34 @@ TEST_F(NvrtcTest, ARawKernelsNameAndImageAreOneCheckedEntry) {
   EXPECT_EQ(kernels_compiled(), before + 1);
 }
 
+// The folder is refused with a message naming what is wrong; the kernel is compiled in memory
+// and nothing is written there.
+void expect_refused_and_compiled_in_memory(const std::string& cache, const elementwise_kernel& k,
+                                           const std::string& why) {
+  try {
+    (void)detail::persistent_cache_folder("cuda");
+    ADD_FAILURE() << "the cache folder " << cache << " was accepted";
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find(why), std::string::npos) << e.what();
+  }
+  const std::size_t before = kernels_compiled();
+  const auto cubin = detail::cuda::compile_cubin(k, {true}, 9, 0);
+  EXPECT_EQ(cubin->substr(0, 4), std::string("\x7f"
+                                             "ELF"));
+  EXPECT_EQ(kernels_compiled(), before + 1);
+  EXPECT_TRUE(std::filesystem::is_empty(cache)) << "something was written to " << cache;
+}
+
 TEST_F(NvrtcTest, ACacheFolderOthersCanWriteIsRefused) {
   ::chmod(cache_.c_str(), 0777);
-  elementwise_kernel k("float32 x", "float32 y", "y = x * 8;", "eight");
-  try {
-    (void)detail::cuda::compile_cubin(k, {true}, 9, 0);
-    FAIL() << "a world-writable cache folder was used";
-  } catch (const error& e) {
-    EXPECT_NE(std::string(e.what()).find("mode 0777"), std::string::npos) << e.what();
-  }
+  expect_refused_and_compiled_in_memory(
+      cache_, elementwise_kernel("float32 x", "float32 y", "y = x * 8;", "eight"), "mode 0777");
   if (::geteuid() != 0) return;  // giving the folder to another user needs root (CI runs as root)
   ::chmod(cache_.c_str(), 0700);
   ASSERT_EQ(::chown(cache_.c_str(), 65534, 65534), 0);
-  try {
-    (void)detail::cuda::compile_cubin(k, {true}, 9, 0);
-    FAIL() << "another user's cache folder was used";
-  } catch (const error& e) {
-    EXPECT_NE(std::string(e.what()).find("owned by uid 65534"), std::string::npos) << e.what();
-  }
+  expect_refused_and_compiled_in_memory(
+      cache_, elementwise_kernel("float32 x", "float32 y", "y = x * 9;", "nine"),
+      "owned by uid 65534");
 }
 
 TEST(RawKernelSignature, ArraysAreMarkedAndBadDeclarationsRefused) {
