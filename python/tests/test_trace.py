@@ -272,3 +272,25 @@ def test_a_big_traces_outputs_are_quick(executor, tmp_path):
     assert "GB/s" in t.stats_table()
     took = time.perf_counter() - began
     assert took < 60, f"a trace of {tasks} tasks took {took:.1f} s to draw and summarise"
+
+
+def test_the_columns_a_picture_is_drawn_from_match_the_records(executor):
+    with executor.trace() as t:
+        list(executor.map(gpupool.kernels.square, [np.ones(1000)] * 50))
+        executor.submit(lambda: None).result()
+    records = t.records()
+    columns = t._core().columns()
+    assert columns["device"].tolist() == [r["device"] for r in records]
+    assert columns["lane"].tolist() == [r["lane"] for r in records]
+    assert columns["started"].tolist() == [r["started"] for r in records]
+    assert columns["done"].tolist() == [r["done"] for r in records]
+    assert columns["on_stream"].tolist() == [r["on_stream"] for r in records]
+    assert columns["bytes_in"] == sum(r["bytes_in"] for r in records)
+    for stage in t.stages():
+        spans = columns["spans"][stage["key"]]
+        assert spans.shape == (len(records), 2)
+        for (begin, end), r in zip(spans.tolist(), records):
+            if r[stage["key"]] is None:
+                assert np.isnan(begin) and np.isnan(end)
+            else:
+                assert (begin, end) == tuple(r[stage["key"]])
