@@ -262,7 +262,12 @@ def test_with_cupy_the_motivating_program_runs_beside_it_checked_with_the_ratio(
                       r"state \(([\d.]+) vs ([\d.]+) ms median\), ([\d.]+)x on the cold first "
                       r"run", text, re.M)
     assert ratio, text
-    assert float(ratio[1]) == pytest.approx(float(ratio[3]) / float(ratio[2]), rel=0.02)
+    # The ratio is of the unrounded medians; the times are printed to 0.001 ms (and the ratio
+    # to 0.01), which for the tiny sizes here can move it by several percent.
+    mine, theirs = float(ratio[2]), float(ratio[3])
+    low = (theirs - 0.0005) / (mine + 0.0005) - 0.005
+    high = (theirs + 0.0005) / max(mine - 0.0005, 1e-9) + 0.005
+    assert low <= float(ratio[1]) <= high, (ratio[0], low, high)
 
     done = run(MODULE, "demo", "--size", 3000, "--chunks", 3, "--repeat", 4, "--json", env=env)
     assert done.returncode == 0, done.stderr
