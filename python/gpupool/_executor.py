@@ -1031,8 +1031,9 @@ class _MapStream:
                     result = _result_or_cancel(future,
                                                max(0.0, self._deadline - time.monotonic()))
                 del future
-                self._largest = max(self._largest, _result_bytes(result), 1)
-                self._top_up()
+                if self._calls_left:  # more to queue: the result says how much fits
+                    self._largest = max(self._largest, _result_bytes(result), 1)
+                    self._top_up()
                 # Handed on without a reference kept here, as concurrent.futures does.
                 taken = [result]
                 del result

@@ -299,7 +299,7 @@ nb::object kernel_map::next() {
     ~not_busy() { flag = false; }
   } leave{busy_};
   // The results handed on before have left the window: queue what now fits.
-  top_up();
+  if (!inputs_done_ || lookahead_) top_up();
   if (queued_.empty()) {
     done_ = true;
     throw nb::stop_iteration();
