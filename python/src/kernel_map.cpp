@@ -98,6 +98,9 @@ using clock = std::chrono::steady_clock;
 // does not wake a thread asleep on a C++ future.
 constexpr auto wait_slice = std::chrono::milliseconds(50);
 
+// How many of the last results' futures a map keeps (see kernel_map::handed_futures_).
+constexpr std::size_t kept_handed_on = 1024;
+
 // The next item of a Python iterator, or nothing at its end (its error raised as is).
 std::optional<nb::object> next_item(const nb::object& iterator) {
   PyObject* item = PyIter_Next(iterator.ptr());
@@ -334,6 +337,8 @@ nb::object kernel_map::next() {
     cancel_rest();   // as concurrent.futures' map: the first failure ends the iteration
     q.future.get();  // throws the task's failure, or cancelled_error
   }
+  handed_futures_.push_back(std::move(q.future));
+  if (handed_futures_.size() > kept_handed_on) handed_futures_.pop_front();
   const std::vector<std::size_t> shape = shape_of(q.x);
   const nb::dlpack::dtype type = q.x.dtype();
   return pinned_array(std::move(q.result), shape, type);

@@ -105,6 +105,10 @@ class kernel_map {
   bool inputs_done_ = false;
 
   std::deque<queued_call> queued_;
+  // The futures of the last results handed on. A lane may still hold a finished task's state
+  // for a moment after it is ready; letting go of ours then would leave the lane to free it,
+  // across threads. Kept until they are `kept_handed_on` results old.
+  std::deque<gpupool::future<void>> handed_futures_;
   std::size_t queued_bytes_ = 0;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   std::size_t handed_on_ = 0;
