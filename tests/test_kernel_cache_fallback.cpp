@@ -29,19 +29,10 @@ using testing::temporary_folder;
 // y = x * `c` + 0.5 over 1,000 doubles (a kernel of its own per `c`) with the cache in `dir`;
 // true if every result is right.
 bool runs_with_cache_in(const std::string& dir, int c) {
-  scoped_cache_dir cache(dir);
-  executor_options o;
-  o.backend = backend_kind::cpu;
-  o.lanes_per_device = 1;
-  o.quiet = true;
-  executor ex(o);
-  elementwise_kernel k("float64 x", "float64 y", "y = x * " + std::to_string(c) + " + 0.5;",
-                       "fallback_" + std::to_string(c));
-  std::vector<double> x(1000), out(x.size(), -1.0);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i);
-  ex.transform<double>(k, {x}, out).get();
-  for (std::size_t i = 0; i < x.size(); ++i)
-    if (out[i] != x[i] * c + 0.5) return false;
+  const std::vector<double> out = testing::run_with_cache_in(
+      dir, "y = x * " + std::to_string(c) + " + 0.5;", "fallback_" + std::to_string(c));
+  for (std::size_t i = 0; i < out.size(); ++i)
+    if (out[i] != static_cast<double>(i) * c + 0.5) return false;
   return true;
 }
 

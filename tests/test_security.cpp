@@ -110,18 +110,8 @@ TEST(KernelNames, RawKernelEntriesAreCppNames) {
 
 // Runs y = x + `c` (a kernel of its own per `c`) over 1,000 doubles with the cache in `dir`.
 std::vector<double> run_plus(const std::string& dir, int c) {
-  scoped_cache_dir cache(dir);
-  executor_options o;
-  o.backend = backend_kind::cpu;
-  o.lanes_per_device = 1;
-  o.quiet = true;
-  executor ex(o);
-  elementwise_kernel k("float64 x", "float64 y", "y = x + " + std::to_string(c) + ";",
-                       "plus_" + std::to_string(c));
-  std::vector<double> x(1000), out(x.size(), -1.0);
-  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i);
-  ex.transform<double>(k, {x}, out).get();
-  return out;
+  return testing::run_with_cache_in(dir, "y = x + " + std::to_string(c) + ";",
+                                    "plus_" + std::to_string(c));
 }
 
 bool adds(const std::vector<double>& out, int c) {

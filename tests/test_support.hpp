@@ -223,4 +223,21 @@ class open_at_exit {
   const multi_future<void>& holders_;
 };
 
+// Runs the elementwise kernel `body` (y from x, named `name`) over x = 0, 1, ..., 999 on one
+// CPU lane with the kernel cache in `dir`; returns y.
+inline std::vector<double> run_with_cache_in(const std::string& dir, const std::string& body,
+                                             const std::string& name) {
+  scoped_cache_dir cache(dir);
+  executor_options o;
+  o.backend = backend_kind::cpu;
+  o.lanes_per_device = 1;
+  o.quiet = true;
+  executor ex(o);
+  elementwise_kernel k("float64 x", "float64 y", body, name);
+  std::vector<double> x(1000), out(x.size(), -1.0);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = static_cast<double>(i);
+  ex.transform<double>(k, {x}, out).get();
+  return out;
+}
+
 }  // namespace gpupool::testing
