@@ -10,6 +10,7 @@
 #include <ranges>
 #include <span>
 #include <stdexcept>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -53,7 +54,8 @@ class map_stream {
       throw std::invalid_argument("gpupool::map_stream: the window holds at least one call");
     top_up();
   }
-  map_stream(map_stream&& other) noexcept = default;
+  /// Iterators of the stream moved from do not follow it.
+  map_stream(map_stream&& other) = default;
   map_stream& operator=(map_stream&&) = delete;
   map_stream(const map_stream&) = delete;
   map_stream& operator=(const map_stream&) = delete;
@@ -62,15 +64,22 @@ class map_stream {
   /// The next result, waiting for it; nothing after the last.
   /// @throw the call's own error (or cancelled_error), after cancelling every later call.
   std::optional<host_vector<T>> next() {
-    top_up();
+    if (queued_.empty()) top_up();
     if (queued_.empty()) return std::nullopt;
     queued q = std::move(queued_.front());
     queued_.pop_front();
     bytes_ -= q.bytes;
+    // This call has left the window: what now fits is queued before its result is waited for
+    // and handed on, so that the window's calls run while the consumer works on it.
     try {
+      top_up();
       return q.result.get();
     } catch (...) {
       stop();
+      if (q.result.valid()) {
+        (void)q.result.cancel();
+        q.result.wait();
+      }
       throw;
     }
   }
@@ -193,6 +202,12 @@ auto stream_map(executor& exec, const builtin_kernel& k, const Inputs& xs,
       window);
 }
 
+/// A stream reads its inputs as it goes: a temporary list of inputs would be gone by then.
+template <class Inputs>
+requires(!std::is_lvalue_reference_v<Inputs>) auto stream_map(executor& exec,
+                                                              const builtin_kernel& k, Inputs&& xs,
+                                                              stream_window window = {}) = delete;
+
 /// Streams a two-input built-in kernel over pairs (xs[i], ys[i]).
 /// @throw std::invalid_argument if the kernel takes one input or the lists differ in length;
 ///        a pair whose sizes differ throws from `next()`, as `executor::map` would.
@@ -221,5 +236,11 @@ auto stream_map(executor& exec, const builtin_kernel& k, const Inputs& xs, const
       },
       window);
 }
+
+template <class Inputs>
+requires(!std::is_lvalue_reference_v<Inputs>) auto stream_map(executor& exec,
+                                                              const builtin_kernel& k, Inputs&& xs,
+                                                              Inputs&& ys,
+                                                              stream_window window = {}) = delete;
 
 }  // namespace gpupool

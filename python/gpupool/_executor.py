@@ -366,6 +366,10 @@ class Executor(_futures.Executor):
         self._lock = threading.Lock()
         self._closed = False
         self._forked = False
+        # Maps whose inputs were read whole at the call: shutdown queues what their windows
+        # have not (see _queue_unread_maps). Weak: a map dropped early goes with its iterator.
+        self._windowed_maps: "weakref.WeakSet[Any]" = weakref.WeakSet()
+        self._queueing_unread = False
         self._trace_depth = 0
         if self._core.backend == "cuda":
             # CUDA lanes run Python calls through it, with CuPy's and PyTorch's current stream
@@ -566,6 +570,8 @@ class Executor(_futures.Executor):
                     left = None if deadline is None else max(0.0, deadline - time.monotonic())
                     in_order: Iterator[Any] = self._core.map_kernel_results(
                         fn, xs, ys, left, window_calls, self.map_window_bytes, lazy)
+                    if not lazy:
+                        self._windowed_maps.add(in_order)
                     if progress:
                         in_order = _with_progress(in_order, _known_length(xs), fn.name)
                     return in_order
@@ -582,7 +588,7 @@ class Executor(_futures.Executor):
                 if progress:
                     everything = _with_progress(everything, len(pending), fn.name)
                 return everything
-            calls: Iterable[Tuple[Any, ...]] = (zip(xs) if ys is None else zip(xs, ys))
+            calls: Iterable[Tuple[Any, ...]] = (zip(xs) if ys is None else _same_length(xs, ys))
             arity = 1 if ys is None else 2
             result_bytes = _array_bytes((first,))
 
@@ -594,7 +600,7 @@ class Executor(_futures.Executor):
                                           list(columns[1]) if arity == 2 else None, _Future)
         elif isinstance(fn, _COMPILED):
             if lazy:
-                first_call, raw = _peek_call(zip(*_elementwise_columns(iterables)))
+                first_call, raw = _peek_call(_lazy_calls(iterables))
                 on_device = first_call is not None and _on_device(first_call)
                 calls = raw if on_device else (tuple(_elementwise_arguments(call))
                                                for call in raw)
@@ -654,6 +660,8 @@ class Executor(_futures.Executor):
         first_batch = max(_FIRST_BATCH, 4 * self.lane_count)
         stream = _MapStream(submit, iter(calls), window_calls, self.map_window_bytes,
                             first_batch, deadline, result_bytes)
+        if not lazy:
+            self._windowed_maps.add(stream)
         results: Iterator[Any] = stream.results()
         if progress:
             results = _with_progress(results, _known_length(calls), label)
@@ -671,6 +679,8 @@ class Executor(_futures.Executor):
         With ``wait``, returns once every lane has stopped (every future is then done)."""
         if self._core.is_lane_thread:
             raise ValueError("gpupool: an executor cannot be shut down by its own tasks")
+        if not cancel_futures and not self._forked:
+            self._queue_unread_maps()
         with self._lock:
             self._closed = True
         if self._forked:
@@ -682,10 +692,26 @@ class Executor(_futures.Executor):
                              name="gpupool-shutdown").start()
 
     # -- internals ------------------------------------------------------------------------------
+    def _queue_unread_maps(self) -> None:
+        """concurrent.futures runs every call of a map before shutdown returns, whether its
+        results were read or not: the calls that maps' windows have not queued yet are queued
+        now (maps given ``buffersize``, as Python 3.14's, stop where they are)."""
+        if self._closed:
+            return
+        self._queueing_unread = True
+        try:
+            for windowed in list(self._windowed_maps):
+                with contextlib.suppress(Exception):  # each map's own error is raised to its reader
+                    windowed.queue_rest()
+        finally:
+            self._queueing_unread = False
+
     def _check_open(self) -> None:
         if self._forked:
             raise RuntimeError("gpupool: this Executor was created in the parent process; its "
                                "lanes did not survive fork(). Create a new Executor in the child")
+        if self._queueing_unread:
+            return  # shutdown queueing the rest of maps' calls, at exit too
         if self._closed:
             raise RuntimeError("cannot schedule new futures after shutdown")
         if _exiting:
@@ -881,6 +907,28 @@ def _elementwise_columns(iterables: Sequence[Any]) -> List[Iterable[object]]:
     return [itertools.repeat(n, count) if c is None else c for n, c in zip(numbers, columns)]
 
 
+def _same_length(*iterables: Iterable[Any]) -> Iterator[Tuple[Any, ...]]:
+    """zip() that raises ValueError, when it is read that far, if the iterables differ in
+    length (Python 3.9's zip has no ``strict``)."""
+    end = object()
+    for items in itertools.zip_longest(*iterables, fillvalue=end):
+        if any(item is end for item in items):
+            raise ValueError("gpupool: the iterables differ in length")
+        yield items
+
+
+def _lazy_calls(iterables: Sequence[Any]) -> Iterator[Tuple[Any, ...]]:
+    """The calls of a map over a compiled kernel, read as they are needed: as
+    _elementwise_columns, with each number broadcast to every call."""
+    numbers = [_as_number(it) for it in iterables]
+    if all(n is not None for n in numbers):
+        raise TypeError("gpupool: give at least one iterable of arrays")
+    columns = [iter(it) for it, n in zip(iterables, numbers) if n is None]
+    for values in _same_length(*columns):
+        given = iter(values)
+        yield tuple(next(given) if n is None else n for n in numbers)
+
+
 def _compiled_calls(iterables: Sequence[Any]) -> Tuple[List[Tuple[object, ...]], bool]:
     """The calls of a map over an elementwise kernel, and whether they go to the device path:
     the first call has an array on a GPU (then the extension checks every value itself, with no
@@ -958,10 +1006,17 @@ def _known_length(items: object) -> Optional[int]:
 
 
 def _result_bytes(result: object) -> int:
-    """What a result holds, as far as it says: an array's ``nbytes``, else its own size."""
+    """What a result holds, as far as it says: an array's ``nbytes``, the sum of those of a
+    tuple's, list's or dict's items (one level down), else the object's own size."""
     nbytes = getattr(result, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
+    if isinstance(result, dict):
+        result = list(result.values())
+    if isinstance(result, (tuple, list)):
+        return sys.getsizeof(result, 64) + sum(
+            n if isinstance(n := getattr(item, "nbytes", None), int) else sys.getsizeof(item, 64)
+            for item in result)
     return sys.getsizeof(result, 64)
 
 
@@ -1014,6 +1069,12 @@ class _MapStream:
             except BaseException:
                 self._cancel()
                 raise
+
+    def queue_rest(self) -> None:
+        """Queues every call the window has not (the executor is shutting down)."""
+        self._window_calls = self._window_bytes = self._first_batch = _NO_LIMIT
+        self._largest = max(self._largest, 1)
+        self._top_up()
 
     def _cancel(self) -> None:
         self._calls_left = False

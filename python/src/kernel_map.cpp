@@ -235,13 +235,13 @@ void kernel_map::top_up() {
       at = end;
     }
   } catch (...) {
-    // transform_each left nothing of its own calls running; the runs queued before it stop too,
-    // before the arrays and result blocks they use are let go.
+    // transform_each left nothing of its own calls running. The calls queued before stay in
+    // queued_, cancelled: those a lane had started keep their arrays until they end (see the
+    // destructor), so nothing here waits for them, with the GIL that their lanes may need.
     for (std::size_t i = first + queued_now; i < queued_.size(); ++i)
       queued_bytes_ -= queued_[i].bytes;
     queued_.resize(first + queued_now);
     cancel_rest();
-    for (auto& q : queued_) q.future.wait();
     throw;
   }
 }
@@ -301,8 +301,7 @@ nb::object kernel_map::next() {
     bool& flag;
     ~not_busy() { flag = false; }
   } leave{busy_};
-  // The results handed on before have left the window: queue what now fits.
-  if (!inputs_done_ || lookahead_) top_up();
+  if (queued_.empty() && (!inputs_done_ || lookahead_)) top_up();
   if (queued_.empty()) {
     done_ = true;
     throw nb::stop_iteration();
@@ -339,14 +338,30 @@ nb::object kernel_map::next() {
   }
   handed_futures_.push_back(std::move(q.future));
   if (handed_futures_.size() > kept_handed_on) handed_futures_.pop_front();
+  // This result has left the window: what now fits is queued before it is handed on, so that
+  // the window's calls run while the consumer works on it.
+  if (!inputs_done_ || lookahead_) top_up();
   const std::vector<std::size_t> shape = shape_of(q.x);
   const nb::dlpack::dtype type = q.x.dtype();
   return pinned_array(std::move(q.result), shape, type);
 }
 
+void kernel_map::queue_rest() {
+  if (busy_ || done_ || lazy_) return;
+  window_ = map_window{};
+  top_up();
+}
+
+void kernel_map::cancel_from_python() {
+  if (busy_)
+    throw nb::value_error("gpupool: the results of this map are being read by another thread");
+  cancel_rest();
+}
+
 void bind_kernel_map(nb::module_& m) {
   nb::class_<kernel_map>(m, "KernelMap",
-                         "The results of Executor.map over a built-in kernel, in input order.")
+                         "The results of Executor.map over a built-in kernel, in input order.",
+                         nb::is_weak_referenceable())
       .def(
           "__iter__", [](nb::handle self) { return nb::borrow(self); },
           nb::sig("def __iter__(self) -> KernelMap"))
@@ -356,10 +371,13 @@ void bind_kernel_map(nb::module_& m) {
                    "Calls queued and not yet handed on (the window's use).")
       .def_prop_ro("queued_bytes", &kernel_map::queued_bytes,
                    "Their input and result bytes, as the window counts them.")
-      .def("cancel", &kernel_map::cancel_rest,
+      .def("cancel", &kernel_map::cancel_from_python,
            "Cancels every call not yet started; the iteration then ends.")
-      .def("close", &kernel_map::cancel_rest,
-           "As a generator's close(): cancels every call not yet started; the iteration ends.");
+      .def("close", &kernel_map::cancel_from_python,
+           "As a generator's close(): cancels every call not yet started; the iteration ends.")
+      .def("queue_rest", &kernel_map::queue_rest,
+           "Queues every call its window has not, as the executor shuts down (a map whose\n"
+           "inputs were read whole at the call; not while another thread reads it).");
 }
 
 }  // namespace gpupool_python

@@ -69,6 +69,11 @@ class kernel_map {
   nb::object next();
   // Cancels every call not yet started; the iteration ends.
   void cancel_rest() noexcept;
+  // cancel_rest() for Python: refused (ValueError) while another thread is in next().
+  void cancel_from_python();
+  // Queues every call the window has not (the executor is shutting down, and concurrent.futures
+  // runs a map's every call, read or not); nothing for a lazy map, or while next() runs.
+  void queue_rest();
   // Calls not yet handed on, of those known (a lazy map's unread inputs are not).
   [[nodiscard]] std::size_t remaining() const noexcept;
   // The window's use now: calls queued and not handed on, and their bytes.

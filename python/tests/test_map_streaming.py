@@ -198,3 +198,83 @@ def test_an_unread_map_runs_its_first_calls_as_concurrent_futures_does(cpu_execu
     cpu_executor.map(done.append, range(10))
     cpu_executor.shutdown(wait=True)
     assert sorted(done) == list(range(10))
+
+
+def test_a_map_read_after_shutdown_has_run_every_call(cpu_executor):
+    # More calls than the window queues at the call: shutdown queues the rest, as the standard
+    # library runs every call of a map before shutdown returns.
+    x = np.full(4 << 20, 3.0)  # 32 MiB: the window (1 GiB of results) holds 32
+    kernel_results = cpu_executor.map(gpupool.kernels.square, [x] * 40)
+    assert kernel_results.queued_calls == 32
+    ran = []
+    callable_results = cpu_executor.map(ran.append, range(1000))
+    cpu_executor.shutdown(wait=True)
+    assert len(ran) == 1000
+    assert [r[0] for r in kernel_results] == [9.0] * 40
+    assert list(callable_results) == [None] * 1000
+
+
+def test_shutdown_cancelling_futures_cancels_what_the_window_held_back(cpu_executor,
+                                                                       hold_every_lane):
+    holders, release = hold_every_lane(cpu_executor)
+    ran = []
+    results = cpu_executor.map(ran.append, range(1000))
+    cpu_executor.shutdown(wait=False, cancel_futures=True)
+    release.set()
+    for h in holders:
+        h.result(timeout=10)
+    with pytest.raises(Exception):
+        list(results)
+    assert ran == []
+
+
+def test_a_lazy_map_stops_where_it_is_at_shutdown(cpu_executor):
+    results = cpu_executor.map(gpupool.kernels.square, (np.ones(4) for _ in range(100)),
+                               buffersize=3)
+    cpu_executor.shutdown(wait=True)
+    taken = 0
+    with pytest.raises(RuntimeError, match="shut"):
+        for _ in results:
+            taken += 1
+    assert taken <= 3
+
+
+def test_the_window_s_next_call_is_queued_before_a_result_is_handed_on(cpu_executor):
+    # buffersize=1: while the consumer works on result k, call k + 1 is already queued.
+    results = cpu_executor.map(gpupool.kernels.square, [np.ones(4)] * 10, buffersize=1)
+    for i in range(9):
+        next(results)
+        assert results.queued_calls == 1, i
+    next(results)
+    assert results.queued_calls == 0
+
+
+def test_a_lazy_compiled_map_reads_its_inputs_as_the_window_has_room(cpu_executor):
+    read = []
+
+    def inputs():
+        for i in range(30):
+            read.append(i)
+            yield np.full(8, float(i))
+
+    twice = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = x * a", "lazy_twice")
+    results = cpu_executor.map(twice, inputs(), 2.0, buffersize=2)
+    out = []
+    for r in results:
+        out.append(r[0])
+        assert len(read) <= len(out) + 3  # the window, and the one read ahead to peek
+    assert out == [2.0 * i for i in range(30)]
+    with pytest.raises(ValueError, match="differ in length"):
+        list(cpu_executor.map(twice, iter([np.ones(2)] * 3), iter([np.ones(2)] * 2),
+                              buffersize=2))
+
+
+def test_a_callable_s_result_counts_the_arrays_it_holds():
+    from gpupool._executor import _result_bytes
+
+    a = np.ones(1 << 20)  # 8 MiB
+    assert _result_bytes(a) == a.nbytes
+    assert _result_bytes((a, a)) >= 2 * a.nbytes
+    assert _result_bytes([a, 1]) >= a.nbytes
+    assert _result_bytes({"x": a, "y": a}) >= 2 * a.nbytes
+    assert _result_bytes(None) < 100
