@@ -1,6 +1,5 @@
 """Executor.trace(): the journey of every task, its exports and stats."""
 
-import gc
 import json
 import pathlib
 import time
@@ -9,7 +8,7 @@ import xml.etree.ElementTree as ET
 import gpupool
 import numpy as np
 import pytest
-from gpupool._timeline import timeline_figure
+from gpupool._timeline import gc_paused, timeline_figure
 from gpupool.plot import draw_timeline
 
 
@@ -168,17 +167,12 @@ def synthetic_records(tasks, lanes=16, lanes_per_device=8, period_us=10.0):
     start = (np.arange(tasks) // lanes) * period_us + lane * (period_us / lanes)
     marks = [(start + f * period_us).tolist() for f in (0.0, 0.05, 0.15, 0.25, 0.65, 0.75, 0.85,
                                                         0.9)]
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
+    with gc_paused():
         return [{"id": i, "name": "square", "device": n // lanes_per_device, "lane": n,
                  "submitted": s, "started": s, "stage_in": (a, b), "upload": (b, c),
                  "kernel": (c, d), "download": (d, e), "stage_out": (e, f), "done": g,
                  "bytes_in": 8192, "bytes_out": 8192, "failed": False, "on_stream": True}
                 for i, (n, s, a, b, c, d, e, f, g) in enumerate(zip(lane.tolist(), *marks))]
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def test_a_million_tasks_draw_in_seconds_aggregated_per_pixel_column(tmp_path):
