@@ -219,8 +219,8 @@ def test_shutdown_cancelling_futures_cancels_what_the_window_held_back(cpu_execu
     holders, release = hold_every_lane(cpu_executor)
     ran = []
     results = cpu_executor.map(ran.append, range(1000))
-    cpu_executor.shutdown(wait=False, cancel_futures=True)
-    release.set()
+    threading.Timer(0.2, release.set).start()  # after shutdown has cancelled what is queued
+    cpu_executor.shutdown(wait=True, cancel_futures=True)
     for h in holders:
         h.result(timeout=10)
     with pytest.raises(Exception):
