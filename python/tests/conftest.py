@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 import threading
@@ -6,6 +7,10 @@ import gpupool
 import pytest
 
 _usable, _devices, _reason = gpupool.cuda_available()
+
+#: Set where the tests run with the extension under AddressSanitizer (scripts/python-asan): its
+#: shadow memory and the quarantine of freed memory make resident sizes mean nothing.
+UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -10,6 +10,7 @@ import threading
 import gpupool
 import numpy as np
 import pytest
+from conftest import UNDER_ASAN
 
 # A child that maps a built-in kernel, a compiled kernel or a Python callable over the same few
 # 64 MiB arrays listed many times, dropping each result as the loop moves on (as a user streams
@@ -41,8 +42,6 @@ _CHILD = textwrap.dedent("""
     print(seen, before, peak, window)
 """)
 
-_UNDER_ASAN = "libasan" in os.environ.get("LD_PRELOAD", "")
-
 
 def _stream_in_child(kind, backend, count, limit=0):
     proc = subprocess.run([sys.executable, "-c", _CHILD, kind, backend, str(count), str(limit)],
@@ -53,7 +52,7 @@ def _stream_in_child(kind, backend, count, limit=0):
     return seen, peak - before, window
 
 
-@pytest.mark.skipif(_UNDER_ASAN, reason="AddressSanitizer's shadow memory needs an unlimited "
+@pytest.mark.skipif(UNDER_ASAN, reason="AddressSanitizer's shadow memory needs an unlimited "
                     "data segment")
 @pytest.mark.parametrize("kind", ["builtin", "compiled", "callable"])
 def test_a_map_streams_results_many_times_its_memory_limit_on_the_cpu(kind):
