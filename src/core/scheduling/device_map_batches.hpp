@@ -16,17 +16,11 @@ inline constexpr std::size_t resident_threads_per_multiprocessor = 2048;
 inline constexpr std::size_t waves_per_device_batch = 8;
 
 /// The fewest elements worth a batch of an elementwise kernel (one launch over the batch's
-/// table) on `device`: on a GPU, enough to fill it waves_per_device_batch times over (one H200:
-/// 132 x 2048 x 8 = 2,162,688). A batch that big already keeps every multiprocessor busy on its
-/// own, and cutting finer cost time (why exactly is not known: more launches, more lanes waiting
-/// on the GPU): on one H200, W5 from Python (2,000 calls of 16,384 elements in blocks of 64,
-/// 128, ...) took 1.12-1.29x one launch on 4 lanes and 1.24-1.52x on 16, whose maps were cut
-/// into 32 batches each. A floor of four waves (about 1.08M elements) left 16 lanes at
-/// 1.22-1.72x; eight ran 0.95x of four's time on 16 lanes and 0.94x on 8, in three interleaved
-/// rounds (from Python, which cuts each block of calls on its own: a W5 map's 28 batches became
-/// 14). From C++ a whole W5 map of 32.8M elements is 15 batches on 16 lanes (30 with four
-/// waves). Python's blocks now stop at 256 calls (4.2M elements in W5), each one batch. On the
-/// CPU backend a lane runs its batch on one host core, so there every batch counts: 1.
+/// table) on `device`: on a GPU, enough to fill it waves_per_device_batch times over. A batch
+/// that big already keeps every multiprocessor busy on its own, and cutting a map finer only
+/// costs time (more launches, more lanes waiting on the GPU); a floor of fewer waves was slower
+/// too (docs/performance.md). On the CPU backend a lane runs its batch on one host core, so
+/// there every batch counts: 1.
 constexpr std::size_t least_device_batch_elements(const device_info& device) {
   if (device.backend != backend_kind::cuda) return 1;
   return std::max<std::size_t>(1, static_cast<std::size_t>(std::max(device.multiprocessors, 1)) *

@@ -9,10 +9,9 @@ namespace gpupool::detail {
 /// The default look before a lane sleeps. A caller that waits for each result before it submits
 /// the next (`submit(...).result()` in a loop) comes back within tens of microseconds, longer
 /// from Python; a lane asleep by then costs a wake-up of a thread on a core that went idle, and
-/// a task that goes to the longest-sleeping lane. On one H200 host, one Python task at a time
-/// ran at 14,000 tasks/s with 8 lanes against 32,000 with one (bench/task_latency.py). The cost:
-/// a lane that runs dry uses its core for this long, yielding it to any other thread that wants
-/// it.
+/// a task that goes to the longest-sleeping lane, so that one task at a time ran far slower
+/// with many lanes than with one. The cost: a lane that runs dry uses its core for this long,
+/// yielding it to any other thread that wants it.
 inline constexpr std::chrono::microseconds default_lane_spin{50};
 /// The longest accepted: beyond it a lane would keep a core busy for no caller's benefit.
 inline constexpr std::chrono::microseconds longest_lane_spin{100'000};
