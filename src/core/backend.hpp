@@ -155,7 +155,7 @@ class backend {
   /// more: nothing (an ordinary failure), that device (a device_fault a task threw), or every
   /// device of the process (CUDA's sticky errors, such as an illegal address: "the process is
   /// left in an inconsistent state and any further CUDA work will return the same error", on
-  /// every device, as measured on two H200s with bench/fault_isolation.cu).
+  /// every device of the process, not only the one that faulted).
   [[nodiscard]] virtual fault_scope classify_fault(const std::exception& e) const noexcept {
     return dynamic_cast<const device_fault*>(&e) != nullptr ? fault_scope::device
                                                             : fault_scope::none;

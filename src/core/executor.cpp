@@ -461,10 +461,9 @@ struct executor::impl {
   // The most bytes of its widest array a piece of a call moving `total` bytes takes. chunk_bytes,
   // unless that leaves lanes idle: when the chunk size was not given and less is queued than
   // there are lanes, a call too small to give every lane two pieces is cut finer (down to
-  // adaptive_piece_floor), so that all lanes copy at once. On one H200, W1 (5 x 8 MB) takes
-  // 1.64 ms in 2 MiB pieces and 1.9 ms in 4 MiB ones, while W2 (200 x 8 MB) runs a quarter
-  // faster in 4 MiB pieces than in 2 MiB ones. With a backlog the lanes are busy anyway, and
-  // smaller pieces would only add per-piece cost.
+  // adaptive_piece_floor), so that all lanes copy at once: a few arrays end sooner in smaller
+  // pieces, while many arrays run faster in larger ones. With a backlog the lanes are busy
+  // anyway, and smaller pieces would only add per-piece cost.
   [[nodiscard]] std::size_t piece_bytes(std::size_t total) const noexcept {
     if (settings.chunk_from == setting_source::given) return chunk_bytes;
     const std::size_t lanes_in_all = std::max<std::size_t>(

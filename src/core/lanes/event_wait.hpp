@@ -5,11 +5,11 @@
 namespace gpupool::detail {
 
 enum class event_wait {
-  // The driver polls until the work is done (the default): the lowest latency, and on one H200
-  // faster on large copies too (bench/event_wait.py); a core per waiting lane.
+  // The driver polls until the work is done (the default): the lowest latency, and faster on
+  // large copies too (docs/performance.md); a core per waiting lane.
   spin,
   // Sleep in the driver until the GPU signals: no core used while waiting, but each wake-up
-  // comes tens of microseconds late.
+  // comes late.
   block,
 };
 

@@ -1,10 +1,9 @@
 // Storage for many short-lived objects of one type that one thread makes and others destroy: the
-// queue's pieces of small tasks, made by the submitting thread and freed by lanes, up to a million
-// a second. Freed through the system allocator, each lane's free of a block the submitter's arena
-// handed out takes that arena's lock, which the submitter takes for its next allocation: on one
-// H200's 16 cores, a fifth of all the CPU time of W4 (20,000 tasks of 8 KiB) went there. Here
-// each thread keeps the blocks it frees, and a shared list passes them between threads in runs of
-// `run` blocks, one lock per run.
+// queue's pieces of small tasks, made by the submitting thread and freed by lanes at a high rate.
+// Freed through the system allocator, each lane's free of a block the submitter's arena handed
+// out takes that arena's lock, which the submitter takes for its next allocation: with many small
+// tasks, that lock took a large share of all the CPU time. Here each thread keeps the blocks it
+// frees, and a shared list passes them between threads in runs of `run` blocks, one lock per run.
 //
 // A class uses it through its own operator new and delete (see elementwise_piece).
 #pragma once
