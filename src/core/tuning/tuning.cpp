@@ -69,8 +69,8 @@ const char* to_string(setting_source s) noexcept {
 namespace detail {
 namespace {
 
-// W1 on an H200 (5 x 8 MB): 8 lanes beat 4 (4.4 vs 5.3 ms) and 16 (9.6 ms); see
-// docs/performance.md.
+// Chosen by measurement: on a few large arrays, 8 lanes finish sooner than 4 or 16 (see
+// docs/performance.md).
 constexpr int cuda_default_lanes = 8;
 constexpr int cpu_most_default_lanes = 8;
 constexpr std::size_t mib = std::size_t{1} << 20;
@@ -78,10 +78,10 @@ constexpr std::size_t mib = std::size_t{1} << 20;
 // and at least the first figure below, at most the second (and never more than
 // `most_sweep_bytes` over all devices; the sweep's input and output arrays each hold that much
 // host memory): with a piece or two per lane a lane never reaches its steady state, and bigger
-// chunks looked worse than they run (on one H200, 128 MiB per configuration chose 2 MiB chunks,
-// 32 GB/s on W2, where 4 MiB gives 41). 16 lanes x 4 MiB get their 8 pieces per lane on up to
-// four GPUs, 16 x 8 MiB four pieces on one or two. The largest, 512 MiB, is ~15 ms at 38 GB/s:
-// the whole sweep stays within its second.
+// chunks looked worse than they run (a fixed size per configuration chose chunks smaller than
+// the best). 16 lanes x 4 MiB get their 8 pieces per lane on up to four GPUs, 16 x 8 MiB four
+// pieces on one or two. Even the largest configuration takes a small part of a second, so the
+// whole sweep stays within its second.
 constexpr std::size_t sweep_pieces_per_lane = 8;
 constexpr std::size_t cuda_sweep_bytes_per_device = 128 * mib;
 constexpr std::size_t cuda_most_sweep_bytes_per_device = 512 * mib;
@@ -319,7 +319,7 @@ sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) 
   for (int lanes : plan.lanes)
     for (std::size_t chunk : plan.chunks) count = std::max(count, elements_for(lanes, chunk));
   // Pageable in and pinned out, as maps run (their results land in pinned blocks): a pageable
-  // output would add a second host copy per piece, which W2-like work never pays.
+  // output would add a second host copy per piece, which a map never pays.
   std::vector<double> in(count);
   pinned_vector<double> out(count);
   // Squares exact in doubles, so the check compares exactly. Writing `out` here too takes its

@@ -13,7 +13,7 @@ namespace gpupool::detail {
 
 class backend;
 
-/// The fixed default chunk size (8 MiB: W2's 8 MB arrays in one piece each).
+/// The fixed default chunk size (8 MiB: an array of up to 8 MiB goes in one piece).
 inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
 /// The format of a tuning cache entry (and the start of its key); a different one is a miss.
 /// 2: configurations sized by lanes x chunk (format 1's fixed 128 MiB favoured small chunks).
