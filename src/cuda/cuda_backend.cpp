@@ -109,10 +109,10 @@ class cuda_event final : public backend_event {
 
 // A stream-ordered timestamp: a one-thread kernel writes the GPU's global nanosecond clock into
 // pinned host memory when the stream reaches it. Timing CUDA events would do the same job, but
-// near the copy engines' limit they cost W2 6-7% of its throughput (four per piece, each making
-// the engine that passes it write a timestamp); reading a stamp is a load from host memory rather
-// than a driver call. A launch costs about 4 us of host time, so the built-in kernels take their
-// own stamps (cuda_stream::launch_marked) and only the copies' ends need these.
+// near the copy engines' limit they cost copy throughput (four per piece, each making the engine
+// that passes it write a timestamp); reading a stamp is a load from host memory rather than a
+// driver call. A launch costs host time of its own, so the built-in kernels take their own
+// stamps (cuda_stream::launch_marked) and only the copies' ends need these.
 class cuda_timer final : public backend_timer {
  public:
   explicit cuda_timer(cudaStream_t stream)
@@ -458,8 +458,8 @@ class cuda_backend final : public backend {
   }
 
   // CUDA's "sticky" errors: after one, every later CUDA call of the process fails with it, on
-  // every device (CUDA's documentation: the process must be restarted; bench/fault_isolation.cu
-  // shows it on two H200s), so no device is left to move work to.
+  // every device (CUDA's documentation: the process must be restarted), so no device is left to
+  // move work to.
   fault_scope classify_fault(const std::exception& e) const noexcept override {
     const auto* failure = dynamic_cast<const cuda_error*>(&e);
     if (failure == nullptr) return backend::classify_fault(e);
