@@ -19,8 +19,8 @@ namespace gpupool {
 /// (`allocate_pinned`), so a result is downloaded straight into it; smaller ones from the
 /// ordinary heap. Small results matter too: those of coalesced tasks are scattered from the
 /// batch's staging buffer by the lanes, and from the heap they were fresh pages the kernel zeroed
-/// at first touch (freed results go back to the system between maps), a fifth to a quarter of
-/// a lane's time on 8 KiB tasks (CPU backend); the cache's blocks are reused as they are.
+/// at first touch (freed results go back to the system between maps), a large share of a lane's
+/// time on small tasks; the cache's blocks are reused as they are.
 template <class T>
 struct result_allocator {
   using value_type = T;
