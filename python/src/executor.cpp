@@ -204,8 +204,8 @@ class py_executor {
   }
 
   // A compiled kernel over many calls whose arrays live on GPUs, every array looked at here
-  // (W5 from Python: no Python loop per array): numbers are checked against their parameter,
-  // CuPy arrays (of type `cupy_ndarray`) are read directly, any other device array through
+  // (no Python loop per array): numbers are checked against their parameter, CuPy arrays (of
+  // type `cupy_ndarray`) are read directly, any other device array through
   // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape).
   //
   // Calls are taken in blocks that double in size (first_device_block calls, then twice as
@@ -232,8 +232,7 @@ class py_executor {
   // write_hazards).
   static constexpr std::size_t first_device_block = 64;
   // Blocks that kept doubling left half of a map's calls to the last block, queued only once
-  // every call had been read: with `out`, where reading is all the host does, W5 (2,000 calls)
-  // then took as long as making views for every output (1.6x one launch on one H200), the GPU
+  // every call had been read: with `out`, where reading is all the host does, that left the GPU
   // waiting for the host through the first half and the host for the GPU through the second.
   // At 256 calls, the GPU runs the calls read so far while the next block is read, and the
   // extra blocks (a stream check and a buffer each) cost microseconds.
@@ -631,8 +630,8 @@ class py_executor {
     get().set_tracing(on);
     chain_python_calls(*python_calls_, !on);
   }
-  // Measurement only (bench/w8_profile.py): whether a lane runs the Python calls queued behind
-  // the one it took in the same hold of the GIL. Tracing turns it off and back on again.
+  // For measurements only: whether a lane runs the Python calls queued behind the one it took in
+  // the same hold of the GIL. Tracing turns it off and back on again.
   void set_chaining(bool on) { chain_python_calls(*python_calls_, on); }
 };
 

@@ -58,11 +58,10 @@ lane_helpers& helpers() {
 // Uploads up to this size from pageable memory are staged with the GIL held.
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
-// See gil_hold_us. On one H200, W8 (b) through Executor.map (bench/python_map.py, results in
-// bench/results/README.md): 14,127-15,655 tasks/s holding for up to 200 us against 7,577-7,903
-// letting the GIL go at once, in three runs; with a 100,000-add kernel before each copy,
-// 5,037 against 4,752 (the back-off below; a 1 ms hold, which that kernel never outlasts, gave
-// 2,202).
+// See gil_hold_us. Chosen by measurement (docs/performance.md): holding for this long makes
+// small Python tasks with copies much faster than letting the GIL go at once, and with a long
+// kernel before each copy loses nothing (the back-off below); a hold long enough to outlast such
+// a kernel loses much.
 constexpr int gil_hold_default_us = 200;
 // A wait that outlasts the hold is a lane whose work takes longer than a copy (a long kernel
 // before the download): holding the GIL through such waits would keep every other lane from
@@ -80,7 +79,7 @@ nb::handle helper(PyObject* function) {
 // GIL go (microseconds; 0: at once). With many lanes running Python, a task that lets the GIL go
 // takes it back only behind the others, each hand-over a thread woken in the kernel, while a
 // small copy ends within tens of microseconds; but a task that keeps the GIL keeps every other
-// lane out of Python meanwhile. bench/lane_copies.py measures both (_lane_gil_hold_us sets it).
+// lane out of Python meanwhile. _lane_gil_hold_us sets it, so that both can be measured.
 std::atomic<int> gil_hold_us{gil_hold_default_us};
 // Bumped at every setting of gil_hold_us: a lane's back-off from an earlier setting ends there.
 std::atomic<unsigned> gil_hold_setting{0};
