@@ -1,10 +1,10 @@
-// A kernel that writes to an illegal address on the last GPU, while a W2-sized map runs over
-// every GPU. Such a CUDA error is "sticky" for the whole process: every later CUDA call fails
-// with it, on every device (CUDA's documentation; bench/fault_isolation.cu shows it on two
-// H200s). So gpupool takes every device out of service at once: the faulting task fails with the
-// CUDA error, everything still queued fails promptly with device_fault naming it, no result that
-// comes back is wrong, new work is refused, and the process shuts the pool down and exits
-// normally. Its own process (ctest cuda.device_fault), since CUDA is lost to it afterwards.
+// A kernel that writes to an illegal address on the last GPU, while a map of many 8 MiB arrays
+// runs over every GPU. Such a CUDA error is "sticky" for the whole process: every later CUDA
+// call fails with it, on every device (CUDA's documentation). So gpupool takes every device out
+// of service at once: the faulting task fails with the CUDA error, everything still queued fails
+// promptly with device_fault naming it, no result that comes back is wrong, new work is refused,
+// and the process shuts the pool down and exits normally. Its own process (ctest
+// cuda.device_fault), since CUDA is lost to it afterwards.
 // Exit 0: as described; 1: it was not; 77: no usable GPU (ctest reports the test skipped).
 #include <cstdio>
 #include <exception>
@@ -58,7 +58,7 @@ extern "C" __global__ void wild_write(const float* x, float* out, unsigned long 
 }
 )",
                                        "wild_write", "float32* x", "float32* out");
-  // W2's shape: 200 x 1M float64, for any device.
+  // 200 arrays of 1M float64 (8 MiB each), for any device.
   std::vector<std::vector<double>> inputs(200, std::vector<double>(1 << 20));
   for (std::size_t i = 0; i < inputs.size(); ++i)
     for (std::size_t j = 0; j < inputs[i].size(); ++j)

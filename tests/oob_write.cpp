@@ -1,6 +1,6 @@
 // A raw kernel that writes one element past the end of its output, for compute-sanitizer:
 //   compute-sanitizer --tool memcheck --error-exitcode 3 gpupool_oob_write
-// must report an invalid global write and exit 3 (scripts/gpu-check checks both). Without the
+// must report an invalid global write and exit 3 (`scripts/gpu check` checks both). Without the
 // sanitizer the stray write lands in the memory pool's slack and nothing notices - which is why
 // the sanitizer run exists. Exits 0 without running anything when no GPU is usable.
 #include <cstdio>

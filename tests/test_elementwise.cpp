@@ -231,8 +231,8 @@ TEST_P(ElementwiseTest, MapOnDeviceRunsManySmallCallsInBatches) {
 // from the batch's own memory where not (slots of 4 KiB: 125 rows of 40 bytes need 5,000), and
 // several batches of several maps queued at once pass through each lane's slots in turn. On the
 // CPU backend a map makes two batches per lane; on a GPU none smaller than fills the device
-// several times over, so the calls are sized from the device there (on an H200: 792 calls of
-// 8,192 elements, three batches of 2.16 million or more).
+// several times over, so the calls are sized from the device there (with 132 multiprocessors:
+// 792 calls of 8,192 elements, three batches of 2.16 million or more).
 TEST_P(ElementwiseTest, MapOnDeviceTablesInAndBeyondTheSlotsAcrossManyBatches) {
   elementwise_kernel k("float64 x, float64 a, int64 b", "float64 y",
                        "double v = x;\nfor (int i = 0; i < 4; ++i) v = v * a + b;\ny = v;",
@@ -577,7 +577,7 @@ TEST(DeviceMapBatches, TwoPerLaneButNoneSmallerThanFillsTheGpu) {
   h200.multiprocessors = 132;
   const std::size_t least = detail::least_device_batch_elements(h200);
   EXPECT_EQ(least, 132u * 2048u * 8u);
-  // W5: 2,000 calls of 16,384 elements (32,768,000 in all) on 16 lanes: 15 batches of about
+  // 2,000 calls of 16,384 elements (32,768,000 in all) on 16 lanes: 15 batches of about
   // 2.18M elements, not 32; on 4 lanes, 8.
   EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 16, least), 15u);
   EXPECT_EQ(device_map_batches(2000, 2000 * 16384, 4, least), 8u);

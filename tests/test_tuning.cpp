@@ -305,7 +305,7 @@ TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
 
 // Every lane runs several pieces in each configuration, so a big chunk is measured in its steady
 // state, not in the ramp of a lane's first piece or two (which once made the sweep choose chunks
-// that run W2 a quarter slower than the best).
+// slower than the best).
 TEST_F(Tuning, TheLargestConfigurationStillGivesEveryLaneSeveralPieces) {
   for (std::size_t devices : {1, 2}) {
     const auto plan = detail::plan_for(executor_options{}, backend_kind::cuda, devices);
