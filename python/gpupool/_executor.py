@@ -142,8 +142,7 @@ class _Future(_futures.Future[Any]):
     # cancels or adds a callback to (a task whose result is taken once it is done) never makes
     # one. A Condition is eight of the eleven objects of a Future the cyclic garbage collector
     # tracks, and with many futures alive (a submit loop) and a large heap (CuPy, PyTorch
-    # imported) its collections cost more than everything else a submit does: on one H200
-    # a submit loop ran 2.3x faster with the collector off.
+    # imported) its collections cost more than everything else a submit does.
     _made_condition: Optional[threading.Condition] = None
 
     def __init__(self) -> None:  # Future.__init__, without the Condition

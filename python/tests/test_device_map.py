@@ -1,5 +1,5 @@
 """The extension's one-call bookkeeping for compiled kernels over many device arrays
-(Executor.map over CuPy arrays, W5): checked, grouped and launched without a Python loop per
+(Executor.map over CuPy arrays): checked, grouped and launched without a Python loop per
 array. On the CPU backend host memory stands in for device memory, so the C++ side runs here with
 NumPy arrays described as device arrays; python/tests/test_gpu_frameworks.py runs it on CuPy."""
 
