@@ -92,7 +92,7 @@ void map_squares(const options& o, const std::string& unit, double amount, bool 
     gpupool::executor ex(executor_options_for(o, s));
     std::vector<gpupool::host_vector<double>> out;
     // The last run's results go first: kept while the next map runs, they would make it take a
-    // second set of pinned blocks (a one-time cost of about a second at W2's size).
+    // second set of pinned blocks (a one-time cost that would land in a timed run).
     auto run = [&] {
       out.clear();
       out = ex.map(gpupool::builtin_kernel::square(), in).get();

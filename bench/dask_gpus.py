@@ -19,7 +19,7 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    back to this process, as concurrent.futures results must, so this one also measures the
    link between the workers and the client (loopback TCP here).
 
-ratio = dask rate / baseline rate, per blocks_per_task (the target on two H200s: at least 0.9).
+ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9).
 """
 
 import argparse

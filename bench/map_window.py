@@ -2,7 +2,7 @@
 (20,000 x 1,024 float64) through the built-in square, and W4 through a Python callable, each
 result checked against NumPy before any time counts. It judges the map's window (calls queued
 only as far ahead of the consumer as results fit) against a build without one: run it under
-each build with scripts/gpu-paired-python (SCRIPT=bench/map_window.py).
+each build with `scripts/gpu paired --python bench/map_window.py`.
 
     python3 bench/map_window.py [--lanes 0] [--repeat 7] [--backend cuda]
 
@@ -37,10 +37,10 @@ def timed(run: Callable[[], List[Any]], check: Callable[[List[Any]], None],
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    # `scripts/gpu paired --python` passes the lane count as --lanes N.
     parser.add_argument("--lanes", type=int, default=0, help="lanes per device (0: auto)")
     parser.add_argument("--repeat", type=int, default=7)
     parser.add_argument("--backend", default=None)
-    # Accepted for scripts/gpu-paired-python, which passes the lane count this way.
     args = parser.parse_args()
     rng = np.random.default_rng(1)
     w2 = [rng.random(1_000_000) for _ in range(200)]

@@ -1,6 +1,6 @@
 """Reads a CPU profile in gperftools' format (CPUPROFILE, libprofiler) taken on another machine:
-scripts/gpu-measure's step 8 takes one on the GPU machine, which has no perf, and brings back the
-raw profile, the program and that machine's libc. pprof there could not name the program's
+`scripts/gpu measure --profile` takes them on a GPU machine without perf and writes the raw
+profiles beside the program and that machine's libraries. pprof there may not name the program's
 addresses, and pprof here names the other machine's libraries by this machine's copies; this
 reads the samples and their memory map itself and names each address from the file it came from:
 the program through addr2line (exact), a library given with --lib through the nearest symbol it
