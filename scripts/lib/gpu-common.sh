@@ -1,0 +1,54 @@
+# shellcheck shell=bash
+# Shared by the commands of scripts/gpu (sourced from the repository root, after each command
+# has read its options): the output folder, the build settings and small helpers.
+
+# usage_error MESSAGE: the message and the command's usage on stderr, exit status 2.
+usage_error() {
+  echo "scripts/gpu: $1" >&2
+  usage >&2
+  exit 2
+}
+
+# need_value OPTION COUNT: OPTION takes a value; COUNT is how many arguments are left with it.
+need_value() {
+  [ "$2" -ge 2 ] || usage_error "$1 needs a value"
+}
+
+# need_count OPTION VALUE: VALUE must be a whole number of at least 1.
+need_count() {
+  if ! [[ $2 =~ ^[0-9]{1,9}$ ]] || [ "$2" -lt 1 ]; then
+    usage_error "$1 must be a whole number of at least 1, not '$2'"
+  fi
+}
+
+# start_run: makes $OUT (default ./gpu-out) and sets the build up: CUDA architectures (default
+# 90), the toolkit and configure/build (scripts/common.sh).
+start_run() {
+  OUT=${OUT:-$PWD/gpu-out}
+  mkdir -p "$OUT" || exit 1
+  OUT=$(cd "$OUT" && pwd) || exit 1
+  export OUT
+  export GPUPOOL_CUDA_ARCHITECTURES=${GPUPOOL_CUDA_ARCHITECTURES:-90}
+  # shellcheck source=scripts/common.sh
+  source scripts/common.sh
+}
+
+# gpu_count: how many GPUs nvidia-smi lists (0 without it).
+gpu_count() {
+  nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l
+}
+
+# install_python DIR LOG: pip installs this tree's package into DIR (its build log in LOG; its
+# end printed when it fails).
+install_python() {
+  python3 -m pip install --no-build-isolation --no-deps --target "$1" . >"$2" 2>&1 || {
+    tail -40 "$2"
+    return 1
+  }
+}
+
+# seconds_since START: seconds since START (date +%s.%N), two decimals.
+seconds_since() {
+  python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' \
+    "$1" "$(date +%s.%N)"
+}

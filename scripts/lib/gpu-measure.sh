@@ -1,0 +1,216 @@
+# shellcheck shell=bash
+# scripts/gpu measure: the measured results a release keeps (bench/results/, docs/images/). Run
+# through scripts/gpu, from the repository root.
+set -uo pipefail
+source scripts/lib/gpu-common.sh
+
+usage() {
+  cat <<'EOF'
+usage: scripts/gpu measure [--out DIR] [--workloads LIST] [--lanes LIST] [--chunks LIST]
+                           [--images] [--small-tasks] [--dask] [--profile]
+                           [--step-seconds N] [-- COMPARE_ARGS...]
+
+Builds in build-measure (no tests, no NVTX ranges), pip installs the package, then:
+  1. `gpupool info --tuning remeasure`: the sweep the default lanes and chunk size
+     come from, and how long it took
+  2. `gpupool compare` on every workload (or --workloads), sweeping lanes x chunk
+     sizes beside the defaults: gpupool from Python and C++ against the motivating
+     program, careful CuPy/PyTorch, NumPy and a hand-written CUDA pipeline
+     (docs/compare.md)
+Optional steps, each bounded by --step-seconds:
+  --images        the pictures of docs/images: W2's timelines with 1 and 4 lanes and
+                  the cost of tracing (bench/timelines.py), and `gpupool bench` over
+                  lanes x chunk sizes with its plot
+  --small-tasks   gpupool_bench_small_tasks: W4's shape from C++ (map, submit loop,
+                  one task at a time) over 1 and all GPUs x 8, 16 lanes, with and
+                  without the in-flight budget
+  --dask          where dask and distributed import: bench/dask_gpus.py (two or
+                  more GPUs) and bench/dask_scaling.py (CPU backend)
+  --profile       with .deps/profiler/ (scripts/stage-profiler): CPU profiles
+                  (gperftools) of W4's shape from C++ and of the Python submit loop
+                  of bench/python_task_cost.py, with the files bench/read_profile.py
+                  needs to read them elsewhere
+
+options:
+  --out DIR          where the results go (default ./gpu-out; env OUT)
+  --workloads LIST   gpupool compare's workloads (default: every one)
+  --lanes LIST       lanes per GPU swept by compare (default 8,16; env COMPARE_LANES)
+  --chunks LIST      chunk sizes swept by compare (default 2M,4M; env COMPARE_CHUNKS)
+  --step-seconds N   time limit of each optional step (default 150; env STEP_SECONDS)
+  -- COMPARE_ARGS    more arguments for `gpupool compare` (python -m gpupool.compare
+                     --help lists them)
+  -h, --help         this text
+
+writes to $OUT:
+  measure.txt        everything printed, step by step
+  tuning.txt         the tuning summary (step 1)
+  compare.json, compare.png, compare.txt (the table), compare.log (step 2)
+  --images:       timeline_1lane.png, timeline_4lanes.png, w2_trace.json,
+                  bench.json, bench.csv, bench.png
+  --small-tasks:  small_tasks.txt
+  --dask:         dask.txt
+  --profile:      w4.prof, w4.bin, submit.prof, python.bin, the extension module,
+                  libpython and libc of this machine, profile.txt
+  build.log, pip.log
+EOF
+}
+
+workloads=""
+lanes=${COMPARE_LANES:-8,16}
+chunks=${COMPARE_CHUNKS:-2M,4M}
+step=${STEP_SECONDS:-150}
+images=0 small_tasks=0 dask=0 profile=0
+compare_args=()
+while [ $# -gt 0 ]; do
+  case $1 in
+    -h | --help) usage; exit 0 ;;
+    --out) need_value "$1" $#; OUT=$2; shift ;;
+    --workloads) need_value "$1" $#; workloads=$2; shift ;;
+    --lanes) need_value "$1" $#; lanes=$2; shift ;;
+    --chunks) need_value "$1" $#; chunks=$2; shift ;;
+    --step-seconds) need_value "$1" $#; step=$2; shift ;;
+    --images) images=1 ;;
+    --small-tasks) small_tasks=1 ;;
+    --dask) dask=1 ;;
+    --profile) profile=1 ;;
+    --) shift; compare_args=("$@"); break ;;
+    *) usage_error "measure: unknown option '$1'" ;;
+  esac
+  shift
+done
+need_count --step-seconds "$step"
+[ -n "$workloads" ] && compare_args=(--workloads "$workloads" "${compare_args[@]}")
+
+start_run
+export PYTHONUNBUFFERED=1 GPUPOOL_QUIET=1
+log="$OUT/measure.txt"
+: >"$log"
+say() { echo "$*" | tee -a "$log"; }
+status=0
+gpus=$(gpu_count)
+
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$log"
+say "== build (sm_$GPUPOOL_CUDA_ARCHITECTURES), $gpus GPU(s), $(nproc) cores"
+# Its own build folder, with no NVTX ranges (they cost time in every task) and no tests.
+configure build-measure -DGPUPOOL_WITH_CUDA=ON -DGPUPOOL_BUILD_TESTS=OFF -DGPUPOOL_WITH_NVTX=OFF \
+  -DGPUPOOL_BUILD_TOOLS=ON || exit 1
+cmake --build build-measure -j "$jobs" --target gpupool_cli --target gpupool_bench_compare \
+  --target gpupool_baseline_pipeline --target gpupool_bench_small_tasks >"$OUT/build.log" 2>&1 ||
+  { tail -50 "$OUT/build.log"; exit 1; }
+pydir=$(mktemp -d /tmp/gpupool-python.XXXXXX) || exit 1
+trap 'rm -rf "$pydir"' EXIT
+install_python "$pydir" "$OUT/pip.log" || exit 1
+export PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH}
+
+say "== 1. the tuning sweep (gpupool info --tuning remeasure)"
+start=$(date +%s.%N)
+build-measure/tools/gpupool info --tuning remeasure 2>&1 | tee "$OUT/tuning.txt" | tee -a "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+say "gpupool info --tuning remeasure took $(seconds_since "$start") s" | tee -a "$OUT/tuning.txt"
+
+say "== 2. gpupool compare (lanes $lanes x chunks $chunks swept)"
+# Progress and table in compare.log; the table alone (from the machine's limits on) in
+# compare.txt.
+python3 -m gpupool.compare --bench-dir build-measure/bench --lanes-list "$lanes" \
+  --chunk-list "$chunks" --json "$OUT/compare.json" --plot "$OUT/compare.png" \
+  "${compare_args[@]}" 2>&1 | tee "$OUT/compare.log" | tee -a "$log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+sed -n '/^limits:/,$p' "$OUT/compare.log" | grep -v '^wrote ' >"$OUT/compare.txt"
+[ -s "$OUT/compare.txt" ] || { say "FAIL: no table in compare.log"; status=1; }
+
+if [ $images = 1 ]; then
+  say "== W2 timelines with 1 and 4 lanes, and the cost of tracing (bench/timelines.py)"
+  timeout "$step" python3 bench/timelines.py "$OUT" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  say "== gpupool bench: lanes x chunk size, with its plot"
+  timeout "$step" python3 -m gpupool bench --lanes-list 1,2,4,8 \
+    --sizes 64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M --total 512M --repeat 3 \
+    --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee -a "$log"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+
+if [ $small_tasks = 1 ]; then
+  say "== tiny tasks from C++ over 1 and $gpus GPU(s) (gpupool_bench_small_tasks)"
+  devices=1
+  [ "$gpus" -ge 2 ] && devices="1,$gpus"
+  for budget in default none; do
+    echo "-- in-flight budget: $budget" | tee -a "$OUT/small_tasks.txt" >>"$log"
+    timeout "$step" build-measure/bench/gpupool_bench_small_tasks --backend cuda \
+      --devices "$devices" --lanes 8,16 --modes map,submit,one --budget "$budget" 2>&1 |
+      tee -a "$OUT/small_tasks.txt" | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  done
+fi
+
+if [ $dask = 1 ]; then
+  if python3 -c 'import dask, distributed' >/dev/null 2>&1; then
+    if [ "$gpus" -ge 2 ]; then
+      say "== Dask: one worker per GPU against one executor per GPU (bench/dask_gpus.py)"
+      timeout "$step" python3 bench/dask_gpus.py --gpus "$gpus" --repeat 3 2>&1 |
+        tee -a "$OUT/dask.txt" | tee -a "$log"
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    else
+      say "(bench/dask_gpus.py left out: it needs two or more GPUs)"
+    fi
+    say "== Dask's per-task cost with tiny blocks, CPU backend (bench/dask_scaling.py)"
+    GPUPOOL_BACKEND=cpu timeout "$step" python3 bench/dask_scaling.py --workers 1,2,4,8 \
+      --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  else
+    say "FAIL: --dask, but dask and distributed do not import (pip install '.[dask]')"
+    status=1
+  fi
+fi
+
+# profiled NAME COMMAND...: COMMAND under gperftools' CPU profiler (.deps/profiler), its raw
+# profile in $OUT/NAME.prof. gperftools names the file of a process other than the one it
+# started in after its pid; the largest file is the profile kept.
+profiled() {
+  local name=$1 rc profile
+  shift
+  LD_LIBRARY_PATH=$PWD/.deps/profiler LD_PRELOAD=$PWD/.deps/profiler/libprofiler.so.0 \
+    CPUPROFILE="$OUT/$name.prof" CPUPROFILE_FREQUENCY=1000 timeout "$step" "$@"
+  rc=$?
+  profile=$(find "$OUT" -maxdepth 1 -name "$name.prof*" -printf '%s %p\n' | sort -rn |
+    head -1 | cut -d' ' -f2-)
+  if [ -n "$profile" ]; then
+    [ "$profile" = "$OUT/$name.prof" ] || mv "$profile" "$OUT/$name.prof"
+    find "$OUT" -maxdepth 1 -name "$name.prof_*" -delete
+  fi
+  return $rc
+}
+
+if [ $profile = 1 ]; then
+  if [ -f .deps/profiler/libprofiler.so.0 ]; then
+    # Each raw profile comes back with the files to read it by where the sources are
+    # (bench/read_profile.py): the program, and this machine's libraries, which differ from
+    # another machine's copies of them.
+    say "== CPU profile of W4's shape from C++ (map, 16 lanes, 40 rounds) -> w4.prof"
+    bench=build-measure/bench/gpupool_bench_small_tasks
+    profiled w4 "$bench" --backend cuda --devices 1 --lanes 16 --modes map --repeat 40 2>&1 |
+      tee -a "$OUT/profile.txt" | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    if [ -f "$OUT/w4.prof" ]; then
+      cp "$bench" "$OUT/w4.bin"
+      cp "$(ldd "$bench" | awk '/libc.so.6/ {print $3}')" "$OUT/libc.so.6"
+    fi
+    say "== CPU profile of a Python submit loop (bench/python_task_cost.py) -> submit.prof"
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} profiled submit python3 \
+      bench/python_task_cost.py --repeat 10 --only "gpupool square submit loop, default lanes" \
+      2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    if [ -f "$OUT/submit.prof" ]; then
+      py=$(python3 -c 'import os, sys; print(os.path.realpath(sys.executable))')
+      ext=$(python3 -c 'import gpupool._ext as e; print(e.__file__)')
+      cp "$py" "$OUT/python.bin"
+      cp "$ext" "$OUT/"
+      ldd "$py" "$ext" | awk '/libpython|libc.so.6/ {print $3}' | sort -u |
+        while read -r lib; do cp "$lib" "$OUT/"; done
+    fi
+  else
+    say "FAIL: --profile, but no .deps/profiler/ (run scripts/stage-profiler first)"
+    status=1
+  fi
+fi
+say "gpu measure: exit $status (results in $OUT)"
+exit $status
