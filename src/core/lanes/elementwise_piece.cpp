@@ -9,7 +9,7 @@
 namespace gpupool::detail {
 
 void require_alpha_fits(const builtin_kernel& k, dtype t) {
-  if (k.operation() != op::scale && k.operation() != op::axpy) return;  // alpha unused
+  if (!k.takes_alpha()) return;
   dispatch_elementwise(k.operation(), t,
                        [&]<op O, class T>() { (void)alpha_as<T>(k.alpha(), k.name()); });
 }
