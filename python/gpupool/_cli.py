@@ -7,21 +7,16 @@ Every other argument goes to the tool unchanged."""
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
 import tempfile
 from typing import List, Optional, Sequence
 
-PICTURES = (".png", ".svg", ".pdf")
+from ._outputs import CommandError, check_writable, picture_type
 
 # The option of each command that names a picture, and what else that option accepts.
 _PICTURE_OPTIONS = {"demo": ("--timeline", (".json",)), "bench": ("--plot", ())}
-
-
-class CommandError(Exception):
-    """A mistake in the command line or an output that cannot be written (exit status 2)."""
 
 
 def tool_path() -> pathlib.Path:
@@ -61,28 +56,6 @@ def _option_value(args: Sequence[str], name: str) -> Optional[str]:
         elif arg.startswith(name + "="):
             found = arg[len(name) + 1:]
     return found
-
-
-def check_writable(path: str) -> None:
-    """Raises CommandError naming ``path`` when a file cannot be written there."""
-    target = pathlib.Path(path)
-    folder = target.parent if str(target.parent) else pathlib.Path(".")
-    if target.is_dir():
-        raise CommandError(f"cannot write {path}: it is a directory")
-    if not folder.is_dir():
-        raise CommandError(f"cannot write {path}: no such directory {str(folder)!r}")
-    if not os.access(folder, os.W_OK) or (target.exists() and not os.access(target, os.W_OK)):
-        raise CommandError(f"cannot write {path}: permission denied")
-
-
-def picture_type(option: str, path: str, also: Sequence[str] = ()) -> str:
-    """The extension of ``path`` if it names a type this command writes, else CommandError."""
-    suffix = pathlib.Path(path).suffix.lower()
-    allowed = (*also, *PICTURES)
-    if suffix not in allowed:
-        raise CommandError(f"{option} {path}: the file's type follows its extension, which must "
-                           f"be one of {', '.join(allowed)}")
-    return suffix
 
 
 def _draw(command: str, source: pathlib.Path, picture: str) -> None:

@@ -71,7 +71,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args.workload_list = [w for w in WORKLOADS if w in chosen]
     # The outputs are written after a run of minutes: a path that cannot take them is refused
     # now, before any work, as the other commands do.
-    from .._cli import CommandError, check_writable, picture_type
+    from .._outputs import CommandError, check_writable, picture_type
 
     try:
         if args.json_path:
