@@ -39,6 +39,15 @@ enum class tuning {
 /// The mode a name of `to_string(tuning)` stands for; nothing for any other text.
 [[nodiscard]] std::optional<tuning> tuning_from_name(std::string_view name) noexcept;
 
+/// The bounds an executor keeps its settings within: values outside them are refused, naming
+/// the bound. The Python package reads them from here.
+namespace limits {
+inline constexpr int most_lanes_per_device = 256;
+/// Lanes over all of an executor's devices together.
+inline constexpr int most_lanes_per_executor = 4096;
+inline constexpr int most_slots_per_lane = 64;
+}  // namespace limits
+
 /// How an executor is set up. Every field has a sensible default; see docs/configuration.md.
 struct executor_options {
   /// Which backend to use. Unset: the `GPUPOOL_BACKEND` environment variable (`cpu` or `cuda`),
@@ -49,10 +58,12 @@ struct executor_options {
   /// Empty: every visible device.
   std::vector<int> devices;
 
-  /// Lanes ("threads per GPU") per device, 1 to 256. 0: chosen as `tuning` says.
+  /// Lanes ("threads per GPU") per device, 1 to limits::most_lanes_per_device. 0: chosen as
+  /// `tuning` says.
   int lanes_per_device = 0;
 
-  /// Tasks one lane keeps in flight at once (its pipeline depth); each has its own staging slot.
+  /// Tasks one lane keeps in flight at once (its pipeline depth), 1 to
+  /// limits::most_slots_per_lane; each has its own staging slot.
   int slots_per_lane = 2;
 
   /// Largest piece of an array moved through a staging slot at once. `map` and `transform` split

@@ -304,7 +304,7 @@ class Executor(_futures.Executor):
             the same): chosen as ``tuning`` says.
         devices: device ordinals to use (default: every visible device).
         backend: ``"cuda"`` or ``"cpu"`` (default: ``GPUPOOL_BACKEND``, else CUDA if usable).
-        slots_per_lane: tasks one lane keeps in flight.
+        slots_per_lane: tasks one lane keeps in flight, 1 to 64.
         chunk_bytes: largest piece of an array moved through a staging slot at once, or
             ``"auto"`` (the default; ``None`` means the same): chosen as ``tuning`` says.
         device_memory_budget: bytes gpupool may hold per device (0: no limit).
@@ -336,15 +336,16 @@ class Executor(_futures.Executor):
                  tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto",
                  quiet: bool = False) -> None:
         lanes = 0 if _is_auto(threads_per_gpu) else _count(
-            "threads_per_gpu", threads_per_gpu, 1, 256,
-            "a whole number from 1 to 256, or 'auto'")
+            "threads_per_gpu", threads_per_gpu, 1, _ext.MOST_LANES_PER_DEVICE,
+            f"a whole number from 1 to {_ext.MOST_LANES_PER_DEVICE}, or 'auto'")
         options = _ext.ExecutorOptions()
-        options.backend = _choice("backend", backend, ("cpu", "cuda"),
+        options.backend = _choice("backend", backend, _ext.BACKENDS,
                                   "the GPUPOOL_BACKEND variable, else CUDA when usable")
         options.devices = _device_list(devices) or []
         options.lanes_per_device = lanes
-        options.slots_per_lane = _count("slots_per_lane", slots_per_lane, 1, 64,
-                                        "a whole number from 1 to 64")
+        options.slots_per_lane = _count(
+            "slots_per_lane", slots_per_lane, 1, _ext.MOST_SLOTS_PER_LANE,
+            f"a whole number from 1 to {_ext.MOST_SLOTS_PER_LANE}")
         options.chunk_bytes = 0 if _is_auto(chunk_bytes) else _count(
             "chunk_bytes", chunk_bytes, 1, None, "a byte count of at least 1, or 'auto'")
         options.device_memory_budget = _count("device_memory_budget", device_memory_budget, 0,

@@ -686,15 +686,17 @@ void bind_executor(nb::module_& m) {
             return std::string(gpupool::to_string(*o.backend));
           },
           [](gpupool::executor_options& o, std::optional<std::string> backend) {
-            if (!backend)
+            if (!backend) {
               o.backend.reset();
-            else if (*backend == "cpu")
-              o.backend = gpupool::backend_kind::cpu;
-            else if (*backend == "cuda")
-              o.backend = gpupool::backend_kind::cuda;
-            else
-              throw nb::value_error(
-                  ("gpupool: backend must be 'cpu' or 'cuda', not '" + *backend + "'").c_str());
+              return;
+            }
+            o.backend = gpupool::backend_from_name(*backend);
+            if (o.backend) return;
+            std::string known;
+            for (const auto& b : gpupool::backend_names)
+              known += std::string(known.empty() ? "'" : ", '") + b.name + "'";
+            throw nb::value_error(
+                ("gpupool: backend must be one of " + known + ", not '" + *backend + "'").c_str());
           },
           nb::arg("backend").none())
       .def_rw("devices", &gpupool::executor_options::devices)

@@ -28,4 +28,11 @@ NB_MODULE(_ext, m) {
   });
   m.attr("__version__") = GPUPOOL_VERSION_STRING;
   m.attr("HAS_CUDA") = bool(GPUPOOL_HAS_CUDA);
+  // One source for the limits and names the Python layer checks against and documents.
+  m.attr("MOST_LANES_PER_DEVICE") = gpupool::limits::most_lanes_per_device;
+  m.attr("MOST_LANES_PER_EXECUTOR") = gpupool::limits::most_lanes_per_executor;
+  m.attr("MOST_SLOTS_PER_LANE") = gpupool::limits::most_slots_per_lane;
+  nb::list backends;
+  for (const auto& b : gpupool::backend_names) backends.append(b.name);
+  m.attr("BACKENDS") = nb::tuple(backends);
 }

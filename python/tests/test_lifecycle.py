@@ -207,6 +207,28 @@ def test_absurd_counts_are_refused_with_the_limit():
         gpupool.Executor(threads_per_gpu=8, backend="cpu", cpu_devices=1024)
 
 
+def test_the_limits_python_checks_are_the_cores():
+    from gpupool import _ext
+    most = _ext.MOST_SLOTS_PER_LANE
+    with gpupool.Executor(1, backend="cpu", cpu_devices=1, slots_per_lane=most) as ex:
+        assert ex.submit(gpupool.kernels.square, np.arange(3.0)).result().tolist() == [0, 1, 4]
+    with pytest.raises(ValueError, match=f"from 1 to {most}, not {most + 1}"):
+        gpupool.Executor(1, backend="cpu", cpu_devices=1, slots_per_lane=most + 1)
+    with pytest.raises(ValueError, match=f"from 1 to {_ext.MOST_LANES_PER_DEVICE}, or 'auto'"):
+        gpupool.Executor(_ext.MOST_LANES_PER_DEVICE + 1, backend="cpu", cpu_devices=1)
+    with pytest.raises(ValueError, match=f"limit of {_ext.MOST_LANES_PER_EXECUTOR}"):
+        gpupool.Executor(8, backend="cpu", cpu_devices=_ext.MOST_LANES_PER_EXECUTOR // 8 + 1)
+    # The core refuses them too, for callers that build options without the Python checks.
+    options = _ext.ExecutorOptions()
+    options.backend = "cpu"
+    options.slots_per_lane = most + 1
+    with pytest.raises(Exception, match=str(most)):
+        _ext.Executor(options)
+    assert set(_ext.BACKENDS) == {"cpu", "cuda"}
+    with pytest.raises(ValueError, match="'cpu', 'cuda'"):
+        options.backend = "tpu"
+
+
 # -- Ctrl-C -----------------------------------------------------------------------------------
 
 def test_ctrl_c_during_a_kernel_map_wakes_promptly_and_cancels_the_rest():

@@ -45,8 +45,8 @@ using detail::most_lanes_per_device;
 using detail::smallest_chunk;
 // Lane threads of one executor, all devices together: far beyond any useful count, and low
 // enough that a mistaken option fails at once instead of exhausting the process's threads.
-constexpr int most_lanes = 4096;
-constexpr int most_slots_per_lane = 64;
+constexpr int most_lanes = limits::most_lanes_per_executor;
+using limits::most_slots_per_lane;
 // A call cut finer than chunk_bytes to keep every lane busy (executor::impl::piece_bytes) is cut
 // into pieces of whole multiples of this, and never below the floor: smaller pieces cost more in
 // per-piece overhead than the lanes they bring in gain.

@@ -21,7 +21,7 @@ inline constexpr std::size_t default_chunk_bytes = std::size_t{8} << 20;
 inline constexpr const char* tuning_entry_format = "gpupool-tuning 3";
 /// The executor's limits on the two settings (it refuses values outside them; a cache entry
 /// outside them is not used).
-inline constexpr int most_lanes_per_device = 256;
+inline constexpr int most_lanes_per_device = limits::most_lanes_per_device;
 inline constexpr std::size_t smallest_chunk = 4096;
 
 /// The fixed default lanes per device for `kind` with `devices` devices.
