@@ -34,8 +34,9 @@ options:
   -h, --help        this text
 
 writes to $OUT:
-  summary.txt       the GPUs, W5, the tuning sweep, the demo, package versions,
-                    the seed example (and the soak test's counts)
+  summary.txt       everything printed: the commit checked, the GPUs, the test
+                    counts and failures, compute-sanitizer's verdicts, W5, the
+                    tuning sweep, the demo, package versions, the seed example
   build.log, gtest.log, gtest.xml, gtest-1gpu.log, soak.log, ctest.log, oob.log,
   memcheck.log, racecheck.log, synccheck.log, pip.log, pytest.log
 EOF
@@ -69,11 +70,18 @@ need_count --w5-repeat "$w5_repeat"
 [ ${#pytest_args[@]} -gt 0 ] || pytest_args=(python/tests)
 
 start_run
-summary="$OUT/summary.txt"
 status=0
+# Everything printed (each step's counts, verdicts and figures; the logs hold the rest) is the
+# summary.
+exec > >(tee "$OUT/summary.txt") 2>&1
+summary_pid=$!
+pydir=""
+# At exit: the package's folder removed, and the summary written out before the exit status.
+trap '[ -z "$pydir" ] || rm -rf "$pydir"; exec >&- 2>&-; wait "$summary_pid"' EXIT
 
+echo "commit: $(tree_commit)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \
-  --format=csv 2>&1 | tee "$summary"
+  --format=csv 2>&1
 gpus=$(gpu_count)
 
 echo "== build (sm_$GPUPOOL_CUDA_ARCHITECTURES)"
@@ -112,7 +120,7 @@ if [ -n "$soak_tasks" ]; then
   echo "-- soak: $soak_tasks tasks from 8 threads on CUDA, 1% injected faults, random cancels"
   GPUPOOL_SOAK_TASKS=$soak_tasks GPUPOOL_SOAK_THREADS=8 GPUPOOL_SOAK_BACKEND=cuda \
     build-gpu/tests/gpupool_tests --gtest_filter='Soak.*' >"$OUT/soak.log" 2>&1 || status=1
-  grep -E "^soak:|OK|FAILED" "$OUT/soak.log" | tee -a "$summary"
+  grep -E "^soak:|OK|FAILED" "$OUT/soak.log"
 fi
 # Only the test of refusing CUDA without a GPU, and the CPU-backend instance of the raw-kernel
 # test (raw kernels are CUDA source), may skip here.
@@ -189,21 +197,19 @@ else
 fi
 
 echo "== W5: a compiled kernel over 2000 chunks on the GPU (C++)"
-build-gpu/bench/gpupool_bench_w5 --repeat "$w5_repeat" | tee -a "$summary" || status=1
+build-gpu/bench/gpupool_bench_w5 --repeat "$w5_repeat" || status=1
 
 unset GPUPOOL_TUNING
 echo "== the tuning sweep and the demo"
 # Measures lanes and chunk size afresh (the sweep the default settings come from) and prints it.
 start=$(date +%s.%N)
-build-gpu/tools/gpupool info --tuning remeasure | tee -a "$summary" || status=1
-echo "gpupool info --tuning remeasure took $(seconds_since "$start") s" | tee -a "$summary"
-build-gpu/tools/gpupool demo | tee -a "$summary" || status=1
+build-gpu/tools/gpupool info --tuning remeasure || status=1
+echo "gpupool info --tuning remeasure took $(seconds_since "$start") s"
+build-gpu/tools/gpupool demo || status=1
 
 echo "== Python: pip install, pytest (GPU tests included), the seed example"
-python3 -m pip list 2>/dev/null | grep -iE "^(nanobind|scikit.build.core|numpy|cupy|torch) " |
-  tee -a "$summary"
+python3 -m pip list 2>/dev/null | grep -iE "^(nanobind|scikit.build.core|numpy|cupy|torch) "
 pydir=$(mktemp -d /tmp/gpupool-python.XXXXXX) || exit 1
-trap 'rm -rf "$pydir"' EXIT
 if install_python "$pydir" "$OUT/pip.log"; then
   export PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH}
   GPUPOOL_TUNING=fixed python3 -m pytest -q -rs "${pytest_args[@]}" 2>&1 |
@@ -219,7 +225,7 @@ if install_python "$pydir" "$OUT/pip.log"; then
     echo "FAIL: Python tests skipped on a GPU machine"
     status=1
   fi
-  python3 examples/seed.py | tee -a "$summary" || status=1
+  python3 examples/seed.py || status=1
 else
   status=1
 fi

@@ -47,6 +47,17 @@ install_python() {
   }
 }
 
+# tree_commit: the commit this tree is at, "+modified" where tracked files differ from it (as
+# `gpupool compare` records it), or "unknown" outside a git checkout.
+tree_commit() {
+  local commit
+  commit=$(git rev-parse HEAD 2>/dev/null) || { echo unknown; return; }
+  if [ -n "$(git status --porcelain --untracked-files=no 2>/dev/null)" ]; then
+    commit+="+modified"
+  fi
+  echo "$commit"
+}
+
 # seconds_since START: seconds since START (date +%s.%N), two decimals.
 seconds_since() {
   python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' \

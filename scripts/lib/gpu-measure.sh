@@ -89,6 +89,7 @@ say() { echo "$*" | tee -a "$log"; }
 status=0
 gpus=$(gpu_count)
 
+say "commit: $(tree_commit)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv 2>&1 | tee -a "$log"
 say "== build (sm_$GPUPOOL_CUDA_ARCHITECTURES), $gpus GPU(s), $(nproc) cores"
 # Its own build folder, with no NVTX ranges (they cost time in every task) and no tests.
