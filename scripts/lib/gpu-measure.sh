@@ -87,6 +87,17 @@ log="$OUT/measure.txt"
 : >"$log"
 say() { echo "$*" | tee -a "$log"; }
 status=0
+# step_done RC WHAT: a step's exit status RC; a failure, or a run past its time, is said and
+# fails the run.
+step_done() {
+  [ "$1" -eq 0 ] && return
+  status=1
+  if [ "$1" -eq 124 ]; then
+    say "FAIL: $2 ran past its $step s (--step-seconds)"
+  else
+    say "FAIL: $2 exited $1"
+  fi
+}
 gpus=$(gpu_count)
 
 say "commit: $(tree_commit)"
@@ -106,7 +117,7 @@ export PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH}
 say "== 1. the tuning sweep (gpupool info --tuning remeasure)"
 start=$(date +%s.%N)
 build-measure/tools/gpupool info --tuning remeasure 2>&1 | tee "$OUT/tuning.txt" | tee -a "$log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+step_done "${PIPESTATUS[0]}" "gpupool info --tuning remeasure"
 say "gpupool info --tuning remeasure took $(seconds_since "$start") s" | tee -a "$OUT/tuning.txt"
 
 say "== 2. gpupool compare (lanes $lanes x chunks $chunks swept)"
@@ -115,19 +126,19 @@ say "== 2. gpupool compare (lanes $lanes x chunks $chunks swept)"
 python3 -m gpupool.compare --bench-dir build-measure/bench --lanes-list "$lanes" \
   --chunk-list "$chunks" --json "$OUT/compare.json" --plot "$OUT/compare.png" \
   "${compare_args[@]}" 2>&1 | tee "$OUT/compare.log" | tee -a "$log"
-[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+step_done "${PIPESTATUS[0]}" "gpupool compare"
 sed -n '/^limits:/,$p' "$OUT/compare.log" | grep -v '^wrote ' >"$OUT/compare.txt"
 [ -s "$OUT/compare.txt" ] || { say "FAIL: no table in compare.log"; status=1; }
 
 if [ $images = 1 ]; then
   say "== W2 timelines with 1 and 4 lanes, and the cost of tracing (bench/timelines.py)"
   timeout "$step" python3 bench/timelines.py "$OUT" 2>&1 | tee -a "$log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step_done "${PIPESTATUS[0]}" "bench/timelines.py"
   say "== gpupool bench: lanes x chunk size, with its plot"
   timeout "$step" python3 -m gpupool bench --lanes-list 1,2,4,8 \
     --sizes 64K,128K,256K,512K,1M,2M,4M,8M,16M,32M,64M --total 512M --repeat 3 \
     --csv "$OUT/bench.csv" --json "$OUT/bench.json" --plot "$OUT/bench.png" 2>&1 | tee -a "$log"
-  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+  step_done "${PIPESTATUS[0]}" "gpupool bench"
 fi
 
 if [ $small_tasks = 1 ]; then
@@ -139,7 +150,7 @@ if [ $small_tasks = 1 ]; then
     timeout "$step" build-measure/bench/gpupool_bench_small_tasks --backend cuda \
       --devices "$devices" --lanes 8,16 --modes map,submit,one --budget "$budget" 2>&1 |
       tee -a "$OUT/small_tasks.txt" | tee -a "$log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    step_done "${PIPESTATUS[0]}" "gpupool_bench_small_tasks --budget $budget"
   done
 fi
 
@@ -149,14 +160,14 @@ if [ $dask = 1 ]; then
       say "== Dask: one worker per GPU against one executor per GPU (bench/dask_gpus.py)"
       timeout "$step" python3 bench/dask_gpus.py --gpus "$gpus" --repeat 3 2>&1 |
         tee -a "$OUT/dask.txt" | tee -a "$log"
-      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      step_done "${PIPESTATUS[0]}" "bench/dask_gpus.py"
     else
       say "(bench/dask_gpus.py left out: it needs two or more GPUs)"
     fi
     say "== Dask's per-task cost with tiny blocks, CPU backend (bench/dask_scaling.py)"
     GPUPOOL_BACKEND=cpu timeout "$step" python3 bench/dask_scaling.py --workers 1,2,4,8 \
       --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
   else
     say "FAIL: --dask, but dask and distributed do not import (pip install '.[dask]')"
     status=1
@@ -190,7 +201,7 @@ if [ $profile = 1 ]; then
     bench=build-measure/bench/gpupool_bench_small_tasks
     profiled w4 "$bench" --backend cuda --devices 1 --lanes 16 --modes map --repeat 40 2>&1 |
       tee -a "$OUT/profile.txt" | tee -a "$log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    step_done "${PIPESTATUS[0]}" "the profile of W4"
     if [ -f "$OUT/w4.prof" ]; then
       cp "$bench" "$OUT/w4.bin"
       cp "$(ldd "$bench" | awk '/libc.so.6/ {print $3}')" "$OUT/libc.so.6"
@@ -199,7 +210,7 @@ if [ $profile = 1 ]; then
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} profiled submit python3 \
       bench/python_task_cost.py --repeat 10 --only "gpupool square submit loop, default lanes" \
       2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    step_done "${PIPESTATUS[0]}" "the profile of bench/python_task_cost.py"
     if [ -f "$OUT/submit.prof" ]; then
       py=$(python3 -c 'import os, sys; print(os.path.realpath(sys.executable))')
       ext=$(python3 -c 'import gpupool._ext as e; print(e.__file__)')
