@@ -20,7 +20,6 @@
 #include <thread>
 #include <type_traits>
 
-#include <pthread.h>
 #include <unistd.h>
 
 #include "core/backend.hpp"
@@ -34,6 +33,7 @@
 #include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/tuning/tuning.hpp"
+#include "gpupool/fork.hpp"
 
 namespace gpupool {
 namespace {
@@ -164,24 +164,6 @@ std::size_t choose_in_flight_budget(const executor_options& options,
   return total;
 }
 
-// Counts fork()s this process came out of (as the child). An executor remembers the count it was
-// made under: a different one means its lanes belong to another process.
-std::atomic<unsigned> fork_generation{0};
-
-void count_fork_in_child() noexcept {
-  fork_generation.fetch_add(1, std::memory_order_relaxed);  // lock-free: safe in the child
-}
-
-unsigned current_fork_generation() {
-  static const bool registered = [] {
-    if (pthread_atfork(nullptr, nullptr, count_fork_in_child) != 0)
-      throw std::runtime_error("gpupool: could not register the fork handler");
-    return true;
-  }();
-  (void)registered;
-  return fork_generation.load(std::memory_order_relaxed);
-}
-
 // Test hook: GPUPOOL_TEST_FAIL_LANE_START=<n> makes starting the lane thread numbered n fail as
 // thread creation does when the process has no threads left (EAGAIN). -1: no fault.
 int lane_start_fault() {
@@ -246,7 +228,7 @@ std::size_t fit_chunk_bytes(const executor_options& options, std::size_t chunk, 
 
 struct executor::impl {
   explicit impl(const executor_options& options)
-      : generation(current_fork_generation()),
+      : generation(fork_generation()),
         owner(detail::select_backend(options.backend, options.cpu_devices, options.quiet)),
         ordinals(choose_ordinals(options, owner->device_count())),
         settings(checked_settings(options, *owner, ordinals)),
@@ -334,7 +316,7 @@ struct executor::impl {
   }
 
   // True in a child process forked after this executor was made: its lanes are not here.
-  [[nodiscard]] bool forked() const { return generation != fork_generation.load(); }
+  [[nodiscard]] bool forked() const { return generation != fork_generation(); }
 
   void stop(bool cancel_pending) {
     // A lane cannot wait for itself to stop.

@@ -2,7 +2,6 @@
 // from the process's host memory (page-locked by CUDA with a usable GPU; otherwise ordinary
 // aligned memory that gpupool still tracks, so the CPU backend takes the same "already pinned,
 // skip staging" paths that the CUDA backend does).
-#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +17,7 @@
 #include "core/environment.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/pinned_cache.hpp"
+#include "gpupool/fork.hpp"
 #include "gpupool/pinned.hpp"
 
 namespace gpupool {
@@ -377,20 +377,27 @@ namespace {
 // mapped in a child), and a parent's thread may have held a shard's lock at the fork. The parent's
 // cache is left alone (leaked): what it holds is never handed out, or given back, in the child.
 std::atomic<pinned_cache*> the_pinned_cache{nullptr};
+std::atomic<bool> forget_registered{false};
 
-void forget_pinned_cache_in_child() noexcept {
+void forget_pinned_cache_in_child(void*) noexcept {
   the_pinned_cache.store(nullptr, std::memory_order_relaxed);  // lock-free: safe in a child
 }
 
 }  // namespace
 
 pinned_cache& process_pinned_cache() {
-  static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, forget_pinned_cache_in_child);
-    return true;
-  }();
-  static_cast<void>(registered);
   if (pinned_cache* known = the_pinned_cache.load(std::memory_order_acquire)) return *known;
+  // Registered before the first cache is published, once per process tree (a child inherits
+  // the registration): not a fork_fresh, since a child's cache is made with arguments, at its
+  // first use there.
+  if (!forget_registered.exchange(true, std::memory_order_acq_rel)) {
+    try {
+      on_fork_child(forget_pinned_cache_in_child, nullptr);
+    } catch (...) {
+      forget_registered.store(false, std::memory_order_release);
+      throw;
+    }
+  }
   auto fresh =
       std::make_unique<pinned_cache>(process_host_memory().pinned(), default_cache_limit());
   pinned_cache* expected = nullptr;

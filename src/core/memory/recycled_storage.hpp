@@ -8,13 +8,13 @@
 // A class uses it through its own operator new and delete (see elementwise_piece).
 #pragma once
 
-#include <pthread.h>
-
 #include <cstddef>
 #include <memory>
 #include <mutex>
 #include <new>
 #include <vector>
+
+#include "gpupool/fork.hpp"
 
 namespace gpupool::detail {
 
@@ -64,20 +64,11 @@ class recycled_storage {
     std::vector<void*> blocks;
   };
   // Never destroyed: threads hand their blocks back as they exit, which may be after static
-  // destruction has begun. Made at the first allocate(), before any block exists.
-  static shared_list& shared() {
-    static shared_list* list = [] {
-      // A fork()ed child starts with a new list: the parent's lock may have been held by a
-      // thread that is not in the child (the parent's blocks are leaked there, not reused). Made
-      // in static storage, with no allocation and no lock, as a fork handler must.
-      pthread_atfork(nullptr, nullptr, [] {
-        alignas(shared_list) static unsigned char in_child[sizeof(shared_list)];
-        list = new (in_child) shared_list;
-      });
-      return new shared_list;
-    }();
-    return *list;
-  }
+  // destruction has begun. Made at the first allocate(), before any block exists. A fork()ed
+  // child starts with a new list: the parent's lock may have been held by a thread that is not in
+  // the child (the parent's blocks are leaked there, not reused).
+  static inline fork_fresh<shared_list> shared_list_;
+  static shared_list& shared() { return shared_list_.get(); }
 
   // This thread's blocks, reached through a plain pointer (trivially destructible, so still
   // readable while the thread's other thread_local objects are destroyed): once they are handed
