@@ -8,10 +8,12 @@
 #include <stdlib.h>
 
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
 #include "core/backend.hpp"
+#include "core/kernels/kernel_source.hpp"
 #include "core/kernels/user_call.hpp"
 #include "gpupool/elementwise.hpp"
 
@@ -25,6 +27,7 @@ class counting_backend final : public backend {
   int compiles = 0;
 
   backend_kind kind() const noexcept override { return inner_->kind(); }
+  const backend_traits& traits() const noexcept override { return inner_->traits(); }
   int device_count() const override { return inner_->device_count(); }
   device_info describe(int ordinal) const override { return inner_->describe(ordinal); }
   void bind_thread(int ordinal) override { inner_->bind_thread(ordinal); }
@@ -113,6 +116,76 @@ TEST_F(CompiledMemo, ARawKernelTheBackendCannotRunIsAskedForEachTime) {
   EXPECT_THROW((void)compile_for(b, k, call, 0), backend_unavailable);
   EXPECT_THROW((void)compile_for(b, k, call, 0), backend_unavailable);
   EXPECT_EQ(b.compiles, 2);
+}
+
+// The backend seam: each backend describes itself (backend_traits) and owns its code generator;
+// what the core hands a backend back (a timer, a compiled kernel) is checked to be its own.
+TEST(BackendSeam, EveryBackendDescribesItself) {
+  for (const backend_name& row : backend_names) {
+    const backend_traits& t = traits_of(row.kind);
+    EXPECT_NE(t.generator, nullptr) << row.name;
+    EXPECT_NE(t.default_lanes, nullptr) << row.name;
+    EXPECT_GE(t.default_lanes(1, 1), 1) << row.name;
+    EXPECT_GE(t.default_lanes(1024, 1), 1) << row.name;
+    EXPECT_FALSE(t.sweep_lanes(1, 1).empty()) << row.name;
+    EXPECT_FALSE(t.sweep_chunks.empty()) << row.name;
+    EXPECT_LE(t.sweep_bytes_per_device, t.most_sweep_bytes_per_device) << row.name;
+    EXPECT_TRUE(t.automatic_tuning == tuning::measured || t.automatic_tuning == tuning::fixed);
+    device_info d;
+    d.backend = row.kind;
+    EXPECT_GE(t.least_device_batch_elements(d), 1u) << row.name;
+    EXPECT_GE(t.default_in_flight_budget(d), 1u) << row.name;
+  }
+  const auto cpu = cpu_backend_registration.make(1);
+  EXPECT_EQ(&cpu->traits(), cpu_backend_registration.traits);
+  EXPECT_EQ(&cpu->traits(), &traits_of(cpu->kind()));
+}
+
+TEST(BackendSeam, EachGeneratorPutsTheBodyWhereItSays) {
+  const elementwise_kernel k("float64 x, float64 a", "float64 y", "y = a * x; // the body", "seam");
+  for (const backend_name& row : backend_names) {
+    const kernel_generator& g = *traits_of(row.kind).generator;
+    const std::string source = g.source(k, {true, false});
+    EXPECT_NE(source.find(kernel_entry_point), std::string::npos) << g.language();
+    std::size_t at = 0;
+    for (int line = 1; line < g.body_first_line(k); ++line) at = source.find('\n', at) + 1;
+    EXPECT_EQ(source.compare(at, k.body().size(), k.body()), 0) << g.language() << ":\n" << source;
+  }
+}
+
+// A timer or a compiled kernel of another type (another backend's, a decorator's) is refused with
+// both types named, not reinterpreted.
+class foreign_timer final : public backend_timer {
+ public:
+  void record() override {}
+  double microseconds_since(backend_timer& /*earlier*/) override { return 0; }
+};
+
+class foreign_kernel final : public compiled_kernel {
+ public:
+  foreign_kernel() : compiled_kernel({true}) {}
+};
+
+TEST(BackendSeam, ABackendRefusesObjectsItDidNotMake) {
+  const auto cpu = cpu_backend_registration.make(1);
+  const auto stream = cpu->open_stream(0);
+  const auto timer = stream->make_timer();
+  timer->record();
+  auto own = stream->make_timer();
+  own->record();
+  EXPECT_GE(timer->microseconds_since(*own), -1e9);  // its own: fine
+  foreign_timer other;
+  try {
+    (void)timer->microseconds_since(other);
+    ADD_FAILURE() << "a foreign timer was taken";
+  } catch (const std::logic_error& e) {
+    EXPECT_NE(std::string(e.what()).find("foreign_timer"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("cpu_timer"), std::string::npos) << e.what();
+  }
+  const foreign_kernel k;
+  double x = 1, y = 0;
+  void* args[] = {&x, &y};
+  EXPECT_THROW(stream->launch_compiled(k, args, 1), std::logic_error);
 }
 
 }  // namespace

@@ -9,8 +9,11 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/kernels/kernel_cache.hpp"
@@ -268,7 +271,7 @@ TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   plan.bytes_per_device = 1 << 20;
   plan.repeats = 1;
   plan.seconds = 60;
-  const auto whole = detail::run_sweep(o, plan);
+  const auto whole = detail::run_sweep(o, plan, detail::executor_sweep_runner());
   const auto& samples = whole.samples;
   EXPECT_EQ(whole.planned, 4u);
   EXPECT_TRUE(whole.failure.empty()) << whole.failure;
@@ -284,13 +287,13 @@ TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
 
   // A configuration that cannot be made is left out (and named); the others run.
   plan.lanes = {300, 1};
-  const auto without = detail::run_sweep(o, plan);
+  const auto without = detail::run_sweep(o, plan, detail::executor_sweep_runner());
   ASSERT_EQ(without.samples.size(), 3u);
   for (const auto& s : without.samples) EXPECT_EQ(s.lanes_per_device, 1);
   EXPECT_NE(without.failure.find("300"), std::string::npos) << without.failure;
   plan.lanes = {300};
   try {
-    (void)detail::run_sweep(o, plan);
+    (void)detail::run_sweep(o, plan, detail::executor_sweep_runner());
     ADD_FAILURE() << "a sweep where nothing could run returned";
   } catch (const gpupool::error& e) {
     EXPECT_NE(std::string(e.what()).find("300"), std::string::npos) << e.what();
@@ -298,9 +301,46 @@ TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
 
   plan.lanes = {1, 2};
   plan.seconds = 0;  // past its deadline once the first configuration ran: nothing else starts
-  EXPECT_EQ(detail::run_sweep(o, plan).samples.size(), 1u);
+  EXPECT_EQ(detail::run_sweep(o, plan, detail::executor_sweep_runner()).samples.size(), 1u);
   plan.lanes.clear();
-  EXPECT_THROW((void)detail::run_sweep(o, plan), std::invalid_argument);
+  EXPECT_THROW((void)detail::run_sweep(o, plan, detail::executor_sweep_runner()),
+               std::invalid_argument);
+}
+
+// The sweep runs through the runner it is given, knowing nothing of executors: a runner of its
+// own sees every configuration the plan asks for, and a wrong result voids the sweep.
+TEST_F(Tuning, ASweepMeasuresWhatItsRunnerMakes) {
+  struct fake final : detail::sweep_configuration {
+    fake(const executor_options& o, bool wrong) : options(o), wrong_(wrong) {}
+    int lanes_per_device() const override { return options.lanes_per_device; }
+    std::size_t chunk_bytes() const override { return options.chunk_bytes; }
+    void square(std::span<const double> in, std::span<double> out) override {
+      for (std::size_t i = 0; i < in.size(); ++i) out[i] = in[i] * in[i] + (wrong_ ? 1 : 0);
+    }
+    executor_options options;
+    bool wrong_;
+  };
+  std::vector<std::pair<int, std::size_t>> made;
+  bool wrong = false;
+  const detail::sweep_runner runner = [&](const executor_options& o) {
+    EXPECT_EQ(o.tuning, tuning::fixed);
+    made.emplace_back(o.lanes_per_device, o.chunk_bytes);
+    return std::make_unique<fake>(o, wrong);
+  };
+  detail::sweep_plan plan;
+  plan.lanes = {1, 2};
+  plan.chunks = {64 * 1024, 128 * 1024};
+  plan.bytes_per_device = 1 << 16;
+  plan.repeats = 1;
+  plan.seconds = 60;
+  const auto result = detail::run_sweep(cpu_options(tuning::fixed), plan, runner);
+  EXPECT_EQ(result.samples.size(), 3u);
+  ASSERT_EQ(made.size(), 3u);
+  EXPECT_EQ(made[0], std::make_pair(1, plan.chunks[1]));
+  EXPECT_EQ(made[1], std::make_pair(2, plan.chunks[1]));
+  EXPECT_EQ(made[2].second, plan.chunks[0]);
+  wrong = true;
+  EXPECT_THROW((void)detail::run_sweep(cpu_options(tuning::fixed), plan, runner), gpupool::error);
 }
 
 // Every lane runs several pieces in each configuration, so a big chunk is measured in its steady

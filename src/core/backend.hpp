@@ -10,12 +10,16 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <typeinfo>
 #include <unordered_map>
 #include <vector>
 
 #include "gpupool/elementwise.hpp"
 #include "gpupool/error.hpp"
+#include "gpupool/options.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool::detail {
@@ -124,6 +128,63 @@ class compiled_memo {
   std::unordered_map<std::string, std::shared_ptr<const compiled_kernel>> kernels_;
 };
 
+/// A backend's code generator for elementwise kernels: the source its compiler takes for a call's
+/// pattern of arrays and scalars. Each backend owns its generator (src/<name>/); the core keeps
+/// only what every generator shares (parsing, names, the body's placement; kernel_source.hpp).
+/// The text is the kernel cache's key: a generator must give the same text for the same kernel
+/// and pattern.
+class kernel_generator {
+ public:
+  /// The language of the source, for messages ("host C++", "CUDA C++").
+  [[nodiscard]] virtual const char* language() const noexcept = 0;
+  /// Source for `k` called with arrays where `is_array` is true and scalars elsewhere, defining
+  /// `extern "C"` kernel_entry_point (and whatever else the backend's launches need).
+  [[nodiscard]] virtual std::string source(const elementwise_kernel& k,
+                                           const std::vector<bool>& is_array) const = 0;
+  /// The line of `source(k, ...)` on which the body's first line stands (compiler messages are
+  /// made relative to the body).
+  [[nodiscard]] virtual int body_first_line(const elementwise_kernel& k) const = 0;
+
+ protected:
+  ~kernel_generator() = default;
+};
+
+/// What a backend is like, where the core, the tuning and the bindings need to know: its
+/// defaults and what it can do. Each backend fills one, constant for the process, reachable
+/// before any executor exists (backend_registration::traits, traits_of) and from the backend
+/// (backend::traits). The core and the bindings read these and never ask which backend it is.
+struct backend_traits {
+  /// Fixed default lanes per device for an executor over `devices` devices on a host with
+  /// `host_cores` cores (both at least 1).
+  int (*default_lanes)(std::size_t devices, unsigned host_cores);
+  /// The default in-flight budget of `device`, in bytes (executor_options::in_flight_budget 0),
+  /// from its description as the executor made it (free memory included).
+  std::size_t (*default_in_flight_budget)(const device_info& device);
+  /// The fewest elements worth one batch of an elementwise kernel over device arrays
+  /// (map_on_device) on `device`; 1 where every batch counts.
+  std::size_t (*least_device_batch_elements)(const device_info& device);
+  /// What `tuning::automatic` means on this backend: `measured` or `fixed`.
+  tuning automatic_tuning;
+  /// The measuring sweep's lane counts for `devices` devices on `host_cores` cores, in order.
+  std::vector<int> (*sweep_lanes)(std::size_t devices, unsigned host_cores);
+  /// The measuring sweep's chunk sizes, in order.
+  std::span<const std::size_t> sweep_chunks;
+  /// Bytes one sweep configuration squares per device, at least and at most (each configuration
+  /// sizes its array between the two; tuning bounds the total over all devices).
+  std::size_t sweep_bytes_per_device;
+  std::size_t most_sweep_bytes_per_device;
+  /// Its device memory is host memory (device pointers may be read on the host; copies are
+  /// plain memcpy).
+  bool device_memory_is_host;
+  /// Its device pointers are CUDA device pointers on its devices: arrays of CUDA libraries
+  /// (CuPy, PyTorch) there are used in place, and their streams can be waited for.
+  bool cuda_device_pointers;
+  /// It runs raw kernels (CUDA source, raw_kernel).
+  bool runs_raw_kernels;
+  /// Its code generator for elementwise kernels (never null).
+  const kernel_generator* generator;
+};
+
 /// How far a failure reaches (backend::classify_fault).
 enum class fault_scope { none, device, every_device };
 
@@ -132,6 +193,8 @@ class backend {
  public:
   virtual ~backend() = default;
   [[nodiscard]] virtual backend_kind kind() const noexcept = 0;
+  /// What this backend is like (the same object as its registration's).
+  [[nodiscard]] virtual const backend_traits& traits() const noexcept = 0;
   [[nodiscard]] virtual int device_count() const = 0;
   /// Describes backend device `ordinal` (its `id` field is left for the executor to set).
   [[nodiscard]] virtual device_info describe(int ordinal) const = 0;
@@ -167,6 +230,10 @@ class backend {
   compiled_memo compiled_;
 };
 
+/// Throws the std::logic_error of checked_cast: an object of type `actual` where a backend
+/// expected its own `expected`.
+[[noreturn]] void throw_wrong_type(const std::type_info& actual, const std::type_info& expected);
+
 /// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else the first
 /// registered backend that can run here (CUDA when a usable GPU exists, else the CPU backend,
 /// printing one notice per process unless `quiet`).
@@ -195,7 +262,25 @@ struct backend_registration {
   /// Its host memory (pinned blocks, pointer descriptions, waiting for its streams); null for a
   /// backend this build does not contain. Called only where the backend can run.
   host_memory& (*host)();
+  /// What it is like; there also for a backend this build does not contain or that cannot run
+  /// here (never null).
+  const backend_traits* traits;
 };
+
+/// The traits of the backend `kind` (its registration's). @throw std::logic_error for a kind
+/// without a registration.
+[[nodiscard]] const backend_traits& traits_of(backend_kind kind);
+
+/// `base` as the backend's own type `Derived`, checked: a core interface (a timer, a compiled
+/// kernel) handed to a backend is one that backend made. The check is a type-identity
+/// comparison, cheap enough for per-task paths. @throw std::logic_error naming both types.
+template <class Derived, class Base>
+[[nodiscard]] Derived& checked_cast(Base& base) {
+  static_assert(std::is_base_of_v<std::remove_const_t<Base>, std::remove_const_t<Derived>>);
+  if (typeid(base) != typeid(Derived)) [[unlikely]]
+    throw_wrong_type(typeid(base), typeid(Derived));
+  return static_cast<Derived&>(base);
+}
 
 /// The backends built into the library (select_backend's table lists them in the order it tries
 /// them). Adding a backend: a folder src/<name>/ defining its registration, a line here and one in

@@ -7,6 +7,7 @@
 #include <mutex>
 #include <stdexcept>
 #include <string>
+#include <typeinfo>
 
 #include "core/backend.hpp"
 #include "core/environment.hpp"
@@ -100,6 +101,16 @@ void forget_host_memory_in_child() noexcept {
 }
 
 }  // namespace
+
+const backend_traits& traits_of(backend_kind kind) {
+  return *registration(kind).traits;
+}
+
+void throw_wrong_type(const std::type_info& actual, const std::type_info& expected) {
+  throw std::logic_error(std::string("gpupool: a backend was handed an object of type ") +
+                         actual.name() + " where it expects its own " + expected.name() +
+                         " (objects of one backend used with another)");
+}
 
 host_memory& process_host_memory() noexcept {
   static const bool registered = [] {

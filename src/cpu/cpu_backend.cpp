@@ -1,6 +1,7 @@
 // The CPU backend: host threads and host memory stand in for devices. Every "asynchronous"
 // operation completes before it returns, so events are always ready; the lanes, queues, slots and
 // futures above it run exactly as on a GPU.
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -10,17 +11,68 @@
 #include <stdexcept>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "core/backend.hpp"
 #include "core/kernels/elementwise_math.hpp"
 #include "core/memory/host_memory.hpp"
 #include "cpu/host_compiler.hpp"
+#include "cpu/host_source.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail {
 namespace {
 
 constexpr std::size_t device_alignment = 256;  // what cudaMalloc guarantees
+constexpr std::size_t mib = std::size_t{1} << 20;
+
+// A lane runs its work on one host core: by default the cores shared among the devices, at
+// most 8 lanes each.
+int default_lanes(std::size_t devices, unsigned host_cores) {
+  constexpr int most_default_lanes = 8;
+  return std::clamp(static_cast<int>(std::max(host_cores, 1u)) /
+                        static_cast<int>(std::max<std::size_t>(devices, 1)),
+                    1, most_default_lanes);
+}
+
+// A fixed gibibyte per stand-in device: its "free memory" is the host's, shared by every device.
+std::size_t default_in_flight_budget(const device_info& /*device*/) {
+  return std::size_t{1} << 30;
+}
+
+// A lane runs its batch on one host core, so every batch counts.
+std::size_t least_device_batch_elements(const device_info& /*device*/) {
+  return 1;
+}
+
+// Powers of two up to the cores each device has.
+std::vector<int> sweep_lanes(std::size_t devices, unsigned host_cores) {
+  const int most = std::max(1, static_cast<int>(host_cores / std::max<std::size_t>(devices, 1)));
+  std::vector<int> lanes;
+  for (int l : {1, 2, 4, 8, 16})
+    if (l <= most) lanes.push_back(l);
+  return lanes;
+}
+
+constexpr std::size_t sweep_chunks[] = {1 * mib, 2 * mib, 4 * mib, 8 * mib};
+
+constinit const host_kernel_generator generator{};
+
+constexpr backend_traits cpu_traits{
+    .default_lanes = &default_lanes,
+    .default_in_flight_budget = &default_in_flight_budget,
+    .least_device_batch_elements = &least_device_batch_elements,
+    // Measuring finds little on the host that the fixed defaults miss.
+    .automatic_tuning = tuning::fixed,
+    .sweep_lanes = &sweep_lanes,
+    .sweep_chunks = sweep_chunks,
+    .sweep_bytes_per_device = 32 * mib,
+    .most_sweep_bytes_per_device = 128 * mib,
+    .device_memory_is_host = true,
+    .cuda_device_pointers = false,
+    .runs_raw_kernels = false,
+    .generator = &generator,
+};
 
 class cpu_event final : public backend_event {
  public:
@@ -33,7 +85,7 @@ class cpu_timer final : public backend_timer {
  public:
   void record() override { at_ = std::chrono::steady_clock::now(); }
   double microseconds_since(backend_timer& earlier) override {
-    return std::chrono::duration<double, std::micro>(at_ - static_cast<cpu_timer&>(earlier).at_)
+    return std::chrono::duration<double, std::micro>(at_ - checked_cast<cpu_timer>(earlier).at_)
         .count();
   }
 
@@ -88,7 +140,7 @@ class cpu_stream final : public backend_stream {
                          [&]<op O, class T>() { run_elementwise<O, T>(x, y, out, count, k); });
   }
   void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) override {
-    (*static_cast<const cpu_compiled&>(k).function)(args, count);
+    (*checked_cast<const cpu_compiled>(k).function)(args, count);
   }
   void synchronize() override {}
   bool idle() noexcept override { return true; }
@@ -98,6 +150,7 @@ class cpu_backend final : public backend {
  public:
   explicit cpu_backend(int devices) : devices_(devices) {}
   backend_kind kind() const noexcept override { return backend_kind::cpu; }
+  const backend_traits& traits() const noexcept override { return cpu_traits; }
   int device_count() const override { return devices_; }
   device_info describe(int ordinal) const override {
     device_info info;
@@ -181,6 +234,6 @@ host_memory& host() {
 }  // namespace
 
 constinit const backend_registration cpu_backend_registration{backend_kind::cpu, &probe, &make,
-                                                              &host};
+                                                              &host, &cpu_traits};
 
 }  // namespace gpupool::detail

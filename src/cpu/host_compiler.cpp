@@ -22,6 +22,7 @@
 #include "core/kernels/compile_once.hpp"
 #include "core/kernels/kernel_cache.hpp"
 #include "core/kernels/kernel_source.hpp"
+#include "cpu/host_source.hpp"
 
 extern char** environ;
 

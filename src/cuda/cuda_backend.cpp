@@ -24,6 +24,8 @@
 #include "core/lanes/event_wait.hpp"
 #include "core/memory/host_memory.hpp"
 #include "cuda/cuda_check.hpp"
+#include "cuda/cuda_source.hpp"
+#include "cuda/cuda_traits.hpp"
 #include "cuda/elementwise.hpp"
 #include "cuda/host_memory.hpp"
 #include "cuda/nvrtc_compiler.hpp"
@@ -133,7 +135,7 @@ class cuda_timer final : public backend_timer {
     // clock's nanosecond counts are too large for a double to hold exactly.
     const std::uint64_t now = *static_cast<volatile std::uint64_t*>(stamp_);
     const std::uint64_t then =
-        *static_cast<volatile std::uint64_t*>(static_cast<cuda_timer&>(earlier).stamp_);
+        *static_cast<volatile std::uint64_t*>(checked_cast<cuda_timer>(earlier).stamp_);
     return static_cast<double>(static_cast<std::int64_t>(now - then)) * 1e-3;
   }
 
@@ -316,13 +318,13 @@ class cuda_stream final : public backend_stream {
       }
       blocks_done_ = static_cast<unsigned int*>(p);
     }
-    const cuda::kernel_clock clock{static_cast<cuda_timer&>(begin).stamp(),
-                                   static_cast<cuda_timer&>(end).stamp(), blocks_done_};
+    const cuda::kernel_clock clock{checked_cast<cuda_timer>(begin).stamp(),
+                                   checked_cast<cuda_timer>(end).stamp(), blocks_done_};
     cuda::launch_elementwise(k, t, x, y, out, count, stream_, &clock);
   }
   void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) override {
     if (count == 0) return;
-    const auto& c = static_cast<const cuda_compiled&>(k);
+    const auto& c = checked_cast<const cuda_compiled>(k);
     // cudaLaunchKernel wants, per parameter, the address of its value: the array pointer's own
     // address for arrays, the scalar's bytes for scalars; then the output and the count.
     const std::vector<bool>& is_array = c.is_array();
@@ -344,7 +346,7 @@ class cuda_stream final : public backend_stream {
   }
   void launch_compiled_batch(const compiled_kernel& k, const std::uint64_t* table,
                              std::size_t rows) override {
-    const auto& c = static_cast<const cuda_compiled&>(k);
+    const auto& c = checked_cast<const cuda_compiled>(k);
     if (c.batch() == nullptr || rows == 0) {
       backend_stream::launch_compiled_batch(k, table, rows);  // one launch per row
       return;
@@ -399,6 +401,7 @@ class cuda_backend final : public backend {
  public:
   explicit cuda_backend(int devices) : devices_(devices) {}
   backend_kind kind() const noexcept override { return backend_kind::cuda; }
+  const backend_traits& traits() const noexcept override { return cuda_traits; }
   int device_count() const override { return devices_; }
 
   device_info describe(int ordinal) const override {
@@ -622,6 +625,6 @@ std::size_t cuda::loaded_libraries_alive() {
 }
 
 constinit const backend_registration cuda_backend_registration{backend_kind::cuda, &probe, &make,
-                                                               &host};
+                                                               &host, &cuda_traits};
 
 }  // namespace gpupool::detail

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "core/backend.hpp"
+#include "cuda/cuda_traits.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail {
@@ -20,6 +21,6 @@ std::shared_ptr<backend> make(int /*stand_in_devices*/) {
 }  // namespace
 
 constinit const backend_registration cuda_backend_registration{backend_kind::cuda, &probe, &make,
-                                                               nullptr};
+                                                               nullptr, &cuda_traits};
 
 }  // namespace gpupool::detail

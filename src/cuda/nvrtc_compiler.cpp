@@ -12,6 +12,7 @@
 #include "core/kernels/compile_once.hpp"
 #include "core/kernels/kernel_cache.hpp"
 #include "core/kernels/kernel_source.hpp"
+#include "cuda/cuda_source.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail::cuda {

@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iterator>
+#include <ostream>
 #include <set>
 #include <sstream>
 #include <stdexcept>
@@ -218,19 +219,7 @@ raw_kernel::raw_kernel(std::string source, std::string entry, const std::string&
 }
 
 namespace detail {
-namespace {
 
-// A dtype's C++ spelling: with <cstdint> for the host, built-in names only for NVRTC (which
-// compiles without the standard headers).
-const char* host_type(dtype t) {
-  return info_of(t).host_name;
-}
-const char* cuda_type(dtype t) {
-  return info_of(t).cuda_name;
-}
-
-// The end of both sources' element loop: the output local, the user's body in its own scope,
-// the store, and the closing braces. The body starts on the third line this writes.
 void write_element_body(std::ostream& s, const elementwise_kernel& k, const char* out_t) {
   s << "    " << out_t << ' ' << k.output().name << "{};\n"
     << "    {\n"
@@ -239,99 +228,6 @@ void write_element_body(std::ostream& s, const elementwise_kernel& k, const char
     << "    gpupool_out[gpupool_i] = " << k.output().name << ";\n"
     << "  }\n"
     << "}\n";
-}
-
-// Lines of generated code before the body (kept in step with host_source).
-constexpr int host_lines_before_inputs = 8;
-
-}  // namespace
-
-int host_body_first_line(const elementwise_kernel& k) {
-  return host_lines_before_inputs + 2 * static_cast<int>(k.inputs().size()) + 5;
-}
-
-std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is_array) {
-  std::ostringstream s;
-  s << "// gpupool elementwise kernel '" << k.name() << "' (generated)\n"
-    << "#include <cmath>\n"
-    << "#include <cstddef>\n"
-    << "#include <cstdint>\n"
-    << "using namespace std;\n"
-    << "extern \"C\" void " << kernel_entry_point
-    << "(void* const* gpupool_args, std::size_t gpupool_n) {\n"
-    << "  // inputs\n"
-    << "  (void)gpupool_args;\n";
-  // Two lines per input: its pointer, then (inside the loop) its value.
-  std::ostringstream loads;
-  for (std::size_t i = 0; i < k.inputs().size(); ++i) {
-    const auto& p = k.inputs()[i];
-    const char* t = host_type(p.type);
-    s << "  const " << t << "* const gpupool_in" << i << " = static_cast<const " << t
-      << "*>(gpupool_args[" << i << "]);\n";
-    loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i
-          << (is_array[i] ? "[gpupool_i]" : "[0]") << ";\n";
-  }
-  const char* out_t = host_type(k.output().type);
-  s << "  " << out_t << "* const gpupool_out = static_cast<" << out_t << "*>(gpupool_args["
-    << k.inputs().size() << "]);\n"
-    << "  for (std::size_t gpupool_i = 0; gpupool_i < gpupool_n; ++gpupool_i) {\n"
-    << loads.str();
-  write_element_body(s, k, out_t);
-  return s.str();
-}
-
-namespace {
-constexpr int cuda_lines_before_parameters = 2;
-}  // namespace
-
-int cuda_body_first_line(const elementwise_kernel& k) {
-  // parameters (one a line), output, count, loop head (3 lines), loads, output local, brace.
-  return cuda_lines_before_parameters + static_cast<int>(k.inputs().size()) + 2 + 3 +
-         static_cast<int>(k.inputs().size()) + 2 + 1;
-}
-
-std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array) {
-  const std::size_t n = k.inputs().size();
-  const char* out_t = cuda_type(k.output().type);
-  std::ostringstream s, loads, batch_inputs;
-  s << "// gpupool elementwise kernel '" << k.name() << "' (generated, CUDA)\n"
-    << "extern \"C\" __global__ void " << kernel_entry_point << "(\n";
-  for (std::size_t i = 0; i < n; ++i) {
-    const auto& p = k.inputs()[i];
-    const char* t = cuda_type(p.type);
-    if (is_array[i]) {
-      s << "    const " << t << "* __restrict__ gpupool_in" << i << ",\n";
-      loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i << "[gpupool_i];\n";
-      batch_inputs << "  const " << t << "* __restrict__ const gpupool_in" << i << " = (const " << t
-                   << "*)gpupool_row[" << i << "];\n";
-    } else {
-      s << "    const " << t << " gpupool_in" << i << ",\n";
-      loads << "    const " << t << ' ' << p.name << " = gpupool_in" << i << ";\n";
-      batch_inputs << "  const " << t << " gpupool_in" << i << " = *(const " << t
-                   << "*)(gpupool_row + " << i << ");\n";
-    }
-  }
-  const std::string loop_and_loads =
-      "  for (unsigned long long gpupool_i =\n"
-      "           blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x;\n"
-      "       gpupool_i < gpupool_n; gpupool_i += (unsigned long long)gridDim.x * blockDim.x) {\n" +
-      loads.str();
-  s << "    " << out_t << "* __restrict__ gpupool_out,\n"
-    << "    unsigned long long gpupool_n) {\n"
-    << loop_and_loads;
-  write_element_body(s, k, out_t);
-  // The same loop over many calls at once: block row y runs the call in row y of a table with,
-  // per call, one 8-byte slot per input (address or scalar), the output's address and the count.
-  s << "\nextern \"C\" __global__ void " << kernel_batch_entry_point
-    << "(const unsigned long long* __restrict__ gpupool_table) {\n"
-    << "  const unsigned long long* const gpupool_row = gpupool_table + blockIdx.y * " << (n + 2)
-    << "ull;\n"
-    << batch_inputs.str() << "  " << out_t << "* __restrict__ const gpupool_out = (" << out_t
-    << "*)gpupool_row[" << n << "];\n"
-    << "  const unsigned long long gpupool_n = gpupool_row[" << n + 1 << "];\n"
-    << loop_and_loads;
-  write_element_body(s, k, out_t);
-  return s.str();
 }
 
 int body_line_of_first_error(std::string_view log, std::string_view prefix, int body_first_line) {

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <iosfwd>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -17,25 +18,15 @@ inline constexpr std::size_t max_name_length = 128;
 /// Longest declaration string ("float64 x, float64 a") accepted.
 inline constexpr std::size_t max_declaration_length = 16 * 1024;
 
-/// The name of the generated entry point, `extern "C"` in every backend's source.
+/// The name of the generated entry point, `extern "C"` in every backend's source (each
+/// backend's kernel_generator writes it).
 inline constexpr const char* kernel_entry_point = "gpupool_elementwise";
-/// The CUDA source's second entry point: many calls from a table in one launch.
-inline constexpr const char* kernel_batch_entry_point = "gpupool_elementwise_batch";
-
-/// Host C++ for `k` called with arrays where `is_array` is true and scalars elsewhere:
-/// `extern "C" void gpupool_elementwise(void* const* args, std::size_t n)`, where `args` holds
-/// one pointer per input (to the array, or to the scalar's value) and then the output array.
-/// The body's first line is line `body_first_line()` of the source.
-std::string host_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
-int host_body_first_line(const elementwise_kernel& k);
-
-/// CUDA C++ (for NVRTC) for the same call: `extern "C" __global__ void gpupool_elementwise(...)`
-/// taking, per input, a device array (`const T*`) or the scalar by value, then the output array
-/// and the element count; a grid-stride loop over the elements. A second entry point,
-/// `gpupool_elementwise_batch(const unsigned long long* table)`, runs call `blockIdx.y` of a
-/// table laid out as backend_stream::launch_compiled_batch describes.
-std::string cuda_source(const elementwise_kernel& k, const std::vector<bool>& is_array);
-int cuda_body_first_line(const elementwise_kernel& k);
+/// Writes the end of every generator's element loop: the output local `out_t name{}`, the
+/// user's body in its own scope, the store to `gpupool_out[gpupool_i]`, and the closing braces of
+/// the loop and the function. The body starts on the third line this writes. Generators declare
+/// `gpupool_out` and `gpupool_i`; the names starting with `gpupool_` are reserved for them
+/// (parameter names may not start so).
+void write_element_body(std::ostream& s, const elementwise_kernel& k, const char* out_t);
 
 /// In a compiler's log, the line number written right after `prefix` on the first line that
 /// reports an error (e.g. prefix "k.cu(" in "k.cu(12): error: ..."), made relative to the body

@@ -5,26 +5,18 @@
 #include <cstddef>
 #include <limits>
 
+#include "core/backend.hpp"
 #include "gpupool/types.hpp"
 
 namespace gpupool::detail {
 
-/// Threads one multiprocessor keeps resident on the GPUs gpupool targets (Volta, Ampere A100,
-/// Hopper: 2048; some consumer parts hold fewer, which only makes the estimate generous).
-inline constexpr std::size_t resident_threads_per_multiprocessor = 2048;
-/// How many times over a batch must fill the GPU before the map is cut finer.
-inline constexpr std::size_t waves_per_device_batch = 8;
-
 /// The fewest elements worth a batch of an elementwise kernel (one launch over the batch's
-/// table) on `device`: on a GPU, enough to fill it waves_per_device_batch times over. A batch
-/// that big already keeps every multiprocessor busy on its own, and cutting a map finer only
-/// costs time (more launches, more lanes waiting on the GPU); a floor of fewer waves was slower
-/// too (docs/performance.md). On the CPU backend a lane runs its batch on one host core, so
-/// there every batch counts: 1.
-constexpr std::size_t least_device_batch_elements(const device_info& device) {
-  if (device.backend != backend_kind::cuda) return 1;
-  return std::max<std::size_t>(1, static_cast<std::size_t>(std::max(device.multiprocessors, 1)) *
-                                      resident_threads_per_multiprocessor * waves_per_device_batch);
+/// table) on `device`, as its backend rules (backend_traits::least_device_batch_elements): on a
+/// GPU enough to fill it several times over, where a bigger batch keeps every multiprocessor busy
+/// on its own and cutting a map finer only costs time; where a lane runs its batch on one host
+/// core (the CPU backend) every batch counts: 1.
+inline std::size_t least_device_batch_elements(const device_info& device) {
+  return traits_of(device.backend).least_device_batch_elements(device);
 }
 
 /// a + b, or the largest std::size_t where that overflows (a total of counts only bounds how

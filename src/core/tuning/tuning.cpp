@@ -26,7 +26,6 @@
 #include "core/backend.hpp"
 #include "core/kernels/kernel_cache.hpp"
 #include "gpupool/error.hpp"
-#include "gpupool/executor.hpp"
 #include "gpupool/pinned.hpp"
 #include "gpupool/version.hpp"
 
@@ -69,28 +68,23 @@ const char* to_string(setting_source s) noexcept {
 namespace detail {
 namespace {
 
-// Chosen by measurement: on a few large arrays, 8 lanes finish sooner than 4 or 16 (see
-// docs/performance.md).
-constexpr int cuda_default_lanes = 8;
-constexpr int cpu_most_default_lanes = 8;
 constexpr std::size_t mib = std::size_t{1} << 20;
 // A configuration squares enough per device for each lane to run sweep_pieces_per_lane pieces,
-// and at least the first figure below, at most the second (and never more than
-// `most_sweep_bytes` over all devices; the sweep's input and output arrays each hold that much
-// host memory): with a piece or two per lane a lane never reaches its steady state, and bigger
-// chunks looked worse than they run (a fixed size per configuration chose chunks smaller than
-// the best). 16 lanes x 4 MiB get their 8 pieces per lane on up to four GPUs, 16 x 8 MiB four
-// pieces on one or two. Even the largest configuration takes a small part of a second, so the
-// whole sweep stays within its second.
+// and at least the backend's sweep_bytes_per_device, at most its most_sweep_bytes_per_device (and
+// never more than `most_sweep_bytes` over all devices; the sweep's input and output arrays each
+// hold that much host memory): with a piece or two per lane a lane never reaches its steady
+// state, and bigger chunks looked worse than they run (a fixed size per configuration chose
+// chunks smaller than the best). Even the largest configuration takes a small part of a second,
+// so the whole sweep stays within its second.
 constexpr std::size_t sweep_pieces_per_lane = 8;
-constexpr std::size_t cuda_sweep_bytes_per_device = 128 * mib;
-constexpr std::size_t cuda_most_sweep_bytes_per_device = 512 * mib;
-constexpr std::size_t cpu_sweep_bytes_per_device = 32 * mib;
-constexpr std::size_t cpu_most_sweep_bytes_per_device = 128 * mib;
 constexpr std::size_t most_sweep_bytes = 2048 * mib;
 // Beyond the executor's own limits (tuning.hpp), a sane size for a cache entry's chunks.
 constexpr std::size_t largest_chunk = std::size_t{1} << 34;
 constexpr std::size_t most_samples = 64;
+
+unsigned host_cores() {
+  return std::max(1u, std::thread::hardware_concurrency());
+}
 
 std::string read_host_identity() {
   std::string id;
@@ -215,25 +209,26 @@ double median(std::vector<double> v) {
 
 // Squares `count` elements of `in` into `out` with `lanes` and `chunk`: the median of `repeats`
 // timed passes after one warm-up, checked.
-tuning_sample measure_one(const executor_options& base, int lanes, std::size_t chunk,
-                          const std::vector<double>& in, pinned_vector<double>& out,
-                          std::size_t count, int repeats) {
+tuning_sample measure_one(const executor_options& base, const sweep_runner& runner, int lanes,
+                          std::size_t chunk, const std::vector<double>& in,
+                          pinned_vector<double>& out, std::size_t count, int repeats) {
   executor_options o = base;
   o.lanes_per_device = lanes;
   o.chunk_bytes = chunk;
   o.tuning = tuning::fixed;
   o.quiet = true;
-  executor ex(o);
+  const std::unique_ptr<sweep_configuration> configuration = runner(o);
+  if (!configuration) throw error("gpupool: the tuning sweep made no configuration");
   count = std::min({count, in.size(), out.size()});
   const std::span<const double> input(in.data(), count);
   const std::span<double> output(out.data(), count);
-  ex.transform(builtin_kernel::square(), input, output).get();  // warm-up: streams, pools, pages
+  configuration->square(input, output);  // warm-up: streams, pools, pages
   // Every timed pass writes every element: a wrong value left after them is a wrong result.
   std::fill(output.begin(), output.end(), -1.0);
   std::vector<double> seconds;
   for (int r = 0; r < std::max(1, repeats); ++r) {
     const auto start = std::chrono::steady_clock::now();
-    ex.transform(builtin_kernel::square(), input, output).get();
+    configuration->square(input, output);
     seconds.push_back(
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   }
@@ -244,17 +239,18 @@ tuning_sample measure_one(const executor_options& base, int lanes, std::size_t c
                          " for element " + std::to_string(i) + " (expected " +
                          std::to_string(in[i] * in[i]) + "); nothing measured is used");
   const double t = median(std::move(seconds));
-  return {ex.lanes_per_device(), ex.chunk_bytes(),
+  return {configuration->lanes_per_device(), configuration->chunk_bytes(),
           static_cast<double>(count * sizeof(double)) / std::max(t, 1e-9)};
 }
 
 }  // namespace
 
+int default_lanes(const backend_traits& traits, std::size_t devices) {
+  return traits.default_lanes(std::max<std::size_t>(devices, 1), host_cores());
+}
+
 int default_lanes(backend_kind kind, std::size_t devices) {
-  if (kind == backend_kind::cuda) return cuda_default_lanes;
-  const auto cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  return std::clamp(cores / static_cast<int>(std::max<std::size_t>(devices, 1)), 1,
-                    cpu_most_default_lanes);
+  return default_lanes(traits_of(kind), devices);
 }
 
 tuning tuning_mode(tuning requested) {
@@ -276,35 +272,32 @@ void forget_measurements() {
   m.by_key.clear();
 }
 
-sweep_plan plan_for(const executor_options& options, backend_kind kind, std::size_t devices) {
+sweep_plan plan_for(const executor_options& options, const backend_traits& traits,
+                    std::size_t devices) {
   sweep_plan plan;
   devices = std::max<std::size_t>(devices, 1);
-  if (options.lanes_per_device != 0) {
+  if (options.lanes_per_device != 0)
     plan.lanes = {options.lanes_per_device};
-  } else {
-    const int most =
-        kind == backend_kind::cuda
-            ? 16
-            : std::max(1, static_cast<int>(std::thread::hardware_concurrency() / devices));
-    for (int lanes : {1, 2, 4, 8, 16})
-      if (lanes <= most && (kind != backend_kind::cuda || lanes >= 4)) plan.lanes.push_back(lanes);
-  }
+  else
+    plan.lanes = traits.sweep_lanes(devices, host_cores());
   if (options.chunk_bytes != 0)
     plan.chunks = {options.chunk_bytes};
   else
-    plan.chunks = {1 * mib, 2 * mib, 4 * mib, 8 * mib};
-  const bool cuda = kind == backend_kind::cuda;
-  plan.bytes_per_device = std::min(cuda ? cuda_sweep_bytes_per_device : cpu_sweep_bytes_per_device,
-                                   most_sweep_bytes / devices);
+    plan.chunks.assign(traits.sweep_chunks.begin(), traits.sweep_chunks.end());
+  plan.bytes_per_device = std::min(traits.sweep_bytes_per_device, most_sweep_bytes / devices);
   plan.most_bytes_per_device =
-      std::min(cuda ? cuda_most_sweep_bytes_per_device : cpu_most_sweep_bytes_per_device,
-               most_sweep_bytes / devices);
+      std::min(traits.most_sweep_bytes_per_device, most_sweep_bytes / devices);
   plan.pieces_per_lane = sweep_pieces_per_lane;
   plan.seconds = sweep_seconds.load();
   return plan;
 }
 
-sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) {
+sweep_plan plan_for(const executor_options& options, backend_kind kind, std::size_t devices) {
+  return plan_for(options, traits_of(kind), devices);
+}
+
+sweep_result run_sweep(const executor_options& options, const sweep_plan& plan,
+                       const sweep_runner& runner) {
   if (plan.lanes.empty() || plan.chunks.empty())
     throw std::invalid_argument("gpupool: a tuning sweep needs lanes and chunk sizes to try");
   const std::size_t devices = std::max<std::size_t>(options.devices.size(), 1);
@@ -337,8 +330,8 @@ sweep_result run_sweep(const executor_options& options, const sweep_plan& plan) 
   auto run = [&](int lanes, std::size_t chunk) {
     if (deadline && std::chrono::steady_clock::now() >= *deadline) return false;
     try {
-      result.samples.push_back(
-          measure_one(options, lanes, chunk, in, out, elements_for(lanes, chunk), plan.repeats));
+      result.samples.push_back(measure_one(options, runner, lanes, chunk, in, out,
+                                           elements_for(lanes, chunk), plan.repeats));
     } catch (const wrong_result&) {
       throw;
     } catch (const std::exception& e) {
@@ -427,7 +420,8 @@ bool fits_plan(const std::vector<tuning_sample>& samples, const sweep_plan& plan
 // Measures for `key` (the memo's lock held): the entry to remember, cached when the sweep was
 // whole.
 memo_entry measure(const executor_options& o, backend& b, const std::vector<int>& ordinals,
-                   const std::string& key, const std::string& file, const sweep_plan& plan) {
+                   const std::string& key, const std::string& file, const sweep_plan& plan,
+                   const sweep_runner& runner) {
   memo_entry entry;
   entry.measured_here = true;
   executor_options sweep = o;
@@ -435,7 +429,7 @@ memo_entry measure(const executor_options& o, backend& b, const std::vector<int>
   sweep.devices = ordinals;
   sweep_result result;
   try {
-    result = run_sweep(sweep, plan);
+    result = run_sweep(sweep, plan, runner);
   } catch (const std::exception& e) {
     entry.note = std::string("measuring failed, fixed defaults used: ") + e.what();
     if (!o.quiet) std::fprintf(stderr, "%s\n", entry.note.c_str());
@@ -464,21 +458,20 @@ memo_entry measure(const executor_options& o, backend& b, const std::vector<int>
 }  // namespace
 
 executor_settings choose_settings(const executor_options& o, backend& b,
-                                  const std::vector<int>& ordinals) {
+                                  const std::vector<int>& ordinals, const sweep_runner& runner) {
   executor_settings s;
   s.lanes_per_device =
-      o.lanes_per_device != 0 ? o.lanes_per_device : default_lanes(b.kind(), ordinals.size());
+      o.lanes_per_device != 0 ? o.lanes_per_device : default_lanes(b.traits(), ordinals.size());
   s.lanes_from = o.lanes_per_device != 0 ? setting_source::given : setting_source::fixed;
   s.chunk_bytes = o.chunk_bytes != 0 ? o.chunk_bytes : default_chunk_bytes;
   s.chunk_from = o.chunk_bytes != 0 ? setting_source::given : setting_source::fixed;
   tuning mode = tuning_mode(o.tuning);  // read (and a bad value refused) on every path
   if (o.lanes_per_device != 0 && o.chunk_bytes != 0) return s;
-  if (mode == tuning::automatic)
-    mode = b.kind() == backend_kind::cuda ? tuning::measured : tuning::fixed;
+  if (mode == tuning::automatic) mode = b.traits().automatic_tuning;
   if (mode == tuning::fixed) return s;
 
   const std::string key = tuning_key(o, b, ordinals);
-  const sweep_plan plan = plan_for(o, b.kind(), ordinals.size());
+  const sweep_plan plan = plan_for(o, b.traits(), ordinals.size());
   std::string folder;
   std::string file;
   std::string folder_note;
@@ -511,7 +504,7 @@ executor_settings choose_settings(const executor_options& o, backend& b,
       }
     }
     if (entry.samples.empty()) {
-      entry = measure(o, b, ordinals, key, file, plan);
+      entry = measure(o, b, ordinals, key, file, plan, runner);
       source = setting_source::measured;
     }
     if (entry.note.empty()) entry.note = folder_note;

@@ -4,9 +4,13 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "core/tuning/sweep_runner.hpp"
 #include "gpupool/options.hpp"
 
 namespace gpupool::detail {
@@ -24,20 +28,51 @@ inline constexpr const char* tuning_entry_format = "gpupool-tuning 3";
 inline constexpr int most_lanes_per_device = limits::most_lanes_per_device;
 inline constexpr std::size_t smallest_chunk = 4096;
 
-/// The fixed default lanes per device for `kind` with `devices` devices.
+struct backend_traits;
+
+/// The fixed default lanes per device on a backend with `traits` (or of `kind`) with `devices`
+/// devices, on this host.
+[[nodiscard]] int default_lanes(const backend_traits& traits, std::size_t devices);
 [[nodiscard]] int default_lanes(backend_kind kind, std::size_t devices);
 
 /// The effective tuning mode: `GPUPOOL_TUNING` (auto, measured, remeasure, fixed) when set,
 /// else `requested`. @throw std::invalid_argument for any other value of the variable.
 [[nodiscard]] tuning tuning_mode(tuning requested);
 
+/// One configuration a sweep measures, ready to run (on an executor: sweep_runner.hpp). Tuning
+/// times it and checks its results; it only has to run.
+class sweep_configuration {
+ public:
+  virtual ~sweep_configuration() = default;
+  /// The values it runs with (the executor fits a chunk size to its limits).
+  [[nodiscard]] virtual int lanes_per_device() const = 0;
+  [[nodiscard]] virtual std::size_t chunk_bytes() const = 0;
+  /// Squares `in` into `out` (the same length) and returns when every element is written.
+  virtual void square(std::span<const double> in, std::span<double> out) = 0;
+};
+
+/// Makes the configuration `options` describe (their lanes per device, chunk size, backend and
+/// devices; tuning fixed). Throws what making it throws (no memory, no thread, a value out of
+/// range): the sweep leaves that configuration out.
+using sweep_runner = std::function<std::unique_ptr<sweep_configuration>(const executor_options&)>;
+
 /// The settings an executor over `ordinals` of `b` runs with: the options' values where given,
 /// else measured (or read back from an earlier measurement) where the mode calls for it, else the
 /// fixed defaults. A measurement that fails leaves the fixed defaults and says why in `note`;
 /// it never fails the executor. The executor checks given values against the limits before it
 /// calls this (nothing is measured for values it refuses), and the chosen ones after.
+/// What the sweep measures is made by `runner`.
 [[nodiscard]] executor_settings choose_settings(const executor_options& options, backend& b,
-                                                const std::vector<int>& ordinals);
+                                                const std::vector<int>& ordinals,
+                                                const sweep_runner& runner);
+
+/// choose_settings measuring on executors (executor_sweep_runner), for the executor itself;
+/// instantiated only where `Executor` is complete.
+template <class Executor = executor>
+[[nodiscard]] executor_settings choose_settings(const executor_options& options, backend& b,
+                                                const std::vector<int>& ordinals) {
+  return choose_settings(options, b, ordinals, executor_sweep_runner<Executor>());
+}
 
 /// What a sweep measures and how long it may take (tests shrink it).
 struct sweep_plan {
@@ -70,17 +105,20 @@ double set_sweep_seconds(double seconds);
 /// Forgets what this process measured or read (tests: the next executor reads the cache file).
 void forget_measurements();
 
-/// The plan for `kind` with `devices` devices (lanes and chunks the options give are the only
-/// candidates for that setting).
+/// The plan for a backend with `traits` (or of `kind`) with `devices` devices (lanes and chunks
+/// the options give are the only candidates for that setting).
+[[nodiscard]] sweep_plan plan_for(const executor_options& options, const backend_traits& traits,
+                                  std::size_t devices);
 [[nodiscard]] sweep_plan plan_for(const executor_options& options, backend_kind kind,
                                   std::size_t devices);
 
-/// Runs `plan` on executors made from `options` (backend and devices as given): lanes first, at
-/// the middle chunk size, then chunk sizes at the best lane count. Each configuration squares
-/// the same pageable array of doubles and is checked before its time counts.
-/// A configuration whose executor cannot be made (no memory, no thread, a value out of range) is
+/// Runs `plan` on configurations `runner` makes from `options` (backend and devices as given):
+/// lanes first, at the middle chunk size, then chunk sizes at the best lane count. Each
+/// configuration squares the same pageable array of doubles and is checked before its time
+/// counts. A configuration that cannot be made (no memory, no thread, a value out of range) is
 /// left out. @throw gpupool::error when a result is wrong, or when no configuration could run.
-[[nodiscard]] sweep_result run_sweep(const executor_options& options, const sweep_plan& plan);
+[[nodiscard]] sweep_result run_sweep(const executor_options& options, const sweep_plan& plan,
+                                     const sweep_runner& runner);
 
 /// The best sample (highest bandwidth; the first of equals). `samples` must not be empty.
 [[nodiscard]] const tuning_sample& best_of(const std::vector<tuning_sample>& samples);
