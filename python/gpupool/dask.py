@@ -1,3 +1,4 @@
+# Over the usual size: one public module, its parts sharing the plugin and the dask imports.
 """gpupool on Dask: one long-lived gpupool pool per Dask worker, Dask arrays mapped through it,
 a concurrent.futures Executor over the cluster and one trace for the whole cluster.
 
@@ -52,7 +53,7 @@ except ImportError as _missing:  # pragma: no cover - exercised only without the
         "gpupool.dask needs dask[array] and distributed: pip install \"gpupool[dask]\" "
         f"({_missing})") from _missing
 
-from . import _executor
+from . import _executor, _map_paths, _map_stream
 from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel, builtin_kernels
 from ._timeline import write_by_suffix
 
@@ -544,7 +545,7 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
     if not arrays:
         raise TypeError("gpupool.dask.map_blocks: give at least one dask array")
     for a in args:
-        if not isinstance(a, da.Array) and _executor._as_number(a) is None:
+        if not isinstance(a, da.Array) and _map_paths._as_number(a) is None:
             raise TypeError(f"gpupool.dask.map_blocks: arguments are dask arrays or numbers, "
                             f"not {type(a).__name__} (wrap NumPy arrays with "
                             "dask.array.from_array)")
@@ -565,7 +566,7 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
     aligned: List[Any] = [a if a.chunks == first.chunks else _untyped(a).rechunk(first.chunks)
                           for a in args if isinstance(a, da.Array)]
     it = iter(aligned)
-    inputs = [next(it) if isinstance(a, da.Array) else _executor._as_number(a) for a in args]
+    inputs = [next(it) if isinstance(a, da.Array) else _map_paths._as_number(a) for a in args]
 
     blocks_along = first.numblocks[axis]
     groups = [range(start, min(start + blocks_per_task, blocks_along))
@@ -667,10 +668,10 @@ class Executor(_futures.Executor):
             fn = _KernelSpec.of(fn)
         if chunksize == 1 and not isinstance(fn, _KernelSpec):
             futures = [self.submit(fn, *call) for call in calls]
-            return _executor._ordered_results(futures, deadline)
+            return _map_stream._ordered_results(futures, deadline)
         batches = [calls[i:i + chunksize] for i in range(0, len(calls), chunksize)]
         futures = [self._launch(_run_batch, fn, batch) for batch in batches]
-        return itertools.chain.from_iterable(_executor._ordered_results(futures, deadline))
+        return itertools.chain.from_iterable(_map_stream._ordered_results(futures, deadline))
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         with self._lock:

@@ -3,7 +3,7 @@
 import threading
 
 import gpupool
-from gpupool._executor import _cupy_stream
+from gpupool._lane_streams import _cupy_stream
 import numpy as np
 import pytest
 
@@ -228,7 +228,7 @@ def test_lane_download_of_a_contiguous_cupy_array_never_reaches_the_python_helpe
     # With the package's download helper replaced by one that refuses, a C-contiguous array of
     # one of gpupool's dtypes still downloads (the extension did it) and a strided one does not.
     cp = pytest.importorskip("cupy")
-    from gpupool import _executor
+    from gpupool import _lane_streams as _executor
 
     def refuse(*args):
         raise AssertionError("the Python download helper ran")

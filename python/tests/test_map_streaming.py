@@ -269,7 +269,7 @@ def test_a_lazy_compiled_map_reads_its_inputs_as_the_window_has_room(cpu_executo
 
 
 def test_a_callable_s_result_counts_the_arrays_it_holds():
-    from gpupool._executor import _result_bytes
+    from gpupool._map_stream import _result_bytes
 
     a = np.ones(1 << 20)  # 8 MiB
     assert _result_bytes(a) == a.nbytes
