@@ -1,6 +1,4 @@
 // Choosing a backend: the caller's wish, then GPUPOOL_BACKEND, then whatever can run here.
-#include <pthread.h>
-
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +15,7 @@
 #include "core/scheduling/lane_spin.hpp"
 #include "gpupool/availability.hpp"
 #include "gpupool/error.hpp"
+#include "gpupool/fork.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -92,13 +91,12 @@ host_memory& choose_host_memory() noexcept {
   return cpu_backend_registration.host();  // runs everywhere
 }
 
-// The choice, made at the first use. A fork()ed child chooses again: the parent's backend may not
-// run there (CUDA does not survive fork(); its probe then says so and the CPU's memory is chosen).
+// The choice, made at the first use, and the fork generation it was made under: a fork()ed child
+// chooses again (the parent's backend may not run there: CUDA does not survive fork(); its probe
+// then says so and the CPU's memory is chosen). The generation is published after the choice, so
+// a thread that finds its own generation finds the choice made under it.
 std::atomic<host_memory*> chosen_host_memory{nullptr};
-
-void forget_host_memory_in_child() noexcept {
-  chosen_host_memory.store(nullptr, std::memory_order_relaxed);  // lock-free: safe in a child
-}
+std::atomic<unsigned> chosen_generation{0};
 
 }  // namespace
 
@@ -113,15 +111,13 @@ void throw_wrong_type(const std::type_info& actual, const std::type_info& expect
 }
 
 host_memory& process_host_memory() noexcept {
-  static const bool registered = [] {
-    pthread_atfork(nullptr, nullptr, forget_host_memory_in_child);
-    return true;
-  }();
-  static_cast<void>(registered);
-  if (host_memory* known = chosen_host_memory.load(std::memory_order_acquire)) return *known;
+  const unsigned generation = fork_generation();
+  if (chosen_generation.load(std::memory_order_acquire) == generation)
+    if (host_memory* known = chosen_host_memory.load(std::memory_order_acquire)) return *known;
   // Racing first users choose the same (each backend's host memory is one object per process).
   host_memory& chosen = choose_host_memory();
   chosen_host_memory.store(&chosen, std::memory_order_release);
+  chosen_generation.store(generation, std::memory_order_release);
   return chosen;
 }
 

@@ -3,10 +3,7 @@
 // or GPU still starts; its probe then reports why and the CPU backend takes over.
 #include <cuda_runtime_api.h>
 
-#include <pthread.h>
-
 #include <algorithm>
-#include <atomic>
 #include <compare>
 #include <cstdint>
 #include <cstdlib>
@@ -31,6 +28,7 @@
 #include "cuda/nvrtc_compiler.hpp"
 #include "cuda/timestamp.hpp"
 #include "gpupool/error.hpp"
+#include "gpupool/fork.hpp"
 
 namespace gpupool::detail {
 namespace cuda {
@@ -565,43 +563,43 @@ class cuda_host_memory final : public host_memory {
   return true;
 }();
 
-// Set in a child process forked after this process asked CUDA anything: the driver the parent
-// started is not the child's, and every CUDA call there fails (CUDA does not survive fork()).
-std::atomic<bool> forked_after_cuda_started{false};
-
-void note_fork_in_child() noexcept {
-  forked_after_cuda_started.store(true, std::memory_order_relaxed);  // lock-free: safe in a child
-}
+// What the probe found, and the fork generation it asked CUDA under: in a child forked after that,
+// the driver the parent started is not the child's, and every CUDA call there fails (CUDA does not
+// survive fork()).
+struct probed {
+  backend_probe probe;
+  unsigned generation;
+};
 
 backend_probe probe() {
-  static const backend_probe result = [] {
+  static const probed result = [] {
     // The probe's first call below starts the driver; from then on a forked child cannot use it.
-    pthread_atfork(nullptr, nullptr, note_fork_in_child);
-    backend_probe p;
+    probed r{{}, fork_generation()};
+    backend_probe& p = r.probe;
     int count = 0;
     const cudaError_t status = cudaGetDeviceCount(&count);
     if (status != cudaSuccess) {
       (void)cudaGetLastError();
       p.reason = std::string("cudaGetDeviceCount failed: ") + cudaGetErrorName(status) + ", " +
                  cudaGetErrorString(status);
-      return p;
+      return r;
     }
     if (count == 0) {
       p.reason = "no CUDA device is visible";
-      return p;
+      return r;
     }
     p.usable = true;
     p.devices = count;
-    return p;
+    return r;
   }();
-  if (forked_after_cuda_started.load(std::memory_order_relaxed)) {
+  if (fork_generation() != result.generation) {
     backend_probe forked;
     forked.reason =
         "CUDA was started in the parent process before fork(), and a forked child cannot use it "
         "(start worker processes with the 'spawn' or 'forkserver' method)";
     return forked;
   }
-  return result;
+  return result.probe;
 }
 
 std::shared_ptr<backend> make(int /*stand_in_devices*/) {

@@ -10,14 +10,12 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <new>
 #include <optional>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
 
 #include <fcntl.h>
-#include <pthread.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -26,6 +24,7 @@
 #include "core/backend.hpp"
 #include "core/kernels/kernel_cache.hpp"
 #include "gpupool/error.hpp"
+#include "gpupool/fork.hpp"
 #include "gpupool/pinned.hpp"
 #include "gpupool/version.hpp"
 
@@ -143,31 +142,13 @@ struct memo {
   std::map<std::string, memo_entry> by_key;
 };
 
-std::atomic<memo*> current_memo{nullptr};
+// Made at the first use, never destroyed (executors may be made during exit); a forked child
+// starts with a fresh one (fork() may have copied the mutex locked by a thread that is not in the
+// child).
+constinit fork_fresh<memo> memos;
 
-void fresh_memo_in_child() noexcept {
-  // fork() may have copied the mutex locked by a thread that is not in the child: the child
-  // starts with a memo of its own (the old one is left, never destroyed, like the first). Made
-  // in static storage: a child of a threaded process may call only async-signal-safe functions
-  // before it execs, and malloc is not one (a grandchild reuses the storage; its parent's memo
-  // there is abandoned, its entries leaked).
-  alignas(memo) static unsigned char in_child[sizeof(memo)];
-  current_memo.store(new (in_child) memo());
-}
-
-// Made at the first use without a function-local static (a fork() while another thread was
-// inside such a static's initialisation would leave the child waiting on its guard for ever);
-// never destroyed: executors may be made during exit.
 memo& the_memo() {
-  if (memo* m = current_memo.load(std::memory_order_acquire)) return *m;
-  auto made = std::make_unique<memo>();
-  memo* expected = nullptr;
-  if (!current_memo.compare_exchange_strong(expected, made.get(), std::memory_order_acq_rel))
-    return *expected;  // another thread's came first
-  // The first registers the child handler, once. (A child forked in the instant before that
-  // keeps the parent's memo, only just made: the one case without a fresh one.)
-  pthread_atfork(nullptr, nullptr, fresh_memo_in_child);
-  return *made.release();
+  return memos.get();
 }
 
 std::atomic<double> sweep_seconds{1.0};
