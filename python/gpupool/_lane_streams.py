@@ -1,20 +1,15 @@
 """What ties a lane's stream to CuPy and PyTorch: the runner of Python calls on CUDA lanes
-(_FrameworkStreams) and Lane.upload/download, which allocate with CuPy."""
+(_FrameworkStreams). Lane.upload/download are the extension's own (python/src/lane.cpp)."""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import functools
 import sys
 import threading
 from types import ModuleType
-from typing import Any, Callable, ContextManager, Dict, List, NamedTuple, Optional, Tuple, cast
-
-import numpy.typing as npt
+from typing import Any, Callable, Dict, List, NamedTuple, Optional, Tuple
 
 from . import _ext
-from ._pinned import empty_pinned
 
 
 class _FrameworkStreams:
@@ -103,64 +98,3 @@ def _cupy_stream(cupy: ModuleType, stream: int, ordinal: int) -> Any:
         with cupy.cuda.Device(ordinal):
             return from_external(_StreamHandle(stream))
     return cupy.cuda.ExternalStream(stream, ordinal)
-
-
-def _require_cupy(lane: _ext.Lane) -> ModuleType:
-    cupy = sys.modules.get("cupy")
-    if lane.backend != "cuda" or cupy is None:
-        raise RuntimeError("gpupool: Lane.upload/download need the CUDA backend and CuPy "
-                           "(import cupy first)")
-    return cupy
-
-
-def _on_lane_stream(cupy: ModuleType, lane: _ext.Lane) -> ContextManager[Any]:
-    """A scope in which CuPy's work is ordered on `lane`'s stream: none when it already is CuPy's
-    current stream (the task's own, the usual case), else that stream made current."""
-    if cupy.cuda.get_current_stream().ptr == lane.stream:
-        return contextlib.nullcontext()
-    return cast(ContextManager[Any], _cupy_stream(cupy, lane.stream, cupy.cuda.Device().id))
-
-
-# CuPy arrays are Any: CuPy carries no type annotations.
-def _lane_upload(self: _ext.Lane, array: npt.ArrayLike) -> Any:
-    """Copies a host array to a new CuPy array on this lane's device, ordered on its stream
-    (through the lane's pinned staging slot, or directly when ``array`` is pinned).
-
-    Returns once ``array`` may be changed or freed: pageable data is in the staging slot by
-    then; a direct copy from pinned memory is waited for (the caller may free the pinned block
-    at once, and gpupool's cache would hand it out again while the copy still reads it)."""
-    import numpy as np
-
-    cupy = _require_cupy(self)
-    host = np.ascontiguousarray(array)
-    with _on_lane_stream(cupy, self):
-        device = cupy.empty(host.shape, host.dtype)
-    self._upload(device.data.ptr, host)  # waits for a copy straight from pinned memory
-    return device
-
-
-def _lane_download(self: _ext.Lane, device_array: Any,
-                   out: Optional[npt.NDArray[Any]] = None) -> npt.NDArray[Any]:
-    """Copies a CuPy array on this lane's device into ``out`` (or a new NumPy array in pinned
-    memory from gpupool's cache, so the copy runs at full speed and no pageable memory is
-    allocated per call), ordered on the lane's stream; returns once the data is on the host.
-    The extension takes the common case itself (a C-contiguous array of one of gpupool's
-    dtypes, no ``out``); this helper the rest."""
-    cupy = _require_cupy(self)
-    if not device_array.flags.c_contiguous:
-        # A strided view is copied into a contiguous array first, on the lane's stream, as
-        # CuPy's own get() does; its bytes as they lie would be other elements.
-        with _on_lane_stream(cupy, self):
-            device_array = cupy.ascontiguousarray(device_array)
-    if out is None:
-        out = empty_pinned(device_array.shape, device_array.dtype)
-    if out.nbytes != device_array.nbytes or not out.flags.c_contiguous:
-        raise ValueError("gpupool: out must be C-contiguous and the size of the device array")
-    self._download(out, device_array.data.ptr)  # returns once the copy is done
-    return out
-
-
-_ext.set_lane_helpers(_lane_upload, _lane_download)
-# Let go at exit, so that nothing of the package is still held by the extension when the
-# interpreter finalizes.
-atexit.register(_ext.set_lane_helpers, None, None)

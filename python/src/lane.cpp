@@ -44,17 +44,6 @@ class py_lane {
   gpupool::lane* lane_;
 };
 
-// Lane.upload and Lane.download, which allocate with CuPy, are written in Python; the package
-// hands them in at import (set_lane_helpers), so this binding needs nothing of its internals.
-struct lane_helpers {
-  PyObject* upload = nullptr;
-  PyObject* download = nullptr;
-};
-lane_helpers& helpers() {
-  static auto* const h = new lane_helpers;  // leaked: the functions live as long as the package
-  return *h;
-}
-
 // Uploads up to this size from pageable memory are staged with the GIL held.
 constexpr std::size_t small_copy_bytes = std::size_t{64} << 10;
 
@@ -68,12 +57,6 @@ constexpr int gil_hold_default_us = 200;
 // starting its own work. The lane then lets the GIL go at once for its next this many small
 // waits before it holds again.
 constexpr int gil_hold_backoff_waits = 64;
-
-nb::handle helper(PyObject* function) {
-  if (function == nullptr)
-    throw std::runtime_error("gpupool: Lane.upload/download need the gpupool package imported");
-  return function;
-}
 
 // How long a Python task waits for a small copy of its lane holding the GIL before it lets the
 // GIL go (microseconds; 0: at once). With many lanes running Python, a task that lets the GIL go
@@ -134,6 +117,126 @@ std::optional<nb::object> download_cupy(gpupool::lane& lane, nb::handle device_a
   return pinned_array(std::move(block), shape, dlpack_of(r.view.type));
 }
 
+// Copies `src` to `dst` on the lane's stream. Returns once `src` may be changed or freed:
+// pageable data is in the staging slot by then; a copy straight from pinned memory is waited
+// for (the caller may free the block at once, and gpupool's cache would hand it out again while
+// the copy still reads it).
+void upload_to(gpupool::lane& lane, std::uintptr_t device_dst, const input_array& src) {
+  auto* dst = reinterpret_cast<void*>(device_dst);
+  const bool pinned = src.nbytes() != 0 && gpupool::is_pinned(src.data());
+  if (!pinned && src.nbytes() <= std::min(small_copy_bytes, lane.staging_bytes()) &&
+      lane.stream_idle()) {
+    // One piece, staged in microseconds, nothing to wait for: letting the GIL go would cost
+    // more (with many lanes running Python, it is taken back behind the others).
+    lane.upload_bytes(dst, src.data(), src.nbytes());
+    return;
+  }
+  if (pinned) {
+    lane.upload_bytes(dst, src.data(), src.nbytes());  // enqueues the copy only
+    wait_for_lane(lane, src.nbytes());
+    return;
+  }
+  nb::gil_scoped_release nogil;
+  lane.upload_bytes(dst, src.data(), src.nbytes());
+}
+
+// Copies `dst.nbytes()` from the device and waits for the copy: into pinned memory as
+// wait_for_lane does, into pageable memory (staged piece by piece) in one release of the GIL.
+void download_into(gpupool::lane& lane, const nb::ndarray<>& dst, std::uintptr_t device_src) {
+  const auto* src = reinterpret_cast<const void*>(device_src);
+  if (gpupool::is_pinned(dst.data())) {
+    lane.download_bytes(dst.data(), src, dst.nbytes());
+    wait_for_lane(lane, dst.nbytes());
+    return;
+  }
+  nb::gil_scoped_release nogil;
+  lane.download_bytes(dst.data(), src, dst.nbytes());
+  lane.synchronize();
+}
+
+// CuPy, which Lane.upload/download make and read arrays with: only where the task's code has
+// imported it (it is never imported here), on the CUDA backend.
+nb::object require_cupy(gpupool::lane& lane) {
+  if (lane.backend() == gpupool::backend_kind::cuda) {
+    if (PyObject* cupy = PyImport_GetModule(nb::str("cupy").ptr())) return nb::steal(cupy);
+    if (PyErr_Occurred()) throw nb::python_error();
+  }
+  throw std::runtime_error(
+      "gpupool: Lane.upload/download need the CUDA backend and CuPy (import cupy first)");
+}
+
+// `make()` with CuPy's work ordered on the lane's stream: as it is when that stream is CuPy's
+// current one already (the task's own, the usual case), else with it made current meanwhile.
+template <class Make>
+nb::object on_lane_stream(nb::handle cupy, nb::handle lane_object, gpupool::lane& lane,
+                          Make&& make) {
+  const auto stream = reinterpret_cast<std::uintptr_t>(lane.native_stream());
+  nb::object cuda = cupy.attr("cuda");
+  if (nb::cast<std::uintptr_t>(cuda.attr("get_current_stream")().attr("ptr")) == stream)
+    return make();
+  // CuPy 14+ takes any object of the CUDA stream protocol (the Lane is one); ExternalStream,
+  // which it deprecates, before.
+  nb::object from_external = nb::getattr(cuda.attr("Stream"), "from_external", nb::none());
+  nb::object scope = from_external.is_none()
+                         ? cuda.attr("ExternalStream")(stream, cuda.attr("Device")().attr("id"))
+                         : from_external(lane_object);
+  scope.attr("__enter__")();
+  nb::object made;
+  try {
+    made = make();
+  } catch (...) {
+    scope.attr("__exit__")(nb::none(), nb::none(), nb::none());
+    throw;
+  }
+  scope.attr("__exit__")(nb::none(), nb::none(), nb::none());
+  return made;
+}
+
+// A new NumPy array in pinned memory from gpupool's cache with `like`'s shape and dtype.
+nb::object empty_pinned_like(nb::handle like) {
+  const auto bytes = nb::cast<std::size_t>(like.attr("nbytes"));
+  void* p = gpupool::allocate_pinned(std::max<std::size_t>(bytes, 1));
+  nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
+  std::size_t shape[1] = {bytes};
+  nb::object raw = nb::cast(nb::ndarray<nb::numpy, std::uint8_t>(p, 1, shape, owner));
+  return raw.attr("view")(like.attr("dtype")).attr("reshape")(like.attr("shape"));
+}
+
+// Lane.upload: a host array copied to a new CuPy array on the lane's device.
+nb::object upload(nb::handle self, nb::handle array) {
+  gpupool::lane& lane = nb::cast<const py_lane&>(self).get();
+  nb::object cupy = require_cupy(lane);
+  nb::object host = nb::module_::import_("numpy").attr("ascontiguousarray")(array);
+  nb::object device = on_lane_stream(
+      cupy, self, lane, [&] { return cupy.attr("empty")(host.attr("shape"), host.attr("dtype")); });
+  upload_to(lane, nb::cast<std::uintptr_t>(device.attr("data").attr("ptr")),
+            nb::cast<input_array>(host));
+  return device;
+}
+
+// Lane.download: a CuPy array copied into `out` or a new pinned NumPy array.
+nb::object download(nb::handle self, nb::handle device_array, nb::handle out) {
+  gpupool::lane& lane = nb::cast<const py_lane&>(self).get();
+  if (out.is_none())
+    if (auto result = download_cupy(lane, device_array)) return std::move(*result);
+  nb::object cupy = require_cupy(lane);
+  nb::object source = nb::borrow(device_array);
+  if (!nb::cast<bool>(source.attr("flags").attr("c_contiguous"))) {
+    // A strided view is copied into a contiguous array first, on the lane's stream, as CuPy's
+    // own get() does; its bytes as they lie would be other elements.
+    source =
+        on_lane_stream(cupy, self, lane, [&] { return cupy.attr("ascontiguousarray")(source); });
+  }
+  nb::object target = out.is_none() ? empty_pinned_like(source) : nb::borrow(out);
+  if (nb::cast<std::size_t>(target.attr("nbytes")) !=
+          nb::cast<std::size_t>(source.attr("nbytes")) ||
+      !nb::cast<bool>(target.attr("flags").attr("c_contiguous")))
+    throw nb::value_error("gpupool: out must be C-contiguous and the size of the device array");
+  download_into(lane, nb::cast<nb::ndarray<>>(target),
+                nb::cast<std::uintptr_t>(source.attr("data").attr("ptr")));
+  return target;
+}
+
 }  // namespace
 
 void bind_lane(nb::module_& m) {
@@ -161,57 +264,17 @@ void bind_lane(nb::module_& m) {
              nb::gil_scoped_release nogil;
              lane.synchronize();
            })
-      .def(
-          "upload",
-          [](nb::handle self, nb::handle array) { return helper(helpers().upload)(self, array); },
-          "array"_a,
-          "Copies a host array to a new CuPy array on this lane's device, ordered on the lane's\n"
-          "stream (through the lane's pinned staging slot, or directly when the array is pinned).")
-      .def(
-          "download",
-          [](nb::handle self, nb::handle device_array, nb::handle out) -> nb::object {
-            if (out.is_none())
-              if (auto result = download_cupy(nb::cast<const py_lane&>(self).get(), device_array))
-                return std::move(*result);
-            return helper(helpers().download)(self, device_array, out);
-          },
-          "device_array"_a, "out"_a = nb::none(),
-          "Copies a CuPy array on this lane's device into `out` (or a new NumPy array in pinned\n"
-          "memory from gpupool's cache); returns once the data is on the host.")
-      .def("_upload",
-           [](const py_lane& l, std::uintptr_t device_dst, input_array src) {
-             auto& lane = l.get();
-             auto* dst = reinterpret_cast<void*>(device_dst);
-             // A copy straight from pinned memory is waited for: the caller may free the block
-             // at once, and gpupool's cache would hand it out again while the copy reads it.
-             const bool pinned = src.nbytes() != 0 && gpupool::is_pinned(src.data());
-             if (!pinned && src.nbytes() <= std::min(small_copy_bytes, lane.staging_bytes()) &&
-                 lane.stream_idle()) {
-               // One piece, staged in microseconds, nothing to wait for: letting the GIL go would
-               // cost more (with many lanes running Python, it is taken back behind the others).
-               lane.upload_bytes(dst, src.data(), src.nbytes());
-               return;
-             }
-             if (pinned) {
-               lane.upload_bytes(dst, src.data(), src.nbytes());  // enqueues the copy only
-               wait_for_lane(lane, src.nbytes());
-               return;
-             }
-             nb::gil_scoped_release nogil;
-             lane.upload_bytes(dst, src.data(), src.nbytes());
-           })
-      .def("_download", [](const py_lane& l, nb::ndarray<> dst, std::uintptr_t device_src) {
-        // Copies and waits for the copy: into pinned memory as wait_for_lane does, into pageable
-        // memory (staged piece by piece) in one release of the GIL.
-        auto& lane = l.get();
-        if (gpupool::is_pinned(dst.data())) {
-          lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
-          wait_for_lane(lane, dst.nbytes());
-          return;
-        }
-        nb::gil_scoped_release nogil;
-        lane.download_bytes(dst.data(), reinterpret_cast<const void*>(device_src), dst.nbytes());
-        lane.synchronize();
+      .def("upload", &upload, "array"_a,
+           "Copies a host array to a new CuPy array on this lane's device, ordered on the lane's\n"
+           "stream (through the lane's pinned staging slot, or directly when the array is\n"
+           "pinned). Returns once the array may be changed or freed.")
+      .def("download", &download, "device_array"_a, "out"_a = nb::none(),
+           "Copies a CuPy array on this lane's device into `out` (or a new NumPy array in pinned\n"
+           "memory from gpupool's cache); returns once the data is on the host.")
+      .def("_upload", [](const py_lane& l, std::uintptr_t device_dst,
+                         const input_array& src) { upload_to(l.get(), device_dst, src); })
+      .def("_download", [](const py_lane& l, const nb::ndarray<>& dst, std::uintptr_t device_src) {
+        download_into(l.get(), dst, device_src);
       });
 
   m.def(
@@ -229,17 +292,6 @@ void bind_lane(nb::module_& m) {
       "us"_a = nb::none(),
       "How long a task waits for its lane's copies holding the GIL, in microseconds (set when\n"
       "given; lanes backing off from holding start afresh); returns the value before.");
-
-  m.def(
-      "set_lane_helpers",
-      [](nb::object upload, nb::object download) {
-        Py_CLEAR(helpers().upload);
-        Py_CLEAR(helpers().download);
-        if (!upload.is_none()) helpers().upload = upload.release().ptr();
-        if (!download.is_none()) helpers().download = download.release().ptr();
-      },
-      "upload"_a.none(), "download"_a.none(),
-      "What Lane.upload and Lane.download call (set by the package; None, None at exit).");
 
   m.def("current_lane", []() -> std::optional<py_lane> {
     if (current_lane == nullptr) return std::nullopt;

@@ -224,25 +224,25 @@ def test_lane_download_keeps_dtype_shape_and_layout_however_long_it_holds_the_gi
         gpupool._ext._lane_gil_hold_us(before)
 
 
-def test_lane_download_of_a_contiguous_cupy_array_never_reaches_the_python_helper():
-    # With the package's download helper replaced by one that refuses, a C-contiguous array of
-    # one of gpupool's dtypes still downloads (the extension did it) and a strided one does not.
+def test_lane_download_of_strided_and_contiguous_cupy_arrays_and_into_out():
+    # A C-contiguous array of one of gpupool's dtypes is read through CuPy's attributes; a strided
+    # one is made contiguous on the lane's stream first; `out` takes the bytes of either.
     cp = pytest.importorskip("cupy")
-    from gpupool import _lane_streams as _executor
-
-    def refuse(*args):
-        raise AssertionError("the Python download helper ran")
-
     x = np.arange(1000.0)
-    gpupool._ext.set_lane_helpers(_executor._lane_upload, refuse)
-    try:
-        with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
-            got = ex.submit(lambda: gpupool.current_lane().download(cp.asarray(x))).result()
-            assert np.array_equal(got, x)
-            with pytest.raises(AssertionError, match="helper ran"):
-                ex.submit(lambda: gpupool.current_lane().download(cp.asarray(x)[::2])).result()
-    finally:
-        gpupool._ext.set_lane_helpers(_executor._lane_upload, _executor._lane_download)
+
+    def task():
+        lane = gpupool.current_lane()
+        whole = lane.download(cp.asarray(x))
+        strided = lane.download(cp.asarray(x)[::2])
+        into = gpupool.empty_pinned(500, np.float64)
+        same = lane.download(cp.asarray(x)[::2], out=into)
+        return whole, strided, into, same
+
+    with gpupool.Executor(threads_per_gpu=2, backend="cuda") as ex:
+        whole, strided, into, same = ex.submit(task).result()
+    assert np.array_equal(whole, x)
+    assert np.array_equal(strided, x[::2])
+    assert same is into and np.array_equal(into, x[::2])
 
 
 def test_many_lanes_each_downloading_small_arrays_while_holding_the_gil_get_their_own():
