@@ -1,3 +1,4 @@
+# Over the usual size: every workload beside its variants, as compare runs and reports them.
 """The workloads (W1-W8 and W6c) and the variants run for each."""
 
 from __future__ import annotations
