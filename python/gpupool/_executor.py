@@ -227,7 +227,7 @@ class Executor(_futures.Executor):
         self._windowed_maps: "weakref.WeakSet[Any]" = weakref.WeakSet()
         self._queueing_unread = False
         self._trace_depth = 0
-        if self._core.backend == "cuda":
+        if self._core.takes_cuda_arrays:
             # CUDA lanes run Python calls through it, with CuPy's and PyTorch's current stream
             # the lane's. It holds no reference to this Executor.
             self._core.set_runner(_FrameworkStreams(self._ordinals).run)
@@ -465,7 +465,7 @@ class Executor(_futures.Executor):
                         ys: Optional[List[object]]) -> List[_futures.Future[Any]]:
         """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""
         if xs and _device.is_device_array(xs[0]):
-            if self.backend != "cuda":
+            if not self._core.takes_cuda_arrays:
                 raise TypeError("gpupool: device arrays need the CUDA backend")
             return _device.launch(self._core, kernel, xs, ys, _Future)
         return self._core.map_kernel(kernel, xs, ys, _Future)
@@ -520,7 +520,7 @@ class Executor(_futures.Executor):
             if isinstance(kernel, _COMPILED):
                 arguments = _elementwise_arguments(args)
                 if any(_device.is_device_array(a) for a in arguments):
-                    if self.backend != "cuda":
+                    if not self._core.takes_cuda_arrays:
                         raise TypeError("gpupool: device arrays need the CUDA backend")
                     return _device.map_compiled(self._core, kernel, [arguments], _Future,
                                                 single=True).futures[0]

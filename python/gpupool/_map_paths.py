@@ -56,7 +56,7 @@ class MapRequest:
         self.executor._check_open()
 
     def require_device_arrays(self) -> None:
-        if self.executor.backend != "cuda":
+        if not self.executor._core.takes_cuda_arrays:
             raise TypeError("gpupool: device arrays need the CUDA backend")
 
     def shown(self, results: Iterator[Any], total: Optional[int]) -> Iterator[Any]:

@@ -1,8 +1,6 @@
 // Bulk handover of outcomes to Python futures (see completions.hpp).
 #include "completions.hpp"
 
-#include <pthread.h>
-
 #include <atomic>
 #include <exception>
 #include <memory>
@@ -11,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "gpupool/fork.hpp"
 #include "gpupool/future.hpp"
 
 namespace gpupool_python {
@@ -22,30 +21,14 @@ struct handover_queue {
   bool draining = false;  // a thread is waiting for the GIL to run `pending`
 };
 
-// Leaked on purpose: lanes may post after static destruction has begun. A fork()ed child gets a
-// fresh one: the parent's may have been left mid-drain (`draining` set by a lane waiting for the
-// GIL, its mutex even held) by a thread the child does not have, and then nothing would ever be
-// handed over in the child. The child's is made in static storage, without malloc (not
-// async-signal-safe, so not for a child of a threaded process); a grandchild reuses it. Made at
-// the first use without a function-local static: a fork() while another thread was inside such
-// a static's initialisation would leave the child waiting on its guard for ever.
-std::atomic<handover_queue*> the_queue{nullptr};
-
-void fresh_queue_in_child() noexcept {
-  alignas(handover_queue) static unsigned char in_child[sizeof(handover_queue)];
-  the_queue.store(new (in_child) handover_queue, std::memory_order_relaxed);
-}
+// Lanes may post after static destruction has begun, so it is never destroyed. A fork()ed child
+// gets a fresh one: the parent's may have been left mid-drain (`draining` set by a lane waiting
+// for the GIL, its mutex even held) by a thread the child does not have, and then nothing would
+// ever be handed over in the child.
+gpupool::fork_fresh<handover_queue> the_queue;
 
 handover_queue& queue() {
-  if (handover_queue* q = the_queue.load(std::memory_order_acquire)) return *q;
-  auto made = std::make_unique<handover_queue>();
-  handover_queue* expected = nullptr;
-  if (!the_queue.compare_exchange_strong(expected, made.get(), std::memory_order_acq_rel))
-    return *expected;  // another thread's came first
-  // The first registers the child handler, once. (A child forked in the instant before that
-  // keeps the parent's queue, only just made: the one case without a fresh one.)
-  pthread_atfork(nullptr, nullptr, fresh_queue_in_child);
-  return *made.release();
+  return the_queue.get();
 }
 
 struct kept_thread_state {
