@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -20,14 +19,13 @@
 
 #include "arrays.hpp"
 #include "common.hpp"
-#include "cupy_arrays.hpp"
+#include "device_map.hpp"
 #include "errors.hpp"
 #include "futures.hpp"
 #include "gpupool/gpupool.hpp"
 #include "kernel_map.hpp"
 #include "kernels.hpp"
 #include "lane.hpp"
-#include "write_hazards.hpp"
 
 namespace gpupool_python {
 namespace {
@@ -203,333 +201,17 @@ class py_executor {
         pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
   }
 
-  // A compiled kernel over many calls whose arrays live on GPUs, every array looked at here
-  // (no Python loop per array): numbers are checked against their parameter, CuPy arrays (of
-  // type `cupy_ndarray`) are read directly, any other device array through
-  // `describe_other(array, where)` -> (address, count, dtype name, ordinal, shape).
-  //
-  // Calls are taken in blocks that double in size (first_device_block calls, then twice as
-  // many, ...) up to largest_device_block, so that the GPUs start on the first calls while the
-  // later ones are still being looked at, and have little left to do once the last is: a
-  // block's calls are checked, grouped by device, given their outputs and queued
-  // (one batched map_on_device per device) before the next block is read. Each group's outputs
-  // are views into one buffer that `allocate_flat(anchor array, ordinal, count, dtype name)` ->
-  // (buffer, address) makes and `split_flat(buffer, ends)` cuts into one 1-D view per call
-  // (elements [previous end, end)); `before_launch()` runs before each block is queued (it
-  // waits for the streams the inputs' producers use). A bad call stops the map with its error,
-  // naming the call by its index in `calls`, once the blocks queued before it have stopped:
-  // those not started are cancelled, the others waited for. Returns (outputs in call
-  // order, [one future of `future_type` for the whole map, whose result is the outputs, or with
-  // `single` (one call) that call's output]); `keep_alive` is held until it ends. Only the last
-  // batch to end takes the GIL to hand the future over, so lanes never wait for the GIL this
-  // call holds while it reads later blocks.
-  //
-  // With `out` (a sequence of one device array per call) the calls write there instead, and the
-  // outputs are those arrays: nothing is allocated or cut, which leaves only the reading of the
-  // arrays on the host (CuPy takes about as long to make one view as gpupool to read a call).
-  // Each must be C-contiguous, of the kernel's output type, of its call's length and on its
-  // call's GPU, and no call may write memory another call of the map reads or writes (see
-  // write_hazards).
-  static constexpr std::size_t first_device_block = 64;
-  // Blocks that kept doubling left half of a map's calls to the last block, queued only once
-  // every call had been read: with `out`, where reading is all the host does, that left the GPU
-  // waiting for the host through the first half and the host for the GPU through the second.
-  // At 256 calls, the GPU runs the calls read so far while the next block is read, and the
-  // extra blocks (a stream check and a buffer each) cost microseconds.
-  static constexpr std::size_t largest_device_block = 256;
-
+  // A compiled kernel over many calls whose arrays live on GPUs (see device_map.hpp).
   template <class K>
   nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
                              nb::callable describe_other, nb::callable allocate_flat,
                              nb::callable split_flat, nb::callable before_launch,
                              nb::object keep_alive, nb::handle future_type, bool single,
                              nb::object out) {
-    const std::size_t n = nb::len(calls);
-    if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
-    const bool given_outputs = out.is_valid() && !out.is_none();
-    if (given_outputs && single) throw nb::value_error("gpupool: out is for maps, not single");
-    if (given_outputs && nb::len(out) != n)
-      throw nb::value_error(("gpupool: out has " + std::to_string(nb::len(out)) + " array(s) for " +
-                             std::to_string(n) + " call(s)")
-                                .c_str());
-    const std::size_t arity = k.inputs().size();
-    struct described_call {
-      gpupool::device_call work;
-      nb::object anchor;  // the call's first array
-      int ordinal = -1;
-      nb::object shape;
-      nb::object output;  // the array given for it in `out`
-    };
-    write_hazards hazards;  // with `out`: what the calls read and write so far
-    std::vector<described_call> described(n);
-    // A number broadcast to every call is the same object in each: checked and converted once.
-    std::vector<nb::object> last_number(arity);
-    std::vector<std::optional<gpupool::kernel_argument>> last_number_argument(arity);
-    std::vector<bool> first_pattern;  // which of call 0's arguments are arrays
-    // CuPy arrays, the common case, are read through CuPy's own attributes (describe_cupy).
-    const bool cupy_imported = cupy_ndarray.is_valid() && !cupy_ndarray.is_none();
-    const auto is_cupy = [&](nb::handle a) { return cupy_imported && a.type().is(cupy_ndarray); };
-    // A device array other than a CuPy array, through describe_other:
-    // (address, count, type, ordinal, shape).
-    const auto read_other = [&](nb::handle a, const std::string& where) {
-      auto [address, count, name, ordinal, shape] =
-          nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string, int, nb::object>>(
-              describe_other(a, where));
-      return std::make_tuple(address, count, dtype_from_name(name), ordinal, std::move(shape));
-    };
-    // Call `c`'s array in `out`, checked against the call (whose inputs `d` holds) and against
-    // what the map's other calls read and write.
-    const auto read_output = [&](std::size_t c, described_call& d) {
-      const auto where = [&] { return "call " + std::to_string(c) + "'s output"; };
-      nb::object o = out[c];
-      std::uintptr_t address = 0;
-      std::size_t count = 0;
-      gpupool::dtype type{};
-      int ordinal = -1;
-      if (is_cupy(o)) {
-        const cupy_array_view view = describe_cupy(o, where);
-        std::tie(address, count, type, ordinal) =
-            std::make_tuple(view.address, view.count, view.type, view.ordinal);
-      } else {
-        std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where());
-      }
-      if (type != k.output().type)
-        throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) +
-                              "; kernel '" + k.name() + "' writes " +
-                              gpupool::to_string(k.output().type))
-                                 .c_str());
-      if (count != d.work.count)
-        throw nb::value_error(("gpupool: " + where() + " has " + std::to_string(count) +
-                               " element(s), the call " + std::to_string(d.work.count))
-                                  .c_str());
-      if (count != 0 && ordinal != d.ordinal)
-        throw nb::value_error(("gpupool: " + where() + " is on GPU " + std::to_string(ordinal) +
-                               ", the call's arrays on GPU " + std::to_string(d.ordinal))
-                                  .c_str());
-      for (const gpupool::kernel_argument& in : d.work.inputs) {
-        if (!in.is_array()) continue;
-        const auto begin = reinterpret_cast<std::uintptr_t>(in.data());
-        if (auto problem =
-                hazards.add_input(begin, begin + in.size() * gpupool::size_of(in.type()), c))
-          throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
-      }
-      if (auto problem = hazards.add_output(address, address + count * gpupool::size_of(type), c))
-        throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
-      d.work.out = reinterpret_cast<void*>(address);
-      d.output = std::move(o);
-    };
-    const auto describe = [&](std::size_t c) {
-      nb::object args = calls[c];
-      const std::size_t given = nb::len(args);
-      if (given != arity)
-        throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " + std::to_string(arity) +
-                              " argument(s), " + std::to_string(given) + " given")
-                                 .c_str());
-      auto& d = described[c];
-      d.work.inputs.reserve(arity);
-      for (std::size_t i = 0; i < arity; ++i) {
-        nb::object a = args[i];
-        // Named only in a refusal: thousands of arrays pass through here per map.
-        const auto where = [&] {
-          return "call " + std::to_string(c) + " argument " + std::to_string(i);
-        };
-        std::uintptr_t address = 0;
-        std::size_t count = 0;
-        gpupool::dtype type{};
-        int ordinal = -1;
-        nb::object shape;
-        std::optional<cupy_array_view> cupy_view;
-        if (is_cupy(a)) {
-          cupy_view = describe_cupy(a, where);
-          if (cupy_view->ndim == 0)
-            cupy_view.reset();  // a 0-d array is a number (as_number below), as in a submit
-        }
-        if (cupy_view) {
-          address = cupy_view->address;
-          count = cupy_view->count;
-          type = cupy_view->type;
-          ordinal = cupy_view->ordinal;
-          shape = cupy_view->shape;
-        } else if (last_number[i].is(a)) {
-          d.work.inputs.push_back(*last_number_argument[i]);
-          continue;
-        } else if (auto number = as_number(a)) {
-          d.work.inputs.push_back(scalar_argument(*number, k.inputs()[i].type,
-                                                  "argument[" + std::to_string(i) + "] ('" +
-                                                      k.inputs()[i].name + "') of kernel '" +
-                                                      k.name() + "'"));
-          last_number[i] = a;
-          last_number_argument[i] = d.work.inputs.back();
-          continue;
-        } else {
-          std::tie(address, count, type, ordinal, shape) = read_other(a, where());
-        }
-        d.work.inputs.push_back(device_argument(address, count, type));
-        if (!d.anchor.is_valid()) {
-          d.anchor = a;
-          d.ordinal = ordinal;
-          d.shape = shape;
-          d.work.count = count;
-        } else if (count != 0 && ordinal != d.ordinal) {
-          throw nb::value_error(("gpupool: call " + std::to_string(c) + " has arrays on GPUs " +
-                                 std::to_string(d.ordinal) + " and " + std::to_string(ordinal))
-                                    .c_str());
-        }
-      }
-      if (!d.anchor.is_valid())
-        throw nb::type_error(
-            ("gpupool: call " + std::to_string(c) + " of kernel '" + k.name() + "' has no array")
-                .c_str());
-      if (given_outputs) read_output(c, d);
-      // One compiled kernel serves the whole map, as in map_on_device, across blocks too.
-      if (c == 0) {
-        for (const auto& in : d.work.inputs) first_pattern.push_back(in.is_array());
-      } else {
-        for (std::size_t i = 0; i < arity; ++i)
-          if (d.work.inputs[i].is_array() != first_pattern[i])
-            throw nb::value_error(("gpupool: kernel '" + k.name() +
-                                   "': the call mixes arrays and scalars differently from the "
-                                   "first call; pass each pattern in its own map (call " +
-                                   std::to_string(c) + ")")
-                                      .c_str());
-      }
-    };
-    // describe(c), whose refusals all name the call (some say only which argument was wrong):
-    // by the time a later block is read, earlier ones run, so the number is what tells.
-    const auto describe_numbered = [&](std::size_t c) {
-      try {
-        describe(c);
-      } catch (...) {
-        rethrow_reworded(std::current_exception(),
-                         [c](const std::string& message) { return numbered(message, c); });
-      }
-    };
-
-    const auto out_type = k.output().type;
-    const std::string out_name = gpupool::to_string(out_type);
-    const std::size_t itemsize = gpupool::size_of(out_type);
-    // One device's calls of one block: their outputs are consecutive in one flat buffer.
-    struct group {
-      int ordinal = 0;
-      std::vector<std::size_t> members;  // call indices, in call order
-      nb::object flat;
-      std::vector<std::size_t> ends;  // each member's end in `flat`, in elements
-    };
-    std::vector<group> groups;
-    nb::list held_flats;  // kept with `keep_alive` until the batches end
-    nb::object held = nb::make_tuple(keep_alive, held_flats, out);
-    std::vector<gpupool::future<void>> queued;  // one per group
-    std::vector<nb::object> outputs(n);
-    // The views of group `g`'s calls, in member order, made by one call (CuPy's array_split
-    // makes each in a fraction of what a slice through __getitem__ takes).
-    const auto views_of = [&](const group& g) {
-      nb::list ends;
-      for (std::size_t end : g.ends) ends.append(end);
-      nb::object pieces = split_flat(g.flat, ends);
-      if (nb::len(pieces) < g.members.size())
-        throw std::runtime_error("gpupool: split_flat gave fewer views than calls");
-      std::vector<nb::object> views(g.members.size());
-      for (std::size_t m = 0; m < views.size(); ++m) {
-        views[m] = pieces[m];
-        const nb::object& shape = described[g.members[m]].shape;  // invalid: one dimension
-        if (shape.is_valid() && nb::len(shape) > 1) views[m] = views[m].attr("reshape")(shape);
-      }
-      return views;
-    };
-
-    try {
-      for (std::size_t begin = 0, size = first_device_block; begin < n;
-           begin += size, size = std::min(size * 2, largest_device_block)) {
-        const std::size_t end = std::min(n, begin + size);
-        for (std::size_t c = begin; c < end; ++c) describe_numbered(c);
-        // Grouped by device (empty arrays may not know theirs: they join GPU 0), in first-seen
-        // order.
-        const std::size_t first_group = groups.size();
-        for (std::size_t c = begin; c < end; ++c) {
-          const int ordinal = std::max(described[c].ordinal, 0);
-          auto it =
-              std::find_if(groups.begin() + static_cast<std::ptrdiff_t>(first_group), groups.end(),
-                           [&](const group& g) { return g.ordinal == ordinal; });
-          if (it == groups.end()) {
-            groups.push_back({ordinal, {}, {}, {}});
-            it = std::prev(groups.end());
-          }
-          it->members.push_back(c);
-        }
-        std::vector<std::vector<gpupool::device_call>> work(groups.size() - first_group);
-        for (std::size_t g = first_group; g < groups.size(); ++g) {
-          group& gr = groups[g];
-          auto& calls_here = work[g - first_group];
-          calls_here.reserve(gr.members.size());
-          if (given_outputs) {
-            for (std::size_t c : gr.members) {
-              outputs[c] = std::move(described[c].output);
-              calls_here.push_back(std::move(described[c].work));
-            }
-            continue;
-          }
-          std::size_t total = 0;
-          for (std::size_t c : gr.members) total += described[c].work.count;
-          auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(
-              allocate_flat(described[gr.members.front()].anchor, gr.ordinal,
-                            std::max<std::size_t>(total, 1), out_name));
-          held_flats.append(flat);
-          gr.flat = std::move(flat);
-          gr.ends.reserve(gr.members.size());
-          std::size_t offset = 0;
-          for (std::size_t c : gr.members) {
-            auto& d = described[c];
-            d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
-            offset += d.work.count;
-            gr.ends.push_back(offset);
-            calls_here.push_back(std::move(d.work));
-          }
-        }
-        if (single) outputs.front() = views_of(groups.front()).front();  // made before it ends
-        before_launch();
-        queued.reserve(queued.size() + (groups.size() - first_group));  // no throw once queued
-        for (std::size_t g = first_group; g < groups.size(); ++g) {
-          const int device = device_of_ordinal(groups[g].ordinal);
-          try {
-            nb::gil_scoped_release nogil;
-            queued.push_back(get().map_on_device(device, k, work[g - first_group]));
-          } catch (const gpupool::call_error& e) {
-            // Numbered within its group: named here by its place among all the calls, as the
-            // error the check made (a number out of range stays an OverflowError, say).
-            const std::string message =
-                e.reason() + " (call " + std::to_string(groups[g].members.at(e.call())) + ")";
-            const auto* nested = dynamic_cast<const std::nested_exception*>(&e);
-            rethrow_reworded(nested != nullptr && nested->nested_ptr() ? nested->nested_ptr()
-                                                                       : std::current_exception(),
-                             [&](const std::string&) { return message; });
-          }
-        }
-      }
-      // Everything is queued before the output views are made (CuPy takes microseconds for
-      // each), so that the GPUs compute meanwhile.
-      if (!single && !given_outputs)
-        for (const group& g : groups) {
-          std::vector<nb::object> views = views_of(g);
-          for (std::size_t m = 0; m < views.size(); ++m)
-            outputs[g.members[m]] = std::move(views[m]);
-        }
-      nb::list all;
-      for (auto& o : outputs) all.append(o);
-      nb::object result = single ? outputs.front() : nb::object(all);
-      nb::list futures;
-      futures.append(adopt_kernel_tasks(queued, future_type, std::move(result), held));
-      return nb::make_tuple(all, futures);
-    } catch (...) {
-      // Nothing of this map runs on once it has raised: what was queued is cancelled where it
-      // has not started, and what started is waited for here (it writes into `held`'s
-      // buffers). Only the error path waits.
-      for (auto& f : queued) (void)f.cancel();
-      {
-        nb::gil_scoped_release nogil;
-        for (auto& f : queued) f.wait();
-      }
-      throw;
-    }
+    return gpupool_python::map_device_calls(
+        get(), k, std::move(calls), cupy_ndarray, std::move(describe_other),
+        std::move(allocate_flat), std::move(split_flat), std::move(before_launch),
+        std::move(keep_alive), future_type, single, std::move(out));
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -540,7 +222,7 @@ class py_executor {
                            std::uintptr_t y, std::uintptr_t out, std::size_t count,
                            const std::string& type, int ordinal, nb::object result,
                            nb::object keep_alive, nb::handle future_type) {
-    const int device = device_of_ordinal(ordinal);
+    const int device = device_of_ordinal(get(), ordinal);
     const gpupool::builtin_kernel k = *kernel.p;  // copied into the task
     if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
     const gpupool::dtype t = dtype_from_name(type);
@@ -562,63 +244,6 @@ class py_executor {
   }
 
  private:
-  int device_of_ordinal(int ordinal) {
-    for (const auto& d : get().devices())
-      if (d.ordinal == ordinal) return d.id;
-    throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
-                           ", which this executor does not use")
-                              .c_str());
-  }
-
-  // `message` with " (call c)" after it, unless it already names call c.
-  static std::string numbered(const std::string& message, std::size_t c) {
-    const std::string name = "call " + std::to_string(c);
-    const auto at = message.find(name);
-    const bool names_it = at != std::string::npos &&
-                          (at + name.size() == message.size() ||
-                           !std::isdigit(static_cast<unsigned char>(message[at + name.size()])));
-    return names_it ? message : message + " (" + name + ")";
-  }
-
-  // `failure` again, of the same kind (TypeError, ValueError, OverflowError, ...), with
-  // `message_for(its message)` as its message; a failure of any other kind as it came.
-  template <class Message>
-  [[noreturn]] static void rethrow_reworded(const std::exception_ptr& failure,
-                                            const Message& message_for) {
-    try {
-      std::rethrow_exception(failure);
-    } catch (const nb::builtin_exception& e) {
-      throw nb::builtin_exception(e.type(), message_for(e.what()).c_str());
-    } catch (const gpupool::argument_range_error& e) {
-      throw gpupool::argument_range_error(message_for(e.what()));
-    } catch (const gpupool::argument_kind_error& e) {
-      throw gpupool::argument_kind_error(message_for(e.what()));
-    } catch (const std::invalid_argument& e) {
-      throw std::invalid_argument(message_for(e.what()));
-    } catch (const nb::python_error& e) {
-      // gpupool's own refusals raised as Python errors (a number out of range, say): the same
-      // error with the new message; anything else as it came.
-      const nb::handle type = e.type();
-      if (type.is(PyExc_TypeError) || type.is(PyExc_ValueError) || type.is(PyExc_OverflowError)) {
-        nb::object args = e.value().attr("args");
-        if (nb::len(args) == 1 && PyUnicode_Check(nb::handle(args[0]).ptr())) {
-          const std::string message = nb::cast<std::string>(args[0]);
-          const std::string reworded = message_for(message);
-          if (reworded != message) throw_python(type.ptr(), reworded);
-        }
-      }
-      throw;
-    }
-  }
-
-  static gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
-                                                  gpupool::dtype t) {
-    return gpupool::visit_dtype(t, [&]<class T>() {
-      return gpupool::kernel_argument(
-          std::span<const T>(reinterpret_cast<const T*>(address), count));
-    });
-  }
-
   std::unique_ptr<gpupool::executor> executor_;
   nb::object runner_;
   std::shared_ptr<python_calls> python_calls_;
