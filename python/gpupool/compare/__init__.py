@@ -8,6 +8,9 @@ pipeline, gpupool from C++ and from Python (defaults, and the best of a small la
 chunk_bytes sweep), and measures the machine's own limits. Every variant's output is checked
 against NumPy before its time counts; variants that cannot run here are listed as skipped with
 the reason. See docs/compare.md.
+
+Benchmarks outside the package take the workloads' checks, kernels and timing from
+:mod:`gpupool.compare.harness`, the one public module here besides this one.
 """
 
 from __future__ import annotations
