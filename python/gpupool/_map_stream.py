@@ -69,10 +69,11 @@ class _MapStream:
 
     The window holds at most ``window_calls`` calls whose results have not been taken, and as
     many as results of the largest size seen so far (at first ``result_bytes``, where the
-    caller knows it) fit in ``window_bytes``; before the first result says, ``first_batch``. Calls go ``_SUBMIT_BATCH`` at a time to ``submit``,
-    which returns their futures. The first batch is queued here, at the map's call, as concurrent.futures queues
-    its calls; the rest as results are taken. Leaving the iteration early (the consumer stops,
-    a failure, the timeout, Ctrl-C) cancels what is queued and queues nothing more."""
+    caller knows it) fit in ``window_bytes``; before the first result says, ``first_batch``.
+    Calls go ``_SUBMIT_BATCH`` at a time to ``submit``, which returns their futures. The first
+    batch is queued here, at the map's call, as concurrent.futures queues its calls; the rest as
+    results are taken. Leaving the iteration early (the consumer stops, a failure, the timeout,
+    Ctrl-C) cancels what is queued and queues nothing more."""
 
     def __init__(self, submit: Callable[[List[Tuple[Any, ...]]], List[_futures.Future[Any]]],
                  calls: Iterator[Tuple[Any, ...]], window_calls: int, window_bytes: int,
