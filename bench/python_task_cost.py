@@ -21,7 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 import gpupool
-from gpupool.compare._workloads import check_returned, check_squares
+from gpupool.compare.harness import check_returned, check_squares
 
 
 def noop(x: Any) -> Any:

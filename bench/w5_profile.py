@@ -33,7 +33,7 @@ from typing import Any, Dict, List
 import numpy as np
 
 import gpupool
-from gpupool.compare import _frameworks as fw
+from gpupool.compare import harness as fw
 
 A, B = 0.999, 0.001
 
