@@ -5,14 +5,6 @@
 //            then get()
 //   one    - one task in flight: submit a no-op returning its index, get() it, and again (the
 //            latency of a hand-off to a lane and back, which a caller waiting on each result pays)
-//   queue  - the executor's task queue alone: one producer pushing items that do nothing, a
-//            thread per lane popping them (no executor, no futures)
-//   wake   - the task queue's lanes asleep (their look before sleeping over), then one batch of
-//            two items per lane queued at once for their device (as map_on_device queues a
-//            map's batches), each thread holding its first item until every thread has one:
-//            from the push to each thread's first item, the median and the longest (the last
-//            thread to start); beside it the same threads woken each by a semaphore of its own,
-//            no lock shared: the machine's own cost of waking a thread
 // Every result is checked before any rate is reported. Reported: the best round's tasks per
 // second (on a shared machine the best round is the one least disturbed) and the process's CPU
 // time (user + system, every thread) per task, over all rounds, and for map the time `map` itself
@@ -21,27 +13,22 @@
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
 //                             [--tasks N] [--size N] [--repeat N]
-//                             [--modes submit,one,map,queue,wake]
+//                             [--modes submit,one,map]
 //                             [--budget default|none]
 // --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
 // tasks count no bytes; beside the default it shows what the counting costs per task.
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <limits>
-#include <memory>
-#include <optional>
-#include <semaphore>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <sys/resource.h>
 
-#include "core/scheduling/task_queue.hpp"
 #include "gpupool/gpupool.hpp"
 
 namespace {
@@ -50,7 +37,7 @@ struct settings {
   std::string backend = "cpu";
   std::vector<int> devices{1, 2};
   std::vector<int> lanes{4, 8, 16};
-  std::vector<std::string> modes{"submit", "map", "queue"};
+  std::vector<std::string> modes{"submit", "map"};
   std::size_t tasks = 20000;
   std::size_t size = 1024;
   int repeat = 3;
@@ -108,8 +95,7 @@ settings parse(int argc, char** argv) {
   if (s.tasks == 0 || s.size == 0 || s.repeat < 1)
     throw std::invalid_argument("--tasks, --size and --repeat must be positive");
   for (const auto& m : s.modes)
-    if (m != "submit" && m != "one" && m != "map" && m != "queue" && m != "wake")
-      throw std::invalid_argument("unknown mode " + m);
+    if (m != "submit" && m != "one" && m != "map") throw std::invalid_argument("unknown mode " + m);
   return s;
 }
 
@@ -173,117 +159,6 @@ double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& 
   return took;
 }
 
-// A queued item that only counts itself.
-class counting_item final : public gpupool::detail::work_item {
- public:
-  explicit counting_item(std::atomic<std::size_t>& done) : done_(done) {}
-  bool claim() override { return true; }
-  void start(gpupool::detail::slot_context&) override {}
-  void finish(gpupool::detail::slot_context&) override {}
-  void complete() noexcept override { done_.fetch_add(1, std::memory_order_relaxed); }
-  void fail(std::exception_ptr) noexcept override {}
-  bool cancel() noexcept override { return true; }
-
- private:
-  std::atomic<std::size_t>& done_;
-};
-
-// Seconds for one producer to push `tasks` items one by one and `devices x lanes` consumers to
-// pop them all, as lanes do (blocking pops).
-double queue_round(int devices, int lanes, std::size_t tasks) {
-  gpupool::detail::task_queue queue(devices);
-  std::atomic<std::size_t> done{0};
-  std::vector<std::thread> consumers;
-  for (int d = 0; d < devices; ++d)
-    for (int l = 0; l < lanes; ++l)
-      consumers.emplace_back([&queue, d] {
-        while (auto item = queue.pop(d, /*block=*/true)) item->complete();
-      });
-  const auto t0 = clock_type::now();
-  for (std::size_t i = 0; i < tasks; ++i)
-    queue.push(std::make_unique<counting_item>(done), std::nullopt);
-  while (done.load(std::memory_order_relaxed) < tasks) std::this_thread::yield();
-  const double took = seconds_since(t0);
-  queue.close();
-  for (auto& t : consumers) t.join();
-  if (done.load() != tasks) throw std::runtime_error("queue: items were lost or run twice");
-  return took;
-}
-
-// Microseconds from `t0` to each time in `starts` (those set), sorted.
-std::vector<double> delays_us(const std::vector<clock_type::time_point>& starts,
-                              clock_type::time_point t0) {
-  std::vector<double> us;
-  for (const auto& t : starts)
-    if (t != clock_type::time_point{})
-      us.push_back(std::chrono::duration<double, std::micro>(t - t0).count());
-  std::sort(us.begin(), us.end());
-  return us;
-}
-
-// One round of `wake`: (delays from the push to each popping thread's first item, sorted; the
-// same for threads woken by their own semaphores).
-std::pair<std::vector<double>, std::vector<double>> wake_round(int lanes) {
-  // The executor's default look before sleeping: the round waits until it is over.
-  gpupool::detail::task_queue queue(1, std::chrono::microseconds{50});
-  std::atomic<std::size_t> done{0};
-  const std::size_t items = 2 * static_cast<std::size_t>(lanes);
-  std::vector<clock_type::time_point> first(static_cast<std::size_t>(lanes));
-  // A thread that has its first item holds it until every thread has one (or a second has
-  // passed): items that do nothing would otherwise all go to the first thread awake, as a
-  // lane takes the next item before others wake, and the later threads would not be timed.
-  std::atomic<int> started{0};
-  std::vector<std::thread> consumers;
-  for (int l = 0; l < lanes; ++l)
-    consumers.emplace_back([&queue, &first, &started, lanes, l] {
-      while (auto item = queue.pop(0, /*block=*/true)) {
-        auto& mine = first[static_cast<std::size_t>(l)];
-        if (mine == clock_type::time_point{}) {
-          mine = clock_type::now();
-          started.fetch_add(1);
-          const auto give_up = clock_type::now() + std::chrono::seconds(1);
-          while (started.load() < lanes && clock_type::now() < give_up) std::this_thread::yield();
-        }
-        item->complete();
-      }
-    });
-  // Every consumer asleep: its look before sleeping over.
-  const auto asleep_by = clock_type::now() + std::chrono::seconds(5);
-  while (queue.idle_lanes(0) < lanes && clock_type::now() < asleep_by)
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  std::vector<gpupool::detail::work_item_ptr> batch;
-  for (std::size_t i = 0; i < items; ++i) batch.push_back(std::make_unique<counting_item>(done));
-  const auto t0 = clock_type::now();
-  if (!queue.push_all(batch, 0)) throw std::runtime_error("wake: the queue refused the batch");
-  while (done.load() < items) std::this_thread::yield();
-  queue.close();
-  for (auto& t : consumers) t.join();
-  std::vector<double> by_queue = delays_us(first, t0);
-
-  std::vector<std::unique_ptr<std::binary_semaphore>> bells;
-  std::vector<clock_type::time_point> rung(static_cast<std::size_t>(lanes));
-  std::vector<std::thread> sleepers;
-  // Every semaphore made before any thread reads the vector.
-  for (int l = 0; l < lanes; ++l) bells.push_back(std::make_unique<std::binary_semaphore>(0));
-  for (int l = 0; l < lanes; ++l) {
-    sleepers.emplace_back([&bells, &rung, l] {
-      bells[static_cast<std::size_t>(l)]->acquire();
-      rung[static_cast<std::size_t>(l)] = clock_type::now();
-    });
-  }
-  std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  const auto t1 = clock_type::now();
-  for (auto& bell : bells) bell->release();
-  for (auto& t : sleepers) t.join();
-  return {std::move(by_queue), delays_us(rung, t1)};
-}
-
-double median_of(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0.0 : v[v.size() / 2];
-}
-
 // CPU seconds this process spent so far, every thread, user and system.
 double cpu_seconds() {
   rusage usage{};
@@ -308,39 +183,11 @@ int main(int argc, char** argv) {
     std::printf("%-7s %8s %6s %14s %14s %16s\n", "mode", "devices", "lanes", "tasks/s",
                 "cpu us/task", "queueing us/task");
     for (const auto& mode : s.modes) {
-      if (mode == "wake") {
-        // One device: the wake-up of one device's lanes is what is measured.
-        for (int lanes : s.lanes) {
-          std::vector<double> queue_median, queue_last, own_median, own_last;
-          for (int r = 0; r < s.repeat; ++r) {
-            const auto [by_queue, by_own] = wake_round(lanes);
-            if (by_queue.size() != static_cast<std::size_t>(lanes) ||
-                by_own.size() != static_cast<std::size_t>(lanes))
-              throw std::runtime_error("wake: a round's threads did not each take an item");
-            queue_median.push_back(by_queue[by_queue.size() / 2]);
-            queue_last.push_back(by_queue.back());
-            own_median.push_back(by_own[by_own.size() / 2]);
-            own_last.push_back(by_own.back());
-          }
-          std::printf(
-              "wake    %8d %6d  queue: first item after %.1f us (median thread), %.1f us (last); "
-              "own semaphores: %.1f us, %.1f us (medians of %d rounds)\n",
-              1, lanes, median_of(queue_median), median_of(queue_last), median_of(own_median),
-              median_of(own_last), s.repeat);
-          std::fflush(stdout);
-        }
-        continue;
-      }
       for (int devices : s.devices) {
         for (int lanes : s.lanes) {
           std::vector<double> times, queueing;
           double cpu_before = 0.0;
-          if (mode == "queue") {
-            queue_round(devices, lanes, s.tasks / 10 + 1);  // warm-up
-            cpu_before = cpu_seconds();
-            for (int r = 0; r < s.repeat; ++r)
-              times.push_back(queue_round(devices, lanes, s.tasks));
-          } else {
+          {
             gpupool::executor ex(options_for(s, devices, lanes));
             const std::vector<std::vector<double>> warm(
                 inputs.begin(), inputs.begin() + static_cast<std::ptrdiff_t>(s.tasks / 10 + 1));
