@@ -104,7 +104,7 @@ int run_info(const pool_flags& flags) {
   for (const auto& d : ex.devices()) {
     std::printf("  [%d] %s (ordinal %d): %.1f GiB", d.id, d.name.c_str(), d.ordinal,
                 gib(d.total_memory));
-    if (d.backend == gpupool::backend_kind::cuda)
+    if (d.compute_major > 0)  // a compute capability: a GPU
       std::printf(", compute %d.%d, %d SMs", d.compute_major, d.compute_minor, d.multiprocessors);
     std::printf(", %d lanes\n", ex.lanes_per_device());
   }

@@ -19,6 +19,8 @@
 #include "core/kernels/kernel_cache.hpp"
 #include "core/kernels/kernel_source.hpp"
 #include "core/kernels/user_call.hpp"
+#include "cpu/host_source.hpp"
+#include "cuda/cuda_source.hpp"
 #include "gpupool/elementwise.hpp"
 
 namespace {
