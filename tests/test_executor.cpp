@@ -86,6 +86,54 @@ TEST_P(ExecutorTest, SubmitRunsOnALaneAndReturnsTheValue) {
   EXPECT_LT(v / 100, ex.lane_count());
 }
 
+// A submitted callable is built by the public template in storage the library allocates (one
+// block with the item a lane takes): it keeps its alignment, runs once, and is destroyed once,
+// whether it ran or was moved from. Move-only callables and results work.
+TEST_P(ExecutorTest, SubmittedCallablesKeepTheirAlignmentAndLiveOnce) {
+  executor ex(options());
+  struct alignas(128) over_aligned {
+    unsigned char bytes[200] = {};
+  };
+  over_aligned big;
+  big.bytes[199] = 42;
+  auto aligned = ex.submit([big](lane&) {
+    return reinterpret_cast<std::uintptr_t>(&big) % alignof(over_aligned) == 0 &&
+           big.bytes[199] == 42;
+  });
+  EXPECT_TRUE(aligned.get()) << "the callable lost its alignment or its captures";
+
+  static std::atomic<int> alive{0};
+  struct counted {
+    counted() { alive.fetch_add(1); }
+    counted(const counted&) { alive.fetch_add(1); }
+    counted(counted&&) noexcept { alive.fetch_add(1); }
+    ~counted() { alive.fetch_sub(1); }
+  };
+  {
+    auto moved = ex.submit([c = counted(), p = std::make_unique<int>(9)](lane&) {
+      (void)c;
+      return std::make_unique<int>(*p + 1);
+    });
+    EXPECT_EQ(*moved.get(), 10);
+    ex.shutdown();  // every item is freed once the lanes stop
+  }
+  EXPECT_EQ(alive.load(), 0) << "a callable was leaked or destroyed twice";
+}
+
+// A callable whose copy throws is never queued, and the bytes it was admitted with go back.
+TEST_P(ExecutorTest, ACallableThatCannotBeCopiedGivesItsBytesBack) {
+  executor ex(options());
+  struct throws_on_copy {
+    throws_on_copy() = default;
+    throws_on_copy(const throws_on_copy&) { throw std::runtime_error("no copy"); }
+    void operator()(lane&) const {}
+  };
+  const throws_on_copy f;
+  EXPECT_THROW((void)ex.submit_sized(4096, f), std::runtime_error);
+  EXPECT_EQ(ex.in_flight().bytes, 0u);
+  EXPECT_EQ(ex.submit([](lane&) { return 3; }).get(), 3);
+}
+
 TEST_P(ExecutorTest, LanesHaveDistinctStreamsOnCuda) {
   executor ex(options(4));
   std::mutex m;

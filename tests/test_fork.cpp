@@ -47,9 +47,12 @@ TEST(Fork, HandlersRunInTheChildInRegistrationOrderAndTheGenerationCounts) {
   if (child == 0) {
     ::alarm(20);
     int code = 0;
-    if (fork_generation() != before + 1) code = 10;
-    else if (ran_count.load() != 2) code = 11;
-    else if (ran[0] != 1 || ran[1] != 2) code = 12;
+    if (fork_generation() != before + 1)
+      code = 10;
+    else if (ran_count.load() != 2)
+      code = 11;
+    else if (ran[0] != 1 || ran[1] != 2)
+      code = 12;
     if (code == 0) {
       // A grandchild inherits the registry and counts one fork more.
       ran_count.store(0);
@@ -58,8 +61,7 @@ TEST(Fork, HandlersRunInTheChildInRegistrationOrderAndTheGenerationCounts) {
         ::_exit(fork_generation() == before + 2 && ran_count.load() == 2 ? 0 : 13);
       }
       int status = 0;
-      if (grandchild == -1 || ::waitpid(grandchild, &status, 0) != grandchild ||
-          !WIFEXITED(status))
+      if (grandchild == -1 || ::waitpid(grandchild, &status, 0) != grandchild || !WIFEXITED(status))
         code = 14;
       else
         code = WEXITSTATUS(status);
@@ -100,9 +102,12 @@ TEST(Fork, AForkedChildGetsAFreshObjectEvenWithTheParentsLockHeld) {
     ::alarm(20);
     guarded& fresh = shared_state.get();
     int code = 0;
-    if (&fresh == &mine) code = 20;
-    else if (fresh.marker != 0 || !fresh.values.empty()) code = 21;
-    else if (!fresh.mutex.try_lock()) code = 22;
+    if (&fresh == &mine)
+      code = 20;
+    else if (fresh.marker != 0 || !fresh.values.empty())
+      code = 21;
+    else if (!fresh.mutex.try_lock())
+      code = 22;
     if (code == 0) {
       fresh.mutex.unlock();
       fresh.marker = 9;
@@ -110,8 +115,7 @@ TEST(Fork, AForkedChildGetsAFreshObjectEvenWithTheParentsLockHeld) {
       const pid_t grandchild = ::fork();
       if (grandchild == 0) ::_exit(shared_state.get().marker == 0 ? 0 : 23);
       int status = 0;
-      if (grandchild == -1 || ::waitpid(grandchild, &status, 0) != grandchild ||
-          !WIFEXITED(status))
+      if (grandchild == -1 || ::waitpid(grandchild, &status, 0) != grandchild || !WIFEXITED(status))
         code = 24;
       else
         code = WEXITSTATUS(status);

@@ -1,23 +1,20 @@
 // The executor: owns devices and lanes, queues tasks, hands them to lanes, returns futures.
 #pragma once
 
-#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <new>
 #include <optional>
 #include <ranges>
 #include <span>
 #include <stdexcept>
 #include <string>
-#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
-#include "gpupool/detail/elementwise_job.hpp"
-#include "gpupool/detail/work_item.hpp"
 #include "gpupool/elementwise.hpp"
 #include "gpupool/future.hpp"
 #include "gpupool/host_vector.hpp"
@@ -53,8 +50,59 @@ struct coalescing_stats {
   std::uint64_t tasks = 0;    ///< Tasks that ran inside such a launch.
 };
 
-/// Runs tasks on every lane of every device. Thread-safe: any thread may submit, and tasks may
-/// submit further tasks (but a task that waits on another can deadlock a full executor).
+namespace detail {
+
+/// What `executor::submit` queues: a user callable `f(lane&) -> R` with its future's state, its
+/// type erased so that the library queues it without knowing F or R. A lane calls `state()`
+/// to claim, fail or cancel it, `run` on the lane, then `complete` once the lane's stream has
+/// passed the work `f` enqueued (so asynchronous downloads are done when `get()` returns).
+class user_task {
+ public:
+  virtual ~user_task() = default;
+  [[nodiscard]] virtual state_base& state() noexcept = 0;
+  /// Calls `f(l)`, keeping its value.
+  virtual void run(lane& l) = 0;
+  /// Hands the value kept by `run` over to the future (or the exception its move threw).
+  virtual void complete() noexcept = 0;
+};
+
+template <class F, class R>
+class callable_task final : public user_task {
+ public:
+  callable_task(F f, std::shared_ptr<shared_state<R>> state)
+      : f_(std::move(f)), state_(std::move(state)) {}
+
+  state_base& state() noexcept override { return *state_; }
+
+  void run(lane& l) override {
+    if constexpr (std::is_void_v<R>) {
+      f_(l);
+    } else {
+      result_.emplace(f_(l));
+    }
+  }
+
+  void complete() noexcept override {
+    if constexpr (std::is_void_v<R>) {
+      state_->set_value();
+    } else {
+      try {
+        state_->set_value(std::move(*result_));
+      } catch (...) {
+        state_->set_exception(std::current_exception());  // the value's move threw
+      }
+    }
+  }
+
+ private:
+  struct no_value {};
+  F f_;
+  std::shared_ptr<shared_state<R>> state_;
+  std::conditional_t<std::is_void_v<R>, std::optional<no_value>, std::optional<R>> result_;
+};
+
+}  // namespace detail
+
 /// One call of executor::transform_each: `count` elements of `x` (and `y`, for a two-input
 /// kernel; else null) in, `count` elements to `out`, all of the call's element type.
 struct transform_call {
@@ -64,6 +112,8 @@ struct transform_call {
   std::size_t count = 0;
 };
 
+/// Runs tasks on every lane of every device. Thread-safe: any thread may submit, and tasks may
+/// submit further tasks (but a task that waits on another can deadlock a full executor).
 class executor {
  public:
   /// Finds the devices, starts the lanes.
@@ -160,7 +210,7 @@ class executor {
     return map_each<T>(k, std::ranges::size(xs), /*operands=*/2, [&next] {
       const auto sx = as_span<T>(*next);
       ++next;
-      return map_call<T>{sx.data(), nullptr, sx.size()};
+      return map_input{sx.data(), nullptr, sx.size()};
     });
   }
 
@@ -185,7 +235,7 @@ class executor {
                                     std::to_string(sy[i].size()) + ")");
     std::size_t i = 0;
     return map_each<T>(k, sx.size(), /*operands=*/3, [&] {
-      const map_call<T> call{sx[i].data(), sy[i].data(), sx[i].size()};
+      const map_input call{sx[i].data(), sy[i].data(), sx[i].size()};
       ++i;
       return call;
     });
@@ -297,148 +347,78 @@ class executor {
   template <class F>
   auto submit_impl(F&& f, std::optional<int> device, std::size_t admitted = 0) {
     using R = std::invoke_result_t<std::decay_t<F>&, lane&>;
+    using task = detail::callable_task<std::decay_t<F>, R>;
     std::shared_ptr<detail::shared_state<R>> state;
     try {
       state = std::make_shared<detail::shared_state<R>>();
-      hold_until_done(state, admitted);
-    } catch (...) {
-      release_in_flight(admitted);
-      throw;
-    }
-    try {
-      enqueue(
-          std::make_unique<detail::callable_item<std::decay_t<F>, R>>(std::forward<F>(f), state),
-          device);
-    } catch (...) {
-      // Never queued: ending it gives the bytes back and frees the callback that holds it.
-      state->try_cancel();
-      throw;
-    }
-    return future<R>(std::move(state));
-  }
-
-  // Counts `admitted` bytes (taken by admit()) in flight until `state` ends, however it ends
-  // (state_base::hold: no callback, no allocation). They go back before the executor is gone:
-  // its destructor resolves every future first. Work that cannot be queued must be ended
-  // (cancelled), not dropped, for its bytes to come back.
-  template <class T>
-  void hold_until_done(const std::shared_ptr<detail::shared_state<T>>& state,
-                       std::size_t admitted) noexcept {
-    if (admitted != 0) state->hold(in_flight_account(), admitted);
-  }
-
-  template <class T>
-  struct map_call {
-    const T* x;
-    const T* y;  // the second input, or nullptr
-    std::size_t n;
-  };
-
-  // The loop of map and transform_each: `count` calls, each given by next() in order, costing
-  // cost_of(call) bytes of the in-flight budget and made by make(call, cost, jobs), which returns
-  // its future and appends its job to `jobs` (reserved: no throw), or only returns a ready
-  // future. Jobs are gathered and queued map_batch at a time. With `admit_each`, each call's
-  // bytes are admitted here: past the budget, what is gathered is queued before waiting for
-  // room (that only its completion may free), or the wait throws (when_full::raise); without
-  // it, the caller took them all before. If anything throws part way, nothing of it is left
-  // reading or writing the caller's memory when the caller gets the error (the futures that
-  // would have said when it may go are lost with it): what is queued is cancelled and what
-  // already runs is waited for.
-  template <class R, class Next, class Cost, class Make>
-  multi_future<R> queue_each(std::size_t count, bool admit_each, Next next, Cost cost_of,
-                             Make make) {
-    require_open();  // before anything is made for the calls
-    multi_future<R> futures;
-    futures.reserve(count);
-    std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
-    jobs.reserve(std::min(count, map_batch));
-    try {
-      for (std::size_t i = 0; i < count; ++i) {
-        const auto call = next();
-        const std::size_t cost = cost_of(call);
-        if (admit_each && !try_admit(cost)) {
-          enqueue_elementwise_all(jobs);
-          admit(cost);
-        }
-        futures.push_back(make(call, cost, jobs));
-        if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
-      }
-      enqueue_elementwise_all(jobs);
-    } catch (...) {
-      // Every call has its future here, those gathered but never queued too (cancelling them
-      // gives their bytes back).
-      for (auto& f : futures) (void)f.cancel();
-      for (auto& f : futures) f.wait();
-      throw;
-    }
-    return futures;
-  }
-
-  // Both maps: calls given by next(), each counting `operands` arrays of its size.
-  template <class T, class Next>
-  multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
-                                        Next next) {
-    return queue_each<host_vector<T>>(
-        count, /*admit_each=*/true, std::move(next),
-        [this, operands](const map_call<T>& call) {
-          return in_flight_cost(static_cast<std::size_t>(operands) * call.n * sizeof(T),
-                                /*piecewise=*/true);
-        },
-        [this, &k](const map_call<T>& call, std::size_t cost,
-                   std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
-          return map_into<T>(k, call.x, call.y, call.n, jobs, cost);
-        });
-  }
-
-  // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,
-  // small enough that lanes start while the rest is being prepared.
-  static constexpr std::size_t map_batch = 256;
-
-  template <class T>
-  future<host_vector<T>> map_into(const builtin_kernel& k, const T* x, const T* y, std::size_t n,
-                                  std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
-                                  std::size_t admitted) {
-    if (n == 0) {
-      release_in_flight(admitted);
-      require_open();
-      auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
-      state->try_start();
-      state->set_value({});
-      return future<host_vector<T>>(std::move(state));
-    }
-    std::shared_ptr<detail::shared_state<host_vector<T>>> state;
-    std::shared_ptr<detail::elementwise_job> job;
-    try {
-      std::tie(state, job) = detail::make_map_task<T>(k, x, y, n);  // checks the arguments
     } catch (...) {
       release_in_flight(admitted);  // nothing holds the bytes yet
       throw;
     }
-    hold_until_done(state, admitted);
-    jobs.push_back(std::move(job));  // within the reserved batch: does not throw
-    return future<host_vector<T>>(std::move(state));
+    struct parts {
+      F&& f;
+      const std::shared_ptr<detail::shared_state<R>>& state;
+    } made_of{std::forward<F>(f), state};
+    queue_user_task(
+        sizeof(task), alignof(task),
+        [](void* storage, void* context) -> detail::user_task* {
+          auto& p = *static_cast<parts*>(context);
+          return ::new (storage) task(std::forward<F>(p.f), p.state);
+        },
+        &made_of, device, admitted);
+    return future<R>(std::move(state));
   }
-  void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
+
+  // Makes the task that `construct(storage, context)` builds in `bytes` of storage aligned to
+  // `align` (one allocation with the item a lane takes), its state holding the `admitted` bytes
+  // until it ends, and queues it for `device` (nullopt: any). A task that cannot be made gives
+  // the bytes back; one that cannot be queued is ended (cancelled: its bytes go back). Then the
+  // reason is thrown.
+  void queue_user_task(std::size_t bytes, std::size_t align,
+                       detail::user_task* (*construct)(void* storage, void* context), void* context,
+                       std::optional<int> device, std::size_t admitted);
+
+  // One input of map: `count` elements of `x` (and `y`, for a two-input kernel; else null).
+  struct map_input {
+    const void* x;
+    const void* y;
+    std::size_t count;
+  };
+
+  // Both maps: `count` inputs given by next() in order, each counting `operands` arrays of its
+  // size against the budget; the futures' states come back from queue_maps, which does the work
+  // (admission, batches, the clean-up when queueing fails part way) with the type erased.
+  template <class T, class Next>
+  multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
+                                        Next next) {
+    multi_future<host_vector<T>> futures;
+    futures.reserve(count);  // before anything is queued: filling it below cannot throw
+    auto states = queue_maps(
+        k, dtype_of<T>(), count, operands,
+        [](void* source) { return (*static_cast<Next*>(source))(); }, &next);
+    for (auto& state : states)
+      futures.emplace_back(
+          std::static_pointer_cast<detail::shared_state<host_vector<T>>>(std::move(state)));
+    return futures;
+  }
+  // The states are shared_state<host_vector<T>> for the T of `t`.
+  std::vector<std::shared_ptr<detail::state_base>> queue_maps(const builtin_kernel& k, dtype t,
+                                                              std::size_t count, int operands,
+                                                              map_input (*next)(void*),
+                                                              void* source);
 
   std::optional<multi_future<void>> queue_transforms(const builtin_kernel& k, dtype t,
                                                      std::span<const transform_call> calls,
                                                      bool may_wait);
   future<void> transform_impl(const builtin_kernel& k, dtype t, const void* x, const void* y,
                               void* out, std::size_t n);
-  void enqueue(detail::work_item_ptr item, std::optional<int> device);
-  void enqueue_elementwise(std::shared_ptr<detail::elementwise_job> job);
-  void require_open() const;
   // The in-flight budget (see executor_options::in_flight_budget). in_flight_cost() is what a
   // task of `bytes` counts: a piecewise task at most the whole budget; a task that cannot be
   // split and passes the budget is refused (out_of_memory naming the sizes). admit() takes the
-  // cost, waiting for room or throwing as when_full says (never waiting on a lane thread);
-  // try_admit() takes it only if it fits now.
+  // cost, waiting for room or throwing as when_full says (never waiting on a lane thread).
   [[nodiscard]] std::size_t in_flight_cost(std::size_t bytes, bool piecewise) const;
   void admit(std::size_t cost);
-  [[nodiscard]] bool try_admit(std::size_t cost) noexcept;
   void release_in_flight(std::size_t cost) noexcept;
-  // What admitted bytes go back to when a task ends.
-  [[nodiscard]] detail::budget_account& in_flight_account() noexcept;
   void check_device(int device) const;
   static void require_arity(const builtin_kernel& k, int arity, const char* what);
   static void require_same_size(std::size_t a, std::size_t b);

@@ -17,12 +17,12 @@
 #include <span>
 #include <vector>
 
+#include "core/lanes/elementwise_job.hpp"
 #include "core/lanes/piece_item.hpp"
 #include "core/lanes/staged_pipeline.hpp"
 #include "core/memory/recycled_storage.hpp"
 #include "core/sanitizers.hpp"
-#include "gpupool/detail/elementwise_job.hpp"
-#include "gpupool/detail/work_item.hpp"
+#include "core/scheduling/work_item.hpp"
 
 namespace gpupool::detail {
 

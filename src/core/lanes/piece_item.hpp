@@ -7,8 +7,8 @@
 #include <memory>
 #include <utility>
 
-#include "gpupool/detail/elementwise_job.hpp"
-#include "gpupool/detail/work_item.hpp"
+#include "core/lanes/elementwise_job.hpp"
+#include "core/scheduling/work_item.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail {

@@ -9,8 +9,8 @@
 
 #include "core/backend.hpp"
 #include "core/lanes/slot_buffers.hpp"
+#include "core/scheduling/work_item.hpp"
 #include "core/tracing/lane_tracer.hpp"
-#include "gpupool/detail/work_item.hpp"
 #include "gpupool/lane.hpp"
 
 namespace gpupool::detail {

@@ -10,10 +10,10 @@
 
 #include "core/backend.hpp"
 #include "core/kernels/user_call.hpp"
+#include "core/lanes/elementwise_job.hpp"
 #include "core/lanes/piece_item.hpp"
 #include "core/lanes/staged_pipeline.hpp"
-#include "gpupool/detail/elementwise_job.hpp"
-#include "gpupool/detail/work_item.hpp"
+#include "core/scheduling/work_item.hpp"
 
 namespace gpupool::detail {
 

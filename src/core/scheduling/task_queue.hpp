@@ -17,7 +17,7 @@
 #include <utility>
 #include <vector>
 
-#include "gpupool/detail/work_item.hpp"
+#include "core/scheduling/work_item.hpp"
 
 namespace gpupool::detail {
 

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "core/backend.hpp"
-#include "gpupool/detail/work_item.hpp"
+#include "core/scheduling/work_item.hpp"
 #include "gpupool/trace.hpp"
 
 namespace gpupool::detail {

@@ -1,4 +1,5 @@
-// The unit a lane takes from the queue. Internal: users see futures, not work items.
+// The unit a lane takes from the queue. Internal: users see futures, not work items (what
+// `executor::submit` queues is a user_task, wrapped in an item by src/core/executor/).
 #pragma once
 
 #include <cstddef>
@@ -72,50 +73,5 @@ class work_item {
 };
 
 using work_item_ptr = std::unique_ptr<work_item>;
-
-/// A user callable `f(lane&) -> R`. Its value is handed over after the lane's stream has
-/// finished the work `f` enqueued, so asynchronous downloads are complete when `get()` returns.
-template <class F, class R>
-class callable_item final : public work_item {
- public:
-  callable_item(F f, std::shared_ptr<shared_state<R>> state)
-      : f_(std::move(f)), state_(std::move(state)) {}
-
-  bool claim() override { return state_->try_start(); }
-
-  void start(slot_context& slot) override {
-    if constexpr (std::is_void_v<R>) {
-      f_(lane_of(slot));
-    } else {
-      result_.emplace(f_(lane_of(slot)));
-    }
-  }
-
-  void finish(slot_context& /*slot*/) override {}
-
-  void complete() noexcept override {
-    if constexpr (std::is_void_v<R>) {
-      state_->set_value();
-    } else {
-      try {
-        state_->set_value(std::move(*result_));
-      } catch (...) {
-        state_->set_exception(std::current_exception());  // the value's move threw
-      }
-    }
-  }
-
-  void fail(std::exception_ptr e) noexcept override { state_->set_exception(std::move(e)); }
-  bool cancel() noexcept override {
-    state_->try_cancel();  // a queued callable cannot have started
-    return true;
-  }
-
- private:
-  struct no_value {};
-  F f_;
-  std::shared_ptr<shared_state<R>> state_;
-  std::conditional_t<std::is_void_v<R>, std::optional<no_value>, std::optional<R>> result_;
-};
 
 }  // namespace gpupool::detail

@@ -1,0 +1,244 @@
+// Built-in kernels over host arrays: map (a new result per input), transform and transform_each
+// (results into the caller's memory). Each input or call is one elementwise_job, cut into pieces
+// that lanes pipeline; many are queued in batches, each counted against the in-flight budget.
+#include <algorithm>
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include <span>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/executor/executor_impl.hpp"
+#include "core/lanes/elementwise_piece.hpp"
+
+namespace gpupool {
+namespace {
+
+// Ends every task in `futures` that has not started and waits for the others to end.
+void cancel_and_wait(multi_future<void>& futures) {
+  for (auto& f : futures) (void)f.cancel();
+  for (auto& f : futures) f.wait();
+}
+void cancel_and_wait(std::vector<std::shared_ptr<detail::state_base>>& states) {
+  for (auto& s : states) (void)s->try_cancel();
+  for (auto& s : states) s->wait();
+}
+
+// One map input's future state, its job appended to `jobs`: shared_state<host_vector<T>> and
+// map_job<T> in one block (make_map_task), for the T of the map's dtype.
+using make_map_fn = std::shared_ptr<detail::state_base> (*)(
+    const builtin_kernel& k, const void* x, const void* y, std::size_t count,
+    std::shared_ptr<detail::elementwise_job>& job);
+
+template <class T>
+std::shared_ptr<detail::state_base> make_map(const builtin_kernel& k, const void* x, const void* y,
+                                             std::size_t count,
+                                             std::shared_ptr<detail::elementwise_job>& job) {
+  auto [state, made] =
+      detail::make_map_task<T>(k, static_cast<const T*>(x), static_cast<const T*>(y), count);
+  job = std::move(made);
+  return state;
+}
+
+// The future state of a map input with no elements: already succeeded, with an empty vector.
+using empty_map_fn = std::shared_ptr<detail::state_base> (*)();
+
+template <class T>
+std::shared_ptr<detail::state_base> empty_map() {
+  auto state = std::make_shared<detail::shared_state<host_vector<T>>>();
+  state->try_start();
+  state->set_value({});
+  return state;
+}
+
+}  // namespace
+
+template <class Futures, class Next, class Cost, class Make>
+Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next, Cost cost_of,
+                                   Make make) {
+  require_accepting();  // before anything is made for the calls
+  Futures futures;
+  futures.reserve(count);
+  std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
+  jobs.reserve(std::min(count, map_batch));
+  try {
+    for (std::size_t i = 0; i < count; ++i) {
+      const auto call = next();
+      const std::size_t cost = cost_of(call);
+      if (admit_each && !gate->try_take(cost)) {
+        enqueue_elementwise_all(jobs);
+        admit(cost);
+      }
+      futures.push_back(make(call, cost, jobs));
+      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+    }
+    enqueue_elementwise_all(jobs);
+  } catch (...) {
+    // Every call has its future here, those gathered but never queued too (cancelling them
+    // gives their bytes back).
+    cancel_and_wait(futures);
+    throw;
+  }
+  return futures;
+}
+
+void executor::impl::enqueue_elementwise_all(
+    std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+  if (jobs.empty()) return;
+  std::vector<detail::work_item_ptr> items;
+  items.reserve(jobs.size());
+  std::size_t total = 0;
+  for (const auto& job : jobs) total += job->count() * size_of(job->type());
+  const std::size_t most_bytes = sizing.piece_bytes(total, queue);
+  for (auto& job : jobs) {
+    const std::size_t per_piece = detail::piece_sizing::per_piece(size_of(job->type()), most_bytes);
+    const std::size_t pieces = detail::piece_sizing::pieces(job->count(), per_piece);
+    job->set_piece_count(pieces);
+    for (std::size_t p = 0; p < pieces; ++p) {
+      const std::size_t offset = p * per_piece;
+      // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.
+      items.push_back(std::make_unique<detail::elementwise_piece>(
+          job, offset, std::min(per_piece, job->count() - offset), chunk_bytes));
+      stamp(*items.back());
+    }
+  }
+  jobs.clear();
+  if (forked() || !accepting.load() || !queue.push_all(items)) {
+    // Ended, so that their futures give back the bytes they were admitted with.
+    for (auto& item : items) (void)item->cancel();
+    refuse(std::nullopt);  // a fork()ed child, shut down, or no device left
+  }
+}
+
+std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(const builtin_kernel& k,
+                                                                      dtype t, std::size_t count,
+                                                                      int operands,
+                                                                      map_input (*next)(void*),
+                                                                      void* source) {
+  const std::pair<make_map_fn, empty_map_fn> makers = visit_dtype(t, []<class T>() {
+    return std::pair<make_map_fn, empty_map_fn>{&make_map<T>, &empty_map<T>};
+  });
+  const make_map_fn make_task = makers.first;
+  const empty_map_fn make_empty = makers.second;
+  const std::size_t element = size_of(t);
+  impl& self = *impl_;
+  return self.queue_each<std::vector<std::shared_ptr<detail::state_base>>>(
+      count, /*admit_each=*/true, [&] { return next(source); },
+      [&](const map_input& call) {
+        return self.gate->cost(static_cast<std::size_t>(operands) * call.count * element,
+                               /*piecewise=*/true);
+      },
+      [&](const map_input& call, std::size_t admitted,
+          std::vector<std::shared_ptr<detail::elementwise_job>>& jobs)
+          -> std::shared_ptr<detail::state_base> {
+        if (call.count == 0) {
+          self.gate->release(admitted);
+          self.require_accepting();
+          return make_empty();
+        }
+        std::shared_ptr<detail::state_base> state;
+        std::shared_ptr<detail::elementwise_job> job;
+        try {
+          state = make_task(k, call.x, call.y, call.count, job);  // checks the arguments
+        } catch (...) {
+          self.gate->release(admitted);  // nothing holds the bytes yet
+          throw;
+        }
+        if (admitted != 0) state->hold(*self.gate, admitted);
+        jobs.push_back(std::move(job));  // within the reserved batch: does not throw
+        return state;
+      });
+}
+
+multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
+                                            std::span<const transform_call> calls) {
+  return *queue_transforms(k, t, calls, /*may_wait=*/true);
+}
+
+std::optional<multi_future<void>> executor::try_transform_each(
+    const builtin_kernel& k, dtype t, std::span<const transform_call> calls) {
+  return queue_transforms(k, t, calls, /*may_wait=*/false);
+}
+
+std::optional<multi_future<void>> executor::queue_transforms(const builtin_kernel& k, dtype t,
+                                                             std::span<const transform_call> calls,
+                                                             bool may_wait) {
+  for (std::size_t i = 0; i < calls.size(); ++i)
+    if (calls[i].count > 0 && (calls[i].y != nullptr) != (k.arity() == 2))
+      throw std::invalid_argument(
+          "gpupool::executor::transform_each: call " + std::to_string(i) +
+          (k.arity() == 2 ? " gives one input to" : " gives two inputs to") + " kernel '" +
+          std::string(k.name()) + "', which takes " + std::to_string(k.arity()));
+  detail::require_alpha_fits(k, t);
+  impl& self = *impl_;
+  self.require_accepting();
+  const auto cost_of = [&](const transform_call& call) -> std::size_t {
+    if (call.count == 0) return 0;  // nothing runs, nothing is counted
+    return self.gate->cost(call.count * size_of(t) * (call.y == nullptr ? 2 : 3),
+                           /*piecewise=*/true);
+  };
+  // Without waiting: the whole cost is taken at once, or nothing is queued. One push at most,
+  // so that a failure never leaves a call running (nothing to wait for; the caller may hold a
+  // lock that a lane needs, the GIL say).
+  std::size_t taken_up_front = 0;
+  if (!may_wait) {
+    if (calls.size() > impl::map_batch) return std::nullopt;
+    for (const transform_call& call : calls) taken_up_front += cost_of(call);
+    if (!self.gate->try_take(taken_up_front)) return std::nullopt;
+  }
+  std::size_t next = 0;
+  try {
+    return self.queue_each<multi_future<void>>(
+        calls.size(), /*admit_each=*/may_wait, [&] { return calls[next++]; }, cost_of,
+        [&](const transform_call& call, std::size_t cost,
+            std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+          if (call.count == 0) return impl::nothing_to_do();
+          std::shared_ptr<detail::shared_state<void>> state;
+          std::shared_ptr<detail::elementwise_job> job;
+          try {
+            state = std::make_shared<detail::shared_state<void>>();
+            job = std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
+                                                          call.count, state);
+          } catch (...) {
+            if (may_wait) self.gate->release(cost);  // else part of taken_up_front
+            throw;
+          }
+          if (cost != 0) state->hold(*self.gate, cost);
+          if (!may_wait) taken_up_front -= cost;  // now held by the call's future
+          jobs.push_back(std::move(job));         // within the reserved batch: does not throw
+          return future<void>(std::move(state));
+        });
+  } catch (...) {
+    self.gate->release(taken_up_front);  // what no call's future holds yet
+    throw;
+  }
+}
+
+future<void> executor::transform_impl(const builtin_kernel& k, dtype t, const void* x,
+                                      const void* y, void* out, std::size_t n) {
+  impl& self = *impl_;
+  if (n == 0) {
+    self.require_accepting();
+    return impl::nothing_to_do();
+  }
+  const std::size_t cost =
+      self.gate->cost(n * size_of(t) * (y == nullptr ? 2 : 3), /*piecewise=*/true);
+  self.admit(cost);
+  auto state = self.state_holding(cost);
+  try {
+    auto job = std::make_shared<detail::transform_job>(k, t, x, y, out, n, state);
+    self.require_accepting();
+    // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.
+    self.enqueue_pieces<detail::elementwise_piece>(job, job->count(), size_of(job->type()),
+                                                   self.chunk_bytes);
+  } catch (...) {
+    state->try_cancel();  // never queued: ending it gives the bytes back
+    throw;
+  }
+  return future<void>(std::move(state));
+}
+
+}  // namespace gpupool
