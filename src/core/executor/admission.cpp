@@ -4,18 +4,10 @@
 #include <stdexcept>
 #include <string>
 
+#include "core/backend.hpp"
 #include "gpupool/error.hpp"
 
 namespace gpupool::detail {
-namespace {
-
-// The in-flight budget's default per device: half of a CUDA device's memory free when the
-// executor is made (the rest is left to the staging slots, the tasks' own allocations and what
-// other processes may still take; memory they hold already is not counted on); a fixed 1 GiB per
-// CPU stand-in device, whose "device memory" is the host's, shared by every stand-in.
-constexpr std::size_t cpu_default_in_flight_budget = std::size_t{1} << 30;
-
-}  // namespace
 
 std::size_t choose_in_flight_budget(const executor_options& options,
                                     const std::vector<device_info>& devices) {
@@ -25,8 +17,7 @@ std::size_t choose_in_flight_budget(const executor_options& options,
   for (const auto& d : devices) {
     std::size_t per_device = options.in_flight_budget;
     if (per_device == 0)
-      per_device = d.backend == backend_kind::cuda ? std::max<std::size_t>(d.free_memory / 2, 1)
-                                                   : cpu_default_in_flight_budget;
+      per_device = traits_of(d.backend).default_in_flight_budget(d);  // the backend's rule
     if (per_device == no_in_flight_limit || total > no_in_flight_limit - per_device)
       return no_in_flight_limit;
     total += per_device;

@@ -1,8 +1,8 @@
 // The tuning sweep's configurations as executors: what connects the sweep (tuning.cpp, which
 // knows nothing of executors) to the executor that asks for measured settings. A template over
-// the executor type, instantiated only where the executor is complete (src/core/executor.cpp, the
-// tests), so that neither tuning.cpp nor this header includes gpupool/executor.hpp: the executor
-// uses tuning, tuning does not use the executor.
+// the executor type, instantiated only where the executor is complete
+// (src/core/executor/configuration.cpp, the tests), so that neither tuning.cpp nor this header
+// includes gpupool/executor.hpp: the executor uses tuning, tuning does not use the executor.
 #pragma once
 
 #include <cstddef>
