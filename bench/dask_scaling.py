@@ -1,7 +1,7 @@
 """How many blocks a second gpupool.dask gets through when blocks are tiny, so that Dask's per-task
 cost (the scheduler's and the worker's), not the pool, bounds the run: a LocalCluster of 1..N
 worker processes on the CPU backend, each with a one-lane pool, mapping gpupool.kernels.square
-over many small blocks with blocks_per_task 1, 8 and 64. docs/scaling.md quotes its output.
+over many small blocks with blocks_per_task 1, 8 and 64. docs/scaling.md says how its figures bound a cluster.
 
     GPUPOOL_BACKEND=cpu python bench/dask_scaling.py --workers 1,2,4,8 --blocks 4000
 

@@ -115,7 +115,7 @@ def make_motivating(threads: int, data: Chunks,
 
 # -- careful CuPy -----------------------------------------------------------------------------
 def careful_cupy_loop(data: Chunks) -> Chunks:
-    """The simplest careful CuPy: one thread, a non-blocking stream of its own (ANCHORS.md), a
+    """The simplest careful CuPy: one thread, a non-blocking stream of its own, a
     copy in, the square, a copy out per chunk: the baseline beside gpupool's Python tasks."""
     cp = need_cupy()
     out = []
