@@ -3,6 +3,8 @@
 
 #include <string>
 
+#include "gpupool/types.hpp"
+
 namespace gpupool {
 
 struct backend_availability {
@@ -14,5 +16,10 @@ struct backend_availability {
 /// Whether the CUDA backend can run here: built in, a driver present, at least one visible GPU.
 /// Never throws; the answer is computed once per process. Thread-safe.
 [[nodiscard]] backend_availability cuda_availability() noexcept;
+
+/// Whether the devices of backend `kind` hold their arrays in CUDA device memory, so that CUDA
+/// arrays (CuPy's, PyTorch's) can be handed to them directly. A property of the backend (its
+/// traits), so that callers need not ask which backend it is.
+[[nodiscard]] bool takes_cuda_arrays(backend_kind kind);
 
 }  // namespace gpupool

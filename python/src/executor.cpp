@@ -417,8 +417,9 @@ void bind_executor(nb::module_& m) {
       .def_prop_ro(
           "backend",
           [](const py_executor& e) { return std::string(gpupool::to_string(e.get().backend())); })
-      .def_prop_ro("takes_cuda_arrays",
-                   [](const py_executor& e) { return takes_cuda_arrays(e.get().backend()); })
+      .def_prop_ro(
+          "takes_cuda_arrays",
+          [](const py_executor& e) { return gpupool::takes_cuda_arrays(e.get().backend()); })
       .def_prop_ro("threads_per_gpu",
                    [](const py_executor& e) { return e.get().lanes_per_device(); })
       .def_prop_ro("lane_count", [](const py_executor& e) { return e.get().lane_count(); })

@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "arrays.hpp"
-#include "core/backend.hpp"
 #include "cupy_arrays.hpp"
 #include "gpupool/pinned.hpp"
 
@@ -21,10 +20,6 @@ namespace gpupool_python {
 
 // The lane whose task this thread is running, for gpupool.current_lane().
 thread_local gpupool::lane* current_lane = nullptr;
-
-bool takes_cuda_arrays(gpupool::backend_kind kind) {
-  return gpupool::detail::traits_of(kind).cuda_device_pointers;
-}
 
 lane_scope::lane_scope(gpupool::lane* l) : previous_(current_lane) {
   current_lane = l;
@@ -109,7 +104,7 @@ void wait_for_lane(gpupool::lane& lane, std::size_t bytes) {
 // written like the motivating program); nothing for anything else, which the Python helper
 // takes.
 std::optional<nb::object> download_cupy(gpupool::lane& lane, nb::handle device_array) {
-  if (!takes_cuda_arrays(lane.backend())) return std::nullopt;
+  if (!gpupool::takes_cuda_arrays(lane.backend())) return std::nullopt;
   nb::handle cupy_ndarray = cupy_ndarray_type();
   if (!cupy_ndarray.is_valid() || !device_array.type().is(cupy_ndarray)) return std::nullopt;
   cupy_reading r = read_cupy(device_array);
@@ -162,7 +157,7 @@ void download_into(gpupool::lane& lane, const nb::ndarray<>& dst, std::uintptr_t
 // CuPy, which Lane.upload/download make and read arrays with: only where the task's code has
 // imported it (it is never imported here), on a backend whose devices take CUDA arrays.
 nb::object require_cupy(gpupool::lane& lane) {
-  if (takes_cuda_arrays(lane.backend())) {
+  if (gpupool::takes_cuda_arrays(lane.backend())) {
     if (PyObject* cupy = PyImport_GetModule(nb::str("cupy").ptr())) return nb::steal(cupy);
     if (PyErr_Occurred()) throw nb::python_error();
   }

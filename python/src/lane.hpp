@@ -6,10 +6,6 @@
 
 namespace gpupool_python {
 
-// Whether device arrays of CUDA libraries (CuPy, PyTorch) on the backend's devices are used in
-// place and their streams waited for: what the backend says of itself, never its name.
-bool takes_cuda_arrays(gpupool::backend_kind kind);
-
 // Makes `l` the current lane of this thread for its lifetime (a Python task running on it).
 class lane_scope {
  public:

@@ -93,6 +93,25 @@ def seam_violations(root=ROOT):
     return found
 
 
+#: Code outside the library that uses only its public headers (include/gpupool/).
+PUBLIC_ONLY = ("python/src", "tools", "bench", "examples")
+PRIVATE_INCLUDE = re.compile(r'#\s*include\s*[<"](?:src/)?(?:core|cpu|cuda)/')
+
+
+def private_includes(root=ROOT):
+    """Includes of the library's private headers from code that should use the public ones."""
+    found = []
+    for folder in PUBLIC_ONLY:
+        for path in sorted((root / folder).rglob("*")):
+            if path.suffix not in SUFFIXES | {".cu"} or not path.is_file():
+                continue
+            code = _without_comments(path.read_text(encoding="utf-8", errors="replace"))
+            for number, line in enumerate(code.splitlines(), 1):
+                if PRIVATE_INCLUDE.search(line):
+                    found.append(f"{path.relative_to(root).as_posix()}:{number}: {line.strip()}")
+    return found
+
+
 def unused_allowances(root=ROOT):
     """Allow-list entries that no longer match anything (they would hide a future mention)."""
     stale = []
@@ -136,6 +155,11 @@ def test_the_core_and_the_binding_never_ask_which_backend_runs():
     assert not found, "backend-specific code outside src/<backend>/:\n" + "\n".join(found)
 
 
+def test_the_binding_tools_and_benchmarks_use_only_public_headers():
+    found = private_includes()
+    assert not found, "private headers included outside the library:\n" + "\n".join(found)
+
+
 def test_every_allowance_is_still_needed():
     assert not unused_allowances(), unused_allowances()
 
@@ -145,7 +169,8 @@ def test_every_backend_is_registered_in_the_places_the_architecture_lists():
 
 
 if __name__ == "__main__":
-    problems = seam_violations() + unused_allowances() + registration_gaps()
+    problems = (seam_violations() + private_includes() + unused_allowances() +
+                registration_gaps())
     for p in problems:
         print(p)
     sys.exit(1 if problems else 0)

@@ -155,6 +155,10 @@ std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& reque
 
 namespace gpupool {
 
+bool takes_cuda_arrays(backend_kind kind) {
+  return detail::traits_of(kind).cuda_device_pointers;
+}
+
 backend_availability cuda_availability() noexcept {
   try {
     const detail::backend_probe p = detail::registration(backend_kind::cuda).probe();
