@@ -13,17 +13,12 @@
 #include <thread>
 #include <vector>
 
+#include "test_support.hpp"
+
 namespace gpupool {
 namespace {
 
-// Every forked child exits with 0 when its checks passed, or a code that says which failed.
-void expect_clean_exit(pid_t child) {
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
-                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's own check failed (its exit code says which)";
-}
+using testing::expect_clean_exit;
 
 // Handlers append their number here (no allocation: a fixed array and a count).
 int ran[8];

@@ -22,6 +22,7 @@ namespace gpupool {
 namespace {
 
 using namespace std::chrono_literals;
+using testing::expect_clean_exit;
 
 executor_options cpu_options(int lanes) {
   return testing::quiet_options(backend_kind::cpu, lanes);
@@ -90,15 +91,6 @@ TEST(Lifecycle, AbsurdCountsAreRefusedWithTheLimit) {
   } catch (const std::invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("limit of 4096"), std::string::npos) << e.what();
   }
-}
-
-// Waits for the forked `child`, which must exit with status 0 (a hang ends it with SIGALRM).
-void expect_clean_exit(pid_t child) {
-  int status = 0;
-  ASSERT_EQ(::waitpid(child, &status, 0), child);
-  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
-                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
-  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's own check failed (its exit code says which)";
 }
 
 TEST(Lifecycle, AForkedChildIsRefusedClearly) {

@@ -2,6 +2,8 @@
 #pragma once
 
 #include <gtest/gtest.h>
+#include <sys/types.h>
+#include <sys/wait.h>
 
 #include <algorithm>
 #include <atomic>
@@ -112,6 +114,16 @@ inline executor_options quiet_options(backend_kind kind, int lanes) {
       if (!availability_.usable) GTEST_SKIP() << "no usable GPU: " << availability_.reason; \
     }                                                                                       \
   } while (0)
+
+/// Waits for the forked `child`, which must exit with status 0: a child reports a failed check
+/// by its exit code (and a hang is ended by an alarm the child sets).
+inline void expect_clean_exit(pid_t child) {
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status)) << "the child hung or crashed (signal "
+                                 << (WIFSIGNALED(status) ? WTERMSIG(status) : 0) << ")";
+  EXPECT_EQ(WEXITSTATUS(status), 0) << "the child's own check failed (its exit code says which)";
+}
 
 /// Random values that are never all zero and whose results stay in range for every kernel.
 template <class T>
