@@ -23,7 +23,7 @@ namespace {
 // The CPU backend, counting the compiles asked of it.
 class counting_backend final : public backend {
  public:
-  counting_backend() : inner_(cpu_backend_registration.make(2)) {}
+  counting_backend() : inner_(cpu_backend_registration.make({.count = 2})) {}
   int compiles = 0;
 
   backend_kind kind() const noexcept override { return inner_->kind(); }
@@ -136,7 +136,7 @@ TEST(BackendSeam, EveryBackendDescribesItself) {
     EXPECT_GE(t.least_device_batch_elements(d), 1u) << row.name;
     EXPECT_GE(t.default_in_flight_budget(d), 1u) << row.name;
   }
-  const auto cpu = cpu_backend_registration.make(1);
+  const auto cpu = cpu_backend_registration.make({});
   EXPECT_EQ(&cpu->traits(), cpu_backend_registration.traits);
   EXPECT_EQ(&cpu->traits(), &traits_of(cpu->kind()));
 }
@@ -167,7 +167,7 @@ class foreign_kernel final : public compiled_kernel {
 };
 
 TEST(BackendSeam, ABackendRefusesObjectsItDidNotMake) {
-  const auto cpu = cpu_backend_registration.make(1);
+  const auto cpu = cpu_backend_registration.make({});
   const auto stream = cpu->open_stream(0);
   const auto timer = stream->make_timer();
   timer->record();

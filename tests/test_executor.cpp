@@ -865,8 +865,12 @@ TEST_F(MultiDeviceTest, ChosenDevicesAreRenumbered) {
   EXPECT_EQ(ex.devices()[0].ordinal, 2);
   EXPECT_EQ(ex.devices()[1].ordinal, 0);
   EXPECT_EQ(ex.devices()[1].id, 1);
-  o.devices = {1, 1};
+  o.devices = {3};
   EXPECT_THROW(executor{o}, std::invalid_argument);
+  o.devices = {1, 1};  // device 1 as two devices
+  executor shared(o);
+  ASSERT_EQ(shared.devices().size(), 2u);
+  EXPECT_EQ(shared.devices()[1].ordinal, 1);
 }
 
 TEST(BackendSelection, CudaRequestedWithoutAGpuIsAClearError) {

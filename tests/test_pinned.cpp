@@ -207,7 +207,7 @@ TEST(CudaHostMemoryTest, DeviceMemoryAndPinnedBlocksAreWhatTheDriverSays) {
   GPUPOOL_SKIP_UNLESS_USABLE(backend_kind::cuda);
   if (const char* forced = std::getenv("GPUPOOL_BACKEND"); forced && std::string(forced) == "cpu")
     GTEST_SKIP() << "GPUPOOL_BACKEND=cpu: pinned blocks are ordinary memory";
-  auto cuda = detail::cuda_backend_registration.make(0);
+  auto cuda = detail::cuda_backend_registration.make({});
   cuda->bind_thread(0);
   auto stream = cuda->open_stream(0);
   void* device = stream->allocate(std::size_t{1} << 20);

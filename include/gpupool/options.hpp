@@ -54,8 +54,12 @@ struct executor_options {
   /// otherwise CUDA when a usable GPU exists and the CPU backend when not.
   std::optional<backend_kind> backend;
 
-  /// Devices to run on, as backend ordinals (for CUDA, after `CUDA_VISIBLE_DEVICES`).
-  /// Empty: every visible device.
+  /// Devices to run on, as backend ordinals (for CUDA, after `CUDA_VISIBLE_DEVICES`), in the
+  /// order the executor numbers them. An ordinal named n times makes n devices of one GPU, each
+  /// with its own lanes, budgets, statistics and quarantine; they share the GPU's memory (the
+  /// default in-flight budget is divided among them) and its copy engines. Empty: the
+  /// `GPUPOOL_DEVICES` environment variable (ordinals separated by commas, such as `0,0`),
+  /// otherwise every visible device once.
   std::vector<int> devices;
 
   /// Lanes ("threads per GPU") per device, 1 to limits::most_lanes_per_device. 0: chosen as
@@ -93,6 +97,13 @@ struct executor_options {
   /// Number of devices the CPU backend stands in for (so multi-device scheduling runs without
   /// GPUs). 0: the `GPUPOOL_CPU_DEVICES` environment variable, otherwise 1.
   int cpu_devices = 0;
+
+  /// The copy rate of each CPU stand-in device, in bytes per second each way: its copies to and
+  /// from "device memory" take at least their bytes at this rate, one at a time per direction
+  /// and device, as a GPU's copy engines carry every lane's copies. So a stand-in device can
+  /// model a GPU's pace without using host cores while it waits (docs/scaling.md). 0: no limit.
+  /// Ignored by the CUDA backend.
+  double cpu_copy_rate = 0;
 
   /// Nothing on stderr from this executor: no notice when gpupool falls back to the CPU backend,
   /// no message when a device is taken out of service, no note of a tuning sweep that failed.

@@ -132,7 +132,8 @@ struct device_info {
   backend_kind backend = backend_kind::cpu;
   std::string name;              ///< e.g. "NVIDIA H200" or "CPU stand-in 0".
   std::size_t total_memory = 0;  ///< Bytes of device memory (host memory for the CPU backend).
-  /// Bytes of it free when the executor was made (host memory available, for the CPU backend).
+  /// Bytes of it free when the executor was made (host memory available, for the CPU backend),
+  /// divided evenly among the executor's devices of the same ordinal.
   std::size_t free_memory = 0;
   int compute_major = 0;  ///< Compute capability (0 on the CPU backend).
   int compute_minor = 0;

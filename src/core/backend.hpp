@@ -234,12 +234,20 @@ class backend {
 /// expected its own `expected`.
 [[noreturn]] void throw_wrong_type(const std::type_info& actual, const std::type_info& expected);
 
-/// Chooses the backend for an executor: `requested`, else GPUPOOL_BACKEND, else the first
-/// registered backend that can run here (CUDA when a usable GPU exists, else the CPU backend,
-/// printing one notice per process unless `quiet`).
+/// What a backend that stands in for devices (the CPU backend) stands in for.
+struct stand_in_devices {
+  int count = 1;
+  /// Each stand-in device's copy rate each way, in bytes per second, shared by its lanes as a
+  /// GPU's copy engines are; 0: no limit (executor_options::cpu_copy_rate).
+  double copy_rate = 0;
+};
+
+/// Chooses the backend for an executor (`options.backend`, else GPUPOOL_BACKEND, else the first
+/// registered backend that can run here: CUDA when a usable GPU exists, else the CPU backend,
+/// printing one notice per process unless `options.quiet`), with the stand-in devices the
+/// options ask for.
 /// @throw backend_unavailable when a backend that cannot run is requested.
-std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
-                                        int cpu_devices, bool quiet);
+std::shared_ptr<backend> select_backend(const executor_options& options);
 
 class host_memory;
 
@@ -256,9 +264,9 @@ struct backend_registration {
   backend_kind kind;
   /// Whether it can run here; computed once, cheap afterwards.
   backend_probe (*probe)();
-  /// Makes it, standing in for `stand_in_devices` devices where it stands in for them (the CPU
-  /// backend). @throw backend_unavailable where it cannot run.
-  std::shared_ptr<backend> (*make)(int stand_in_devices);
+  /// Makes it, with `stand_ins` where it stands in for devices (the CPU backend).
+  /// @throw backend_unavailable where it cannot run.
+  std::shared_ptr<backend> (*make)(const stand_in_devices& stand_ins);
   /// Its host memory (pinned blocks, pointer descriptions, waiting for its streams); null for a
   /// backend this build does not contain. Called only where the backend can run.
   host_memory& (*host)();

@@ -1,5 +1,6 @@
 // Choosing a backend: the caller's wish, then GPUPOOL_BACKEND, then whatever can run here.
 #include <atomic>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -43,7 +44,8 @@ bool quiet_from_environment() {
 
 // The variables read elsewhere only when their feature is used (GPUPOOL_EVENT_WAIT by the CUDA
 // backend's first event, GPUPOOL_PINNED_CACHE_BYTES by the first pinned allocation,
-// GPUPOOL_LANE_SPIN_US by the executor's queue after the backend is chosen) are checked
+// GPUPOOL_LANE_SPIN_US by the executor's queue after the backend is chosen, GPUPOOL_DEVICES
+// where the options name no devices) are checked
 // here too, so that a typo is refused when an executor is made, on every backend, instead of
 // being ignored on one.
 void check_environment() {
@@ -53,6 +55,7 @@ void check_environment() {
   (void)quiet_from_environment();
   (void)backend_from_environment();
   (void)cpu_devices_from_environment();
+  (void)devices_from_environment();
 }
 
 // The backends built in, in the order the automatic choice tries them.
@@ -121,15 +124,23 @@ host_memory& process_host_memory() noexcept {
   return chosen;
 }
 
-std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& requested,
-                                        int cpu_devices, bool quiet) {
-  if (cpu_devices < 0 || cpu_devices > 1024)
+std::shared_ptr<backend> select_backend(const executor_options& options) {
+  if (options.cpu_devices < 0 || options.cpu_devices > 1024)
     throw std::invalid_argument("gpupool: cpu_devices must be from 1 to 1024 (0: " +
                                 std::string("GPUPOOL_CPU_DEVICES, else 1), not ") +
-                                std::to_string(cpu_devices));
+                                std::to_string(options.cpu_devices));
+  // Finite and not negative; the largest double is far beyond any bus, so no upper bound.
+  if (!(options.cpu_copy_rate >= 0) || !std::isfinite(options.cpu_copy_rate))
+    throw std::invalid_argument(
+        "gpupool: cpu_copy_rate must be a finite number of bytes per second, at least 0 (0: no "
+        "limit), not " +
+        std::to_string(options.cpu_copy_rate));
   check_environment();
-  const int stand_ins = cpu_devices > 0 ? cpu_devices : cpu_devices_from_environment();
-  const std::optional<backend_kind> wanted = requested ? requested : backend_from_environment();
+  const stand_in_devices stand_ins{
+      options.cpu_devices > 0 ? options.cpu_devices : cpu_devices_from_environment(),
+      options.cpu_copy_rate};
+  const std::optional<backend_kind> wanted =
+      options.backend ? options.backend : backend_from_environment();
   if (wanted) return registration(*wanted).make(stand_ins);
 
   std::string skipped;  // why the backends before the one chosen cannot run
@@ -139,7 +150,7 @@ std::shared_ptr<backend> select_backend(const std::optional<backend_kind>& reque
       skipped += (skipped.empty() ? "" : "; ") + probe.reason;
       continue;
     }
-    if (!skipped.empty() && !quiet && !quiet_from_environment()) {
+    if (!skipped.empty() && !options.quiet && !quiet_from_environment()) {
       static std::once_flag notice;
       std::call_once(notice, [&] {
         std::fprintf(stderr, "gpupool: no usable GPU (%s); running on the CPU backend\n",

@@ -1,5 +1,6 @@
 #include "core/environment.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cstdlib>
 #include <stdexcept>
@@ -27,6 +28,35 @@ std::optional<unsigned long long> parse_count(const count_variable& v, const cha
 
 std::optional<unsigned long long> count_from_environment(const count_variable& v) {
   return parse_count(v, std::getenv(v.name));
+}
+
+std::optional<std::vector<int>> devices_from_environment() {
+  constexpr const char* name = "GPUPOOL_DEVICES";
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  constexpr std::size_t most_devices = 4096;
+  const std::string text(value);  // held: the environment may change while it is read
+  const auto refuse = [&] {
+    return std::invalid_argument(std::string(name) +
+                                 " must be device ordinals separated by commas, such as 0,1 or "
+                                 "0,0 (digits only, at most " +
+                                 std::to_string(most_devices) + " of them), not '" + text + "'");
+  };
+  std::vector<int> ordinals;
+  std::size_t start = 0;
+  while (true) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    const std::string entry = text.substr(start, comma - start);
+    if (entry.empty() || ordinals.size() == most_devices) throw refuse();
+    try {
+      ordinals.push_back(
+          static_cast<int>(*parse_count({name, "an ordinal", 0, 65535}, entry.c_str())));
+    } catch (const std::invalid_argument&) {
+      throw refuse();
+    }
+    if (comma == text.size()) return ordinals;
+    start = comma + 1;
+  }
 }
 
 }  // namespace gpupool::detail

@@ -5,6 +5,7 @@
 
 #include <optional>
 #include <string_view>
+#include <vector>
 
 namespace gpupool::detail {
 
@@ -23,5 +24,11 @@ std::optional<unsigned long long> parse_count(const count_variable& v, const cha
 
 /// The variable as read now, through parse_count.
 std::optional<unsigned long long> count_from_environment(const count_variable& v);
+
+/// GPUPOOL_DEVICES as read now: device ordinals separated by commas ("0,0", "1,0"), each
+/// digits only and at most 65535, at most 4096 of them (an executor's most lanes, one per
+/// device); unset or empty: nullopt. Whether each exists is the executor's to check.
+/// Throws std::invalid_argument naming the variable and its value otherwise.
+std::optional<std::vector<int>> devices_from_environment();
 
 }  // namespace gpupool::detail

@@ -3,6 +3,7 @@
 // queues is made in the files of each kind of work (see executor/executor_impl.hpp).
 #include "gpupool/executor.hpp"
 
+#include <algorithm>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -19,7 +20,7 @@ namespace gpupool {
 
 executor::impl::impl(const executor_options& options)
     : generation(fork_generation()),
-      owner(detail::select_backend(options.backend, options.cpu_devices, options.quiet)),
+      owner(detail::select_backend(options)),
       ordinals(detail::choose_ordinals(options, owner->device_count())),
       settings(detail::checked_settings(options, *owner, ordinals)),
       lanes_per_device(settings.lanes_per_device),
@@ -30,7 +31,10 @@ executor::impl::impl(const executor_options& options)
   for (std::size_t d = 0; d < ordinals.size(); ++d) {
     owner->prepare_device(ordinals[d]);
     device_info info = owner->describe(ordinals[d]);
-    info.free_memory = owner->free_memory(ordinals[d]);
+    // Devices of one GPU share its free memory, so that the budgets made from it add up to what
+    // one device alone would have.
+    const auto sharing = std::count(ordinals.begin(), ordinals.end(), ordinals[d]);
+    info.free_memory = owner->free_memory(ordinals[d]) / static_cast<std::size_t>(sharing);
     info.id = static_cast<int>(d);
     devices.push_back(std::move(info));
     memory.push_back(std::make_unique<detail::device_memory>(options.device_memory_budget));

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <stdexcept>
 #include <string>
@@ -110,8 +111,48 @@ class cpu_compiled final : public compiled_kernel {
   std::shared_ptr<const host_kernel> function;
 };
 
+// One direction of a stand-in device's copies at a fixed rate: copies take their turn, each
+// lasting at least its bytes at the rate, as a GPU's copy engine carries one lane's copy after
+// another. Waiting sleeps, so stand-in devices of many processes model GPUs without taking the
+// host's cores.
+class copy_engine {
+ public:
+  explicit copy_engine(double bytes_per_second) : seconds_per_byte_(1.0 / bytes_per_second) {}
+
+  // Runs `copy` (the memcpy itself) and returns once the turn of `bytes` it took ends.
+  template <class Copy>
+  void paced(std::size_t bytes, Copy&& copy) {
+    using clock = std::chrono::steady_clock;
+    const auto duration = std::chrono::duration_cast<clock::duration>(
+        std::chrono::duration<double>(static_cast<double>(bytes) * seconds_per_byte_));
+    clock::time_point end;
+    {
+      std::lock_guard lock(mutex_);
+      end = std::max(clock::now(), free_at_) + duration;
+      free_at_ = end;
+    }
+    copy();
+    std::this_thread::sleep_until(end);
+  }
+
+ private:
+  const double seconds_per_byte_;
+  std::mutex mutex_;
+  std::chrono::steady_clock::time_point free_at_{};
+};
+
+// A stand-in device's two directions.
+struct copy_engines {
+  explicit copy_engines(double bytes_per_second)
+      : to_device(bytes_per_second), to_host(bytes_per_second) {}
+  copy_engine to_device;
+  copy_engine to_host;
+};
+
 class cpu_stream final : public backend_stream {
  public:
+  // `engines`: the stream's device's, or null where copies run as fast as memcpy.
+  explicit cpu_stream(copy_engines* engines) : engines_(engines) {}
   void* native_handle() const noexcept override { return nullptr; }
   std::unique_ptr<backend_event> make_event() override { return std::make_unique<cpu_event>(); }
   std::unique_ptr<backend_timer> make_timer() override { return std::make_unique<cpu_timer>(); }
@@ -129,10 +170,14 @@ class cpu_stream final : public backend_stream {
   void deallocate(void* p) noexcept override { std::free(p); }
 
   void copy_to_device(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes) std::memcpy(dst, src, bytes);
+    if (bytes == 0) return;
+    if (engines_ == nullptr) return (void)std::memcpy(dst, src, bytes);
+    engines_->to_device.paced(bytes, [&] { std::memcpy(dst, src, bytes); });
   }
   void copy_to_host(void* dst, const void* src, std::size_t bytes) override {
-    if (bytes) std::memcpy(dst, src, bytes);
+    if (bytes == 0) return;
+    if (engines_ == nullptr) return (void)std::memcpy(dst, src, bytes);
+    engines_->to_host.paced(bytes, [&] { std::memcpy(dst, src, bytes); });
   }
   void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) override {
@@ -144,11 +189,18 @@ class cpu_stream final : public backend_stream {
   }
   void synchronize() override {}
   bool idle() noexcept override { return true; }
+
+ private:
+  copy_engines* engines_;
 };
 
 class cpu_backend final : public backend {
  public:
-  explicit cpu_backend(int devices) : devices_(devices) {}
+  explicit cpu_backend(const stand_in_devices& stand_ins) : devices_(stand_ins.count) {
+    if (stand_ins.copy_rate > 0)
+      for (int d = 0; d < devices_; ++d)
+        engines_.push_back(std::make_unique<copy_engines>(stand_ins.copy_rate));
+  }
   backend_kind kind() const noexcept override { return backend_kind::cpu; }
   const backend_traits& traits() const noexcept override { return cpu_traits; }
   int device_count() const override { return devices_; }
@@ -162,8 +214,9 @@ class cpu_backend final : public backend {
     return info;
   }
   void bind_thread(int /*ordinal*/) override {}
-  std::unique_ptr<backend_stream> open_stream(int /*ordinal*/) override {
-    return std::make_unique<cpu_stream>();
+  std::unique_ptr<backend_stream> open_stream(int ordinal) override {
+    return std::make_unique<cpu_stream>(
+        engines_.empty() ? nullptr : engines_.at(static_cast<std::size_t>(ordinal)).get());
   }
   void prepare_device(int /*ordinal*/) override {}
   std::size_t free_memory(int /*ordinal*/) const override {
@@ -192,6 +245,7 @@ class cpu_backend final : public backend {
                : 0;
   }
   int devices_;
+  std::vector<std::unique_ptr<copy_engines>> engines_;  // one per device; none without a rate
 };
 
 // Stands in for pinned memory: ordinary page-aligned host memory. The core tracks these blocks as
@@ -221,8 +275,8 @@ backend_probe probe() {
   return {true, 1, {}};
 }
 
-std::shared_ptr<backend> make(int stand_in_devices) {
-  return std::make_shared<cpu_backend>(stand_in_devices);
+std::shared_ptr<backend> make(const stand_in_devices& stand_ins) {
+  return std::make_shared<cpu_backend>(stand_ins);
 }
 
 host_memory& host() {

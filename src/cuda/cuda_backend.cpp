@@ -602,7 +602,7 @@ backend_probe probe() {
   return result.probe;
 }
 
-std::shared_ptr<backend> make(int /*stand_in_devices*/) {
+std::shared_ptr<backend> make(const stand_in_devices& /*stand_ins*/) {
   const backend_probe p = probe();
   if (!p.usable)
     throw backend_unavailable("gpupool: the CUDA backend was requested, but " + p.reason);

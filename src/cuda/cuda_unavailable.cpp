@@ -14,7 +14,7 @@ backend_probe probe() {
   return {false, 0, "this gpupool was built without the CUDA backend"};
 }
 
-std::shared_ptr<backend> make(int /*stand_in_devices*/) {
+std::shared_ptr<backend> make(const stand_in_devices& /*stand_ins*/) {
   throw backend_unavailable("gpupool: the CUDA backend was requested, but " + probe().reason);
 }
 

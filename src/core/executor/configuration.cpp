@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <cstddef>
-#include <set>
 #include <stdexcept>
 #include <string>
 
 #include "core/backend.hpp"
+#include "core/environment.hpp"
 #include "core/tuning/tuning.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/executor.hpp"  // measuring runs executors (choose_settings)
@@ -60,18 +60,22 @@ std::size_t fit_chunk_bytes(const executor_options& options, std::size_t chunk, 
 
 std::vector<int> choose_ordinals(const executor_options& options, int available) {
   std::vector<int> ordinals = options.devices;
+  if (ordinals.empty()) ordinals = devices_from_environment().value_or(std::vector<int>{});
   if (ordinals.empty()) {
     for (int i = 0; i < available; ++i) ordinals.push_back(i);
   }
   if (ordinals.empty()) throw backend_unavailable("gpupool: the backend has no devices");
-  std::set<int> seen;
+  // One ordinal named several times makes that many devices of it (the executor divides what
+  // they share); each still needs a lane, so the lane limit bounds how many.
   for (int d : ordinals) {
     if (d < 0 || d >= available)
       throw std::invalid_argument("gpupool: device " + std::to_string(d) + " does not exist (" +
                                   std::to_string(available) + " visible)");
-    if (!seen.insert(d).second)
-      throw std::invalid_argument("gpupool: device " + std::to_string(d) + " is listed twice");
   }
+  if (ordinals.size() > static_cast<std::size_t>(limits::most_lanes_per_executor))
+    throw std::invalid_argument("gpupool: " + std::to_string(ordinals.size()) +
+                                " devices is more than an executor's " +
+                                std::to_string(limits::most_lanes_per_executor) + " lanes");
   return ordinals;
 }
 

@@ -10,9 +10,10 @@ namespace gpupool::detail {
 
 class backend;
 
-// The backend ordinals `options.devices` names (all `available` ones when it names none).
-// @throw backend_unavailable without devices; std::invalid_argument for an unknown or repeated
-//        device.
+// The backend ordinals `options.devices` names, else GPUPOOL_DEVICES, else all `available`
+// ones once. An ordinal may repeat: each time is a device of the executor's own.
+// @throw backend_unavailable without devices; std::invalid_argument for an unknown device or
+//        more devices than an executor has lanes.
 [[nodiscard]] std::vector<int> choose_ordinals(const executor_options& options, int available);
 
 // The settings for `options` on `ordinals` (given, fixed or measured: see tuning/), every value
