@@ -6,6 +6,7 @@ import atexit
 import concurrent.futures as _futures
 import contextlib
 import itertools
+import math
 import numbers
 import os
 import threading
@@ -44,6 +45,18 @@ def _count(name: str, value: object, low: int, high: Optional[int], allowed: str
     return number
 
 
+def _rate(name: str, value: object, allowed: str) -> float:
+    """``value`` as a finite float of at least 0, or an error naming the parameter, the value
+    given and what is allowed. bool and str are refused rather than converted."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"gpupool.Executor: {name} must be {allowed}, not "
+                        f"{value!r} ({type(value).__name__})")
+    number = float(value)
+    if not math.isfinite(number) or number < 0:
+        raise ValueError(f"gpupool.Executor: {name} must be {allowed}, not {value!r}")
+    return number
+
+
 def _choice(name: str, value: object, allowed: Tuple[str, ...], none_means: str = "") -> Any:
     """``value`` if it is one of the strings ``allowed`` (or None where ``none_means`` says what
     None means), or an error naming the parameter, the value given and what is allowed:
@@ -68,7 +81,8 @@ def _is_auto(value: object) -> bool:
 def _device_list(devices: object) -> Optional[list[int]]:
     if devices is None:
         return None
-    allowed = "a list of device ordinals such as [0] or [0, 1], or None for every visible device"
+    allowed = ("a list of device ordinals such as [0], [0, 1] or [0, 0] (GPU 0 as two devices), "
+               "or None for GPUPOOL_DEVICES, else every visible device")
     if isinstance(devices, (str, bytes)) or not isinstance(devices, Iterable):
         raise TypeError(f"gpupool.Executor: devices must be {allowed}, not {devices!r} "
                         f"({type(devices).__name__})")
@@ -98,6 +112,7 @@ class _Defaults:
         self.slots_per_lane = options.slots_per_lane
         self.device_memory_budget = options.device_memory_budget
         self.cpu_devices = options.cpu_devices
+        self.cpu_copy_rate = options.cpu_copy_rate
         self.in_flight_budget = options.in_flight_budget
         self.when_full = options.when_full
 
@@ -158,13 +173,19 @@ class Executor(_futures.Executor):
     Args:
         threads_per_gpu: lanes per device, 1 to 256, or ``"auto"`` (the default; ``None`` means
             the same): chosen as ``tuning`` says.
-        devices: device ordinals to use (default: every visible device).
+        devices: device ordinals to use, in the order the executor numbers them (default:
+            ``GPUPOOL_DEVICES``, else every visible device). An ordinal listed n times makes n
+            devices of that GPU, each with its own lanes, budgets, statistics and quarantine,
+            sharing its memory and copy engines (``[0, 0]``: GPU 0 as two devices).
         backend: ``"cuda"`` or ``"cpu"`` (default: ``GPUPOOL_BACKEND``, else CUDA if usable).
         slots_per_lane: tasks one lane keeps in flight, 1 to 64.
         chunk_bytes: largest piece of an array moved through a staging slot at once, or
             ``"auto"`` (the default; ``None`` means the same): chosen as ``tuning`` says.
         device_memory_budget: bytes gpupool may hold per device (0: no limit).
         cpu_devices: devices the CPU backend stands in for.
+        cpu_copy_rate: bytes per second each way of each CPU stand-in device's copies, shared
+            by its lanes as a GPU's copy engines are, so that the CPU backend can model a GPU's
+            pace (0, the default: no limit; ignored on CUDA).
         in_flight_budget: bytes of work in flight per device (0: the default).
         when_full: ``"block"`` or ``"raise"`` when the in-flight budget is full.
         tuning: how ``"auto"`` values are chosen: ``"auto"`` (measured on CUDA, once per
@@ -187,6 +208,7 @@ class Executor(_futures.Executor):
                  chunk_bytes: Union[int, Literal["auto"], None] = "auto",
                  device_memory_budget: int = _DEFAULTS.device_memory_budget,
                  cpu_devices: int = _DEFAULTS.cpu_devices,
+                 cpu_copy_rate: float = _DEFAULTS.cpu_copy_rate,
                  in_flight_budget: int = _DEFAULTS.in_flight_budget,
                  when_full: str = _DEFAULTS.when_full,
                  tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto",
@@ -208,6 +230,9 @@ class Executor(_futures.Executor):
                                               None, "a byte count, or 0 for no limit")
         options.cpu_devices = _count("cpu_devices", cpu_devices, 0, 1024,
                                      "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024")
+        options.cpu_copy_rate = _rate("cpu_copy_rate", cpu_copy_rate,
+                                      "bytes per second, a finite number of at least 0 "
+                                      "(0: no limit)")
         options.in_flight_budget = _count(
             "in_flight_budget", in_flight_budget, 0, 2**64 - 1,
             "a byte count per device: 0 for the default, 2**64 - 1 for no budget")

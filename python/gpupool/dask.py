@@ -76,8 +76,8 @@ PLUGIN_NAME = "gpupool"
 #: The keyword arguments gpupool.Executor takes; the plugin refuses others at once, on the
 #: client, rather than on every worker.
 _EXECUTOR_OPTIONS = ("threads_per_gpu", "devices", "backend", "slots_per_lane", "chunk_bytes",
-                     "device_memory_budget", "cpu_devices", "in_flight_budget", "when_full",
-                     "tuning")
+                     "device_memory_budget", "cpu_devices", "cpu_copy_rate", "in_flight_budget",
+                     "when_full", "tuning")
 
 #: What a plugin holds on its worker alone (never pickled).
 _WORKER_STATE = ("executor", "clock_offset_us", "_tracing", "_lock")

@@ -2,6 +2,7 @@
 #include "device_map.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <cstdint>
 #include <exception>
@@ -311,8 +312,17 @@ void group_by_device(std::size_t begin, std::size_t end,
 }  // namespace
 
 int device_of_ordinal(const gpupool::executor& ex, int ordinal) {
-  for (const auto& d : ex.devices())
-    if (d.ordinal == ordinal) return d.id;
+  // Devices of one GPU (its ordinal listed more than once) take turns, so that work over its
+  // arrays spreads over all of them; any of them is correct.
+  static std::atomic<unsigned> turn{0};
+  const auto& devices = ex.devices();
+  const auto sharing = static_cast<unsigned>(std::count_if(
+      devices.begin(), devices.end(), [&](const auto& d) { return d.ordinal == ordinal; }));
+  if (sharing != 0) {
+    unsigned skip = sharing == 1 ? 0 : turn.fetch_add(1, std::memory_order_relaxed) % sharing;
+    for (const auto& d : devices)
+      if (d.ordinal == ordinal && skip-- == 0) return d.id;
+  }
   throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
                          ", which this executor does not use")
                             .c_str());

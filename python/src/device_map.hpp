@@ -7,7 +7,8 @@
 
 namespace gpupool_python {
 
-// The executor's device index of GPU `ordinal` (ValueError for one it does not use).
+// The executor's device index of GPU `ordinal`, taking turns among the executor's devices of
+// that GPU (ValueError for one it does not use).
 int device_of_ordinal(const gpupool::executor& ex, int ordinal);
 
 // Runs compiled kernel `k` over `calls` (each a sequence of its arguments) on `ex`: numbers are

@@ -360,6 +360,7 @@ void bind_executor(nb::module_& m) {
                                       .c_str());
           })
       .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
+      .def_rw("cpu_copy_rate", &gpupool::executor_options::cpu_copy_rate)
       .def_rw("quiet", &gpupool::executor_options::quiet);
 
   nb::class_<py_executor>(m, "Executor")
