@@ -134,6 +134,28 @@ TEST_F(Tuning, AMeasuredChoiceIsTheBestSampleAndIsCachedThenReadBack) {
             1);
 }
 
+// One GPU as two devices is not two GPUs, and a stand-in paced at a copy rate is not one
+// running free: each is measured for itself, under its own cache entry.
+TEST_F(Tuning, OneDeviceAsTwoAndACopyRateHaveEntriesOfTheirOwn) {
+  const std::string dir = temporary_folder("tuning-shared");
+  scoped_cache_dir cache(dir);
+  const auto file_for = [](std::vector<int> devices, double copy_rate) {
+    executor_options o = cpu_options(tuning::measured);
+    o.cpu_devices = 2;
+    o.devices = std::move(devices);
+    o.lanes_per_device = 1;  // only chunk sizes are swept: quick
+    o.cpu_copy_rate = copy_rate;
+    executor ex(o);
+    EXPECT_EQ(ex.settings().chunk_from, setting_source::measured);
+    return ex.settings().cache_file;
+  };
+  const std::string two_gpus = file_for({0, 1}, 0);
+  const std::string one_as_two = file_for({0, 0}, 0);
+  const std::string paced = file_for({0, 1}, 4e9);
+  EXPECT_NE(two_gpus, one_as_two);
+  EXPECT_NE(two_gpus, paced);
+}
+
 TEST_F(Tuning, RemeasuringReplacesTheCachedEntry) {
   const std::string dir = temporary_folder("tuning-remeasure");
   scoped_cache_dir cache(dir);
