@@ -41,7 +41,10 @@ struct pool_flags {
     cmd.add_option("--backend", backend,
                    gpupool::backend_name_list() + " (default: GPUPOOL_BACKEND, else auto)")
         ->check(CLI::IsMember(names));
-    cmd.add_option("--devices", devices, "device ordinals to use (default: all visible)");
+    cmd.add_option("--devices", devices,
+                   "device ordinals to use, such as 0,1; one named twice (0,0) is two devices of "
+                   "that GPU (default: GPUPOOL_DEVICES, else every visible device)")
+        ->delimiter(',');
     cmd.add_option("--lanes", lanes, "lanes (threads) per device (default 0: as --tuning says)")
         ->check(CLI::Range(0, 256));
     cmd.add_option("--slots", slots, "tasks in flight per lane")->check(CLI::Range(1, 64));
@@ -129,10 +132,11 @@ int run_info(const pool_flags& flags) {
   std::printf("pinned cache:     up to %.1f GiB\n", gib(pinned.cache_limit));
   std::printf("kernel cache:     %s\n", gpupool::kernel_cache_directory().c_str());
   std::printf(
-      "GPUPOOL_BACKEND=%s GPUPOOL_TUNING=%s CUDA_VISIBLE_DEVICES=%s "
+      "GPUPOOL_BACKEND=%s GPUPOOL_TUNING=%s GPUPOOL_DEVICES=%s CUDA_VISIBLE_DEVICES=%s "
       "CUDA_DEVICE_MAX_CONNECTIONS=%s\n",
       env_or("GPUPOOL_BACKEND", "(unset)"), env_or("GPUPOOL_TUNING", "(unset)"),
-      env_or("CUDA_VISIBLE_DEVICES", "(unset)"), env_or("CUDA_DEVICE_MAX_CONNECTIONS", "(unset)"));
+      env_or("GPUPOOL_DEVICES", "(unset)"), env_or("CUDA_VISIBLE_DEVICES", "(unset)"),
+      env_or("CUDA_DEVICE_MAX_CONNECTIONS", "(unset)"));
   return 0;
 }
 
