@@ -255,9 +255,6 @@ class py_executor {
     get().set_tracing(on);
     chain_python_calls(*python_calls_, !on);
   }
-  // For measurements only: whether a lane runs the Python calls queued behind the one it took in
-  // the same hold of the GIL. Tracing turns it off and back on again.
-  void set_chaining(bool on) { chain_python_calls(*python_calls_, on); }
 };
 
 nb::dict device_dict(const gpupool::device_info& d, int lanes) {
@@ -390,10 +387,6 @@ void bind_executor(nb::module_& m) {
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
       .def("set_tracing", &py_executor::set_tracing, "on"_a)
-      .def("_set_chaining", &py_executor::set_chaining, "on"_a,
-           "Measurement only: whether a lane runs the Python calls queued behind the one it took\n"
-           "in the same hold of the GIL (on by default). Tracing turns it off, and on again when\n"
-           "it stops, whatever was set here.")
       .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
       .def(
           "trace_snapshot",
