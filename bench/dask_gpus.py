@@ -20,6 +20,14 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    link between the workers and the client (loopback TCP here).
 
 ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9).
+
+With --one-gpu every process and worker sees GPU 0 alone: --gpus processes share one GPU, so
+that a machine with one GPU measures what Dask costs over the pools it drives (one worker
+against one process; two workers sharing the GPU against two processes sharing it):
+
+    python bench/dask_gpus.py --gpus 1 --one-gpu                          # W2's size
+    python bench/dask_gpus.py --gpus 2 --one-gpu --blocks 20000 --elements 1000 \
+        --blocks-per-task 100,1000                                        # W4's size
 """
 
 import argparse
@@ -58,12 +66,17 @@ def single(args):
     print(json.dumps(dict(info, spans=spans)), flush=True)
 
 
+def visible(args, process):
+    """CUDA_VISIBLE_DEVICES of baseline process or worker number `process`."""
+    return "0" if args.one_gpu else str(process)
+
+
 def baseline(args, script):
     per_process = args.blocks // args.gpus
     start_at = time.time() + args.startup_s
     children = []
     for gpu in range(args.gpus):
-        env = dict(os.environ, CUDA_VISIBLE_DEVICES=str(gpu))
+        env = dict(os.environ, CUDA_VISIBLE_DEVICES=visible(args, gpu))
         command = [sys.executable, script, "--single", "--blocks", str(per_process),
                    "--elements", str(args.elements), "--threads-per-gpu",
                    str(args.threads_per_gpu), "--repeat", str(args.repeat), "--start-at",
@@ -103,7 +116,7 @@ def cluster_runs(args):
 
     workers = {f"gpu{gpu}": {"cls": Nanny, "options": {
         "nthreads": args.worker_threads,
-        "env": {"CUDA_VISIBLE_DEVICES": str(gpu), "GPUPOOL_QUIET": "1"}}}
+        "env": {"CUDA_VISIBLE_DEVICES": visible(args, gpu), "GPUPOOL_QUIET": "1"}}}
         for gpu in range(args.gpus)}
     scheduler = {"cls": Scheduler, "options": {"dashboard_address": ":0", "host": "127.0.0.1"}}
     out = {}
@@ -167,6 +180,8 @@ def cluster_runs(args):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--gpus", type=int, default=2, help="GPUs, one worker (process) each")
+    parser.add_argument("--one-gpu", action="store_true",
+                        help="every process and worker on GPU 0 (--gpus of them share it)")
     parser.add_argument("--blocks", type=int, default=200)
     parser.add_argument("--elements", type=int, default=1_000_000, help="float64 per block")
     parser.add_argument("--threads-per-gpu", type=int, default=8, help="lanes per GPU")
@@ -190,7 +205,8 @@ def main():
     if args.single:
         single(args)
         return
-    result = {"gpus": args.gpus, "blocks": args.blocks, "elements": args.elements,
+    result = {"gpus": args.gpus, "one_gpu": args.one_gpu, "blocks": args.blocks,
+              "elements": args.elements,
               "threads_per_gpu": args.threads_per_gpu,
               "baseline": baseline(args, os.path.abspath(__file__))}
     result.update(cluster_runs(args))

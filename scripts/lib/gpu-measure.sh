@@ -7,7 +7,7 @@ source scripts/lib/gpu-common.sh
 usage() {
   cat <<'EOF'
 usage: scripts/gpu measure [--out DIR] [--workloads LIST] [--lanes LIST] [--chunks LIST]
-                           [--images] [--small-tasks] [--dask] [--profile]
+                           [--images] [--small-tasks] [--shared] [--dask] [--profile]
                            [--step-seconds N] [-- COMPARE_ARGS...]
 
 Builds in build-measure (no tests, no NVTX ranges), pip installs the package, then:
@@ -24,8 +24,13 @@ Optional steps, each bounded by --step-seconds:
   --small-tasks   gpupool_bench_small_tasks: W4's shape from C++ (map, submit loop,
                   one task at a time) over 1 and all GPUs x 8, 16 lanes, with and
                   without the in-flight budget
-  --dask          where dask and distributed import: bench/dask_gpus.py (two or
-                  more GPUs) and bench/dask_scaling.py (CPU backend)
+  --shared        GPU 0 as two devices against one: W2 and W4 from Python
+                  (bench/shared_devices.py)
+  --dask          where dask and distributed import: bench/dask_gpus.py over every
+                  GPU (two or more), and on GPU 0 alone with one worker against one
+                  process and two sharing it against two processes sharing it (W2
+                  and W4 sizes); bench/dask_scaling.py and bench/dask_cluster_model.py
+                  (CPU backend)
   --profile       with .deps/profiler/ (scripts/stage-profiler): CPU profiles
                   (gperftools) of W4's shape from C++ and of the Python submit loop
                   of bench/python_task_cost.py, with the files bench/read_profile.py
@@ -48,7 +53,8 @@ writes to $OUT:
   --images:       timeline_1lane.png, timeline_4lanes.png, w2_trace.json,
                   bench.json, bench.csv, bench.png
   --small-tasks:  small_tasks.txt
-  --dask:         dask.txt
+  --shared:       shared_devices.txt, shared_devices.json
+  --dask:         dask.txt, dask_cluster_model.json
   --profile:      w4.prof, w4.bin, submit.prof, python.bin, the extension module,
                   libpython and libc of this machine, profile.txt
   build.log, pip.log
@@ -59,7 +65,7 @@ workloads=""
 lanes=${COMPARE_LANES:-8,16}
 chunks=${COMPARE_CHUNKS:-2M,4M}
 step=${STEP_SECONDS:-150}
-images=0 small_tasks=0 dask=0 profile=0
+images=0 small_tasks=0 shared=0 dask=0 profile=0
 compare_args=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -71,6 +77,7 @@ while [ $# -gt 0 ]; do
     --step-seconds) need_value "$1" $#; step=$2; shift ;;
     --images) images=1 ;;
     --small-tasks) small_tasks=1 ;;
+    --shared) shared=1 ;;
     --dask) dask=1 ;;
     --profile) profile=1 ;;
     --) shift; compare_args=("$@"); break ;;
@@ -154,20 +161,45 @@ if [ $small_tasks = 1 ]; then
   done
 fi
 
+if [ $shared = 1 ]; then
+  say "== GPU 0 as two devices against one, W2 and W4 (bench/shared_devices.py)"
+  timeout "$step" python3 bench/shared_devices.py --json "$OUT/shared_devices.json" 2>&1 |
+    tee "$OUT/shared_devices.txt" | tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "bench/shared_devices.py"
+fi
+
+# dask_step WHAT ARGS...: one run of bench/dask_gpus.py, its JSON into dask.txt.
+dask_step() {
+  local what=$1
+  shift
+  say "== Dask: $what (bench/dask_gpus.py $*)"
+  timeout "$step" python3 bench/dask_gpus.py --repeat 3 "$@" 2>&1 | tee -a "$OUT/dask.txt" |
+    tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "bench/dask_gpus.py $*"
+}
+
 if [ $dask = 1 ]; then
   if python3 -c 'import dask, distributed' >/dev/null 2>&1; then
     if [ "$gpus" -ge 2 ]; then
-      say "== Dask: one worker per GPU against one executor per GPU (bench/dask_gpus.py)"
-      timeout "$step" python3 bench/dask_gpus.py --gpus "$gpus" --repeat 3 2>&1 |
-        tee -a "$OUT/dask.txt" | tee -a "$log"
-      step_done "${PIPESTATUS[0]}" "bench/dask_gpus.py"
+      dask_step "one worker per GPU against one executor per GPU" --gpus "$gpus"
     else
-      say "(bench/dask_gpus.py left out: it needs two or more GPUs)"
+      say "(bench/dask_gpus.py over every GPU left out: it needs two or more GPUs)"
     fi
+    w4=(--blocks 20000 --elements 1000 --blocks-per-task 100,1000 --executor-chunksize 1000)
+    dask_step "one worker against one process, GPU 0, W2 size" --gpus 1 --one-gpu
+    dask_step "one worker against one process, GPU 0, W4 size" --gpus 1 --one-gpu "${w4[@]}"
+    dask_step "two workers sharing GPU 0 against two processes, W2 size" --gpus 2 --one-gpu
+    dask_step "two workers sharing GPU 0 against two processes, W4 size" --gpus 2 --one-gpu \
+      "${w4[@]}"
     say "== Dask's per-task cost with tiny blocks, CPU backend (bench/dask_scaling.py)"
     GPUPOOL_BACKEND=cpu timeout "$step" python3 bench/dask_scaling.py --workers 1,2,4,8 \
       --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
+    say "== The cluster model against a simulated cluster (bench/dask_cluster_model.py)"
+    GPUPOOL_BACKEND=cpu timeout "$((step * 4))" python3 bench/dask_cluster_model.py \
+      --workers 1,2,4,8,16,32,64 --json "$OUT/dask_cluster_model.json" 2>&1 |
+      tee -a "$OUT/dask.txt" | tee -a "$log"
+    step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
   else
     say "FAIL: --dask, but dask and distributed do not import (pip install '.[dask]')"
     status=1

@@ -1,0 +1,246 @@
+"""The cluster model of docs/scaling.md checked against a simulated cluster: Dask workers whose
+"GPUs" are CPU stand-in devices paced like a GPU, so that many workers fit on one machine
+without each taking a host core while its device works.
+
+    python bench/dask_cluster_model.py --workers 1,2,4,8,16,32,64
+
+Two models of the cluster rate (blocks/s) for N workers (one thread each, as dask-cuda lays them
+out), each device taking g blocks/s alone, a scheduler doing S tasks/s, B blocks per task:
+
+- the bound model of docs/scaling.md: min(N g, S B), which stops scaling at N* = S B / g;
+- with the worker's own costs: t_w per task (its one thread takes a task, runs it and reports
+  it, one task at a time, so that cost adds to the task's time on the device rather than
+  overlapping it) and t_b per block inside a task (the device's 1 / g and what the task adds
+  per block): min(N B / (t_w + B t_b), S B);
+- on one machine, where the scheduler, the client and every worker share the host's C cores,
+  also C / c_B, c_B being the CPU seconds all of them spend per block with one worker at B
+  blocks per task (the host model).
+
+Each worker's pool runs on the CPU backend with `cpu_copy_rate` set so that one block's copy
+takes as long as a real block takes a GPU (--block-seconds: by default an 8 MiB block at
+41.3 GB/s, W2's rate on one H200 in bench/results), both directions paced, its lanes sharing
+that pace as a GPU's lanes share its copy engines. Blocks are small (--block-elements float64),
+made on the workers and persisted before the clock starts; results stay there.
+
+1. g: one pool alone (no Dask) over --blocks-alone blocks, in this process: blocks/s.
+2. For each N and B: the measured rate of gpupool.dask.map_blocks(square, x, blocks_per_task=B)
+   persisted (results checked once per point).
+3. t_w and t_b from one worker's points with the fewest and the most blocks per task (1 / rate
+   = t_w / B + t_b for each); S as the highest rate of one block per task over every N (where
+   adding workers stops helping, the scheduler is the bound). Every point is then compared with
+   both models' predictions from g, t_w, t_b and S alone: the rows of more than one worker are
+   predictions the parameters were not fitted to.
+
+--from-json FILE prints the table of a saved run again (with the models as this file has them).
+
+Each run maps a few hundred to a thousand tasks (--tasks); its input is made on the workers
+and persisted first. Prints one JSON object per point and a table; --json writes everything. The scheduler, the
+client and every worker share this machine's cores, which a cluster would not: where their
+per-task and per-block costs together fill the cores, the measurement falls below the model;
+the table shows where (docs/scaling.md).
+"""
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import time
+import uuid
+
+os.environ.setdefault("GPUPOOL_BACKEND", "cpu")
+os.environ.setdefault("GPUPOOL_QUIET", "1")
+
+import dask  # noqa: E402
+import dask.array as da  # noqa: E402
+import numpy as np  # noqa: E402
+import psutil  # noqa: E402  (distributed's own dependency)
+from distributed import Client, LocalCluster, wait  # noqa: E402
+
+import gpupool  # noqa: E402
+import gpupool.dask as gd  # noqa: E402
+
+
+def pool_options(args):
+    block_bytes = args.block_elements * 8
+    return dict(backend="cpu", threads_per_gpu=args.lanes, cpu_copy_rate=block_bytes /
+                args.block_seconds)
+
+
+def pool_alone(args):
+    """g: blocks/s of one stand-in pool without Dask, results checked."""
+    rng = np.random.default_rng(1)
+    blocks = [rng.random(args.block_elements) for _ in range(args.blocks_alone)]
+    times = []
+    with gpupool.Executor(**pool_options(args)) as ex:
+        list(ex.map(gpupool.kernels.square, blocks[:64]))  # warm
+        for _ in range(args.repeat):
+            start = time.perf_counter()
+            results = list(ex.map(gpupool.kernels.square, blocks))
+            times.append(time.perf_counter() - start)
+            for b, r in zip(blocks, results):
+                if not np.array_equal(r, b * b):
+                    raise SystemExit("pool alone: a wrong result")
+    return args.blocks_alone / statistics.median(times)
+
+
+def cpu_seconds():
+    """CPU time so far of this process (the client and the scheduler) and its children (the
+    workers and their nannies)."""
+    me = psutil.Process()
+    total = 0.0
+    for p in [me] + me.children(recursive=True):
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.Error:
+            pass  # a process that ended meanwhile
+    return total
+
+
+def cluster_rate(client, x, blocks_per_task, repeat):
+    """Median blocks/s of map_blocks(square) over `x` persisted, and the CPU seconds per block
+    of the timed runs; the first run warms up and is checked (its first and last blocks against
+    NumPy's squares of the same blocks)."""
+    times = []
+    cpu = 0.0
+    for run in range(repeat + 1):
+        y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task,
+                          name=f"square-{uuid.uuid4().hex}")
+        start, cpu_start = time.perf_counter(), cpu_seconds()
+        persisted = client.persist(y)
+        wait(persisted)
+        seconds = time.perf_counter() - start
+        if run:
+            cpu += cpu_seconds() - cpu_start
+        if run == 0:
+            n = x.chunks[0][0]
+            got = dask.compute(persisted[:n], persisted[-n:])
+            want = dask.compute(x[:n], x[-n:])
+            if not all(np.array_equal(g, w * w) for g, w in zip(got, want)):
+                raise SystemExit("cluster: a wrong result")
+        else:
+            times.append(seconds)
+        del persisted
+    return x.numblocks[0] / statistics.median(times), cpu / (repeat * x.numblocks[0])
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", default="1,2,4,8,16,32,64", help="worker counts")
+    parser.add_argument("--blocks-per-task", default="1,8,64")
+    parser.add_argument("--block-elements", type=int, default=1000, help="float64 per block")
+    parser.add_argument("--block-seconds", type=float, default=(8 << 20) / 41.3e9,
+                        help="what one block takes its device (default: 8 MiB at 41.3 GB/s)")
+    parser.add_argument("--lanes", type=int, default=4, help="lanes per worker's pool")
+    parser.add_argument("--worker-threads", type=int, default=1,
+                        help="Dask threads per worker (tasks it runs at once; the models "
+                        "assume 1)")
+    parser.add_argument("--tasks", default="1000,250,100",
+                        help="Dask tasks per run for each --blocks-per-task, and at least "
+                        "--tasks-per-worker times the workers (blocks: tasks x blocks per task)")
+    parser.add_argument("--tasks-per-worker", type=int, default=4)
+    parser.add_argument("--blocks-alone", type=int, default=20000)
+    parser.add_argument("--repeat", type=int, default=3, help="runs per point (median)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--from-json", help="print the table of a run --json saved")
+    parser.add_argument("--cores", type=int, default=0,
+                        help="the host's cores for the host model (default: this machine's)")
+    args = parser.parse_args()
+    if args.from_json:
+        with open(args.from_json, encoding="utf-8") as saved:
+            run = json.load(saved)
+        for key, value in run["args"].items():
+            if key not in ("json", "from_json"):
+                setattr(args, key, value)
+        args.cores = args.cores or run.get("cores") or 0
+        report(args, run["g_blocks_per_s"],
+               [(r["workers"], r["blocks_per_task"], r["blocks"], r["blocks_per_s"],
+                 r.get("cpu_us_per_block", 0) / 1e6) for r in run["rows"]])
+        return
+    worker_counts = [int(w) for w in args.workers.split(",")]
+    groupings = [int(b) for b in args.blocks_per_task.split(",")]
+    task_counts = [int(t) for t in args.tasks.split(",")]
+    if len(task_counts) != len(groupings):
+        raise SystemExit("--tasks needs one count for each of --blocks-per-task")
+
+    g = pool_alone(args)
+    print(json.dumps({"g_blocks_per_s": round(g)}), flush=True)
+    measured = []
+    for workers in worker_counts:
+        with LocalCluster(n_workers=workers, threads_per_worker=args.worker_threads,
+                          processes=True,
+                          host="127.0.0.1", dashboard_address=None) as cluster, \
+                Client(cluster) as client:
+            gd.install(client, **pool_options(args))
+            for bpt, tasks in zip(groupings, task_counts):
+                blocks = max(tasks, args.tasks_per_worker * workers) * bpt
+                x = client.persist(da.random.random(blocks * args.block_elements,
+                                                    chunks=args.block_elements))
+                wait(x)
+                rate, cpu = cluster_rate(client, x, bpt, args.repeat)
+                measured.append((workers, bpt, blocks, rate, cpu))
+                print(json.dumps({"workers": workers, "blocks_per_task": bpt,
+                                  "blocks_per_s": round(rate),
+                                  "cpu_us_per_block": round(cpu * 1e6, 1)}), flush=True)
+                del x
+
+    report(args, g, measured)
+
+
+def fitted(measured, g):
+    """t_w, t_b (seconds) from one worker's points with the fewest and most blocks per task,
+    and S (tasks/s): the highest rate of one block per task."""
+    alone = sorted((b, rate) for w, b, _, rate, _ in measured if w == 1)
+    if len(alone) < 2 or alone[0][0] == alone[-1][0]:
+        raise SystemExit("the fit needs one worker at two or more blocks per task")
+    (b1, r1), (b2, r2) = alone[0], alone[-1]
+    t_b = max((b2 / r2 - b1 / r1) / (b2 - b1), 1 / g)
+    t_w = max(b1 / r1 - b1 * t_b, 0.0)
+    singles = [rate for _, b, _, rate, _ in measured if b == b1]
+    return t_w, t_b, max(singles) / b1
+
+
+def report(args, g, measured):
+    t_w, t_b, scheduler = fitted(measured, g)
+    cores = args.cores or os.cpu_count()
+    # CPU seconds per block with one worker, per blocks per task: what the host's cores bound
+    # when every worker shares them.
+    cpu_alone = {b: cpu for w, b, _, _, cpu in measured if w == 1}
+    rows = []
+    for workers, bpt, blocks, rate, cpu in measured:
+        bound_model = min(workers * g, scheduler * bpt)
+        worker_model = min(workers * bpt / (t_w + bpt * t_b), scheduler * bpt)
+        host_model = min(worker_model, cores / cpu_alone[bpt]) if cpu_alone.get(bpt) else None
+        rows.append({"workers": workers, "blocks_per_task": bpt, "blocks": blocks,
+                     "blocks_per_s": round(rate), "cpu_us_per_block": round(cpu * 1e6, 1),
+                     "bound_model": round(bound_model), "worker_model": round(worker_model),
+                     "host_model": host_model and round(host_model),
+                     "over_bound_model": round(rate / bound_model, 3),
+                     "over_worker_model": round(rate / worker_model, 3),
+                     "over_host_model": host_model and round(rate / host_model, 3),
+                     "n_star": round(scheduler * bpt / g, 2)})
+
+    print(f"\n{os.cpu_count()} cores, {platform.processor() or platform.machine()}, gpupool "
+          f"{gpupool.__version__}, CPU stand-ins paced at {args.block_seconds * 1e3:.3f} ms a "
+          f"block ({args.block_elements * 8} bytes), {args.lanes} lanes and "
+          f"{args.worker_threads} thread(s) per worker")
+    print(f"g = {g:,.0f} blocks/s per device alone; t_w = {t_w * 1e3:.2f} ms per task and "
+          f"t_b = {t_b * 1e6:.0f} us per block on a worker; S = {scheduler:,.0f} tasks/s")
+    print(f"{'workers':>7} {'B':>3} {'blocks/s':>9} {'CPU us/block':>12} {'bound model':>11} "
+          f"{'ratio':>6} {'worker model':>12} {'ratio':>6} {'host model':>10} {'ratio':>6} "
+          f"{'N*':>6}")
+    for r in rows:
+        print(f"{r['workers']:>7} {r['blocks_per_task']:>3} {r['blocks_per_s']:>9} "
+              f"{r['cpu_us_per_block']:>12} {r['bound_model']:>11} {r['over_bound_model']:>6.2f} "
+              f"{r['worker_model']:>12} {r['over_worker_model']:>6.2f} "
+              f"{r['host_model'] or '-':>10} {r['over_host_model'] or '-':>6} {r['n_star']:>6}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+            json.dump({"g_blocks_per_s": g, "s_tasks_per_s": scheduler, "t_w_seconds": t_w,
+                       "t_b_seconds": t_b, "args": vars(args),
+                       "cores": cores, "rows": rows}, out, indent=1)
+
+
+if __name__ == "__main__":
+    main()
