@@ -1,6 +1,6 @@
 """One GPU as several devices (``devices=[0, 0]``, or GPUPOOL_DEVICES) and the CPU stand-ins'
-copy rate (``cpu_copy_rate``), from Python. On the CPU backend; the same paths on CUDA are
-tests/test_shared_devices.cpp's CUDA cases."""
+copy rate (``cpu_copy_rate``), from Python: on the CPU backend, and the executor's own paths on
+CUDA where a GPU is usable (tests/test_shared_devices.cpp has the C++ side on both)."""
 import time
 
 import gpupool
@@ -10,8 +10,8 @@ import pytest
 from test_device_map import SCALE, FakeCupyArray, run
 
 
-def test_one_ordinal_twice_is_two_devices_with_their_own_lanes():
-    with gpupool.Executor(threads_per_gpu=2, backend="cpu", devices=[0, 0]) as ex:
+def test_one_ordinal_twice_is_two_devices_with_their_own_lanes(backend):
+    with gpupool.Executor(threads_per_gpu=2, backend=backend, devices=[0, 0]) as ex:
         assert [(d["id"], d["ordinal"]) for d in ex.devices] == [(0, 0), (1, 0)]
         assert [d["lanes"] for d in ex.devices] == [2, 2]
         assert {ex.submit_to(1, lambda: gpupool.current_lane().device).result()
