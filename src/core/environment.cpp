@@ -7,6 +7,8 @@
 #include <string>
 #include <system_error>
 
+#include "gpupool/options.hpp"
+
 namespace gpupool::detail {
 
 std::optional<unsigned long long> parse_count(const count_variable& v, const char* value) {
@@ -34,13 +36,17 @@ std::optional<std::vector<int>> devices_from_environment() {
   constexpr const char* name = "GPUPOOL_DEVICES";
   const char* value = std::getenv(name);
   if (value == nullptr || *value == '\0') return std::nullopt;
-  constexpr std::size_t most_devices = 4096;
+  // Each device needs a lane of its own.
+  constexpr auto most_devices = static_cast<std::size_t>(limits::most_lanes_per_executor);
   const std::string text(value);  // held: the environment may change while it is read
   const auto refuse = [&] {
-    return std::invalid_argument(std::string(name) +
-                                 " must be device ordinals separated by commas, such as 0,1 or "
-                                 "0,0 (digits only, at most " +
-                                 std::to_string(most_devices) + " of them), not '" + text + "'");
+    constexpr std::size_t shown = 200;  // of a value that may be any length
+    return std::invalid_argument(
+        std::string(name) +
+        " must be device ordinals separated by commas, such as 0,1 or 0,0 (digits only, at "
+        "most " +
+        std::to_string(most_devices) + " of them), not '" + text.substr(0, shown) +
+        (text.size() > shown ? "...'" : "'"));
   };
   std::vector<int> ordinals;
   std::size_t start = 0;

@@ -26,8 +26,8 @@ std::optional<unsigned long long> parse_count(const count_variable& v, const cha
 std::optional<unsigned long long> count_from_environment(const count_variable& v);
 
 /// GPUPOOL_DEVICES as read now: device ordinals separated by commas ("0,0", "1,0"), each
-/// digits only and at most 65535, at most 4096 of them (an executor's most lanes, one per
-/// device); unset or empty: nullopt. Whether each exists is the executor's to check.
+/// digits only and at most 65535, at most limits::most_lanes_per_executor of them (each device
+/// needs a lane); unset or empty: nullopt. Whether each exists is the executor's to check.
 /// Throws std::invalid_argument naming the variable and its value otherwise.
 std::optional<std::vector<int>> devices_from_environment();
 
