@@ -9,12 +9,14 @@
 // second (on a shared machine the best round is the one least disturbed) and the process's CPU
 // time (user + system, every thread) per task, over all rounds, and for map the time `map` itself
 // took per input (queueing, on the submitting thread) in the best round. Devices are CPU stand-ins
-// on the CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA.
+// on the CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA; with
+// --shared-gpu yes, N devices of the first GPU (or stand-in) alone (executor_options::devices
+// naming it N times), which tells what more devices cost in scheduling from what more GPUs bring.
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
 //                             [--tasks N] [--size N] [--repeat N]
 //                             [--modes submit,one,map]
-//                             [--budget default|none]
+//                             [--budget default|none] [--shared-gpu no|yes]
 // --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
 // tasks count no bytes; beside the default it shows what the counting costs per task.
 #include <algorithm>
@@ -41,7 +43,8 @@ struct settings {
   std::size_t tasks = 20000;
   std::size_t size = 1024;
   int repeat = 3;
-  bool budget = true;  // false: --budget none
+  bool budget = true;       // false: --budget none
+  bool shared_gpu = false;  // --shared-gpu yes: every device is the first GPU
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -87,6 +90,8 @@ settings parse(int argc, char** argv) {
       s.repeat = std::stoi(value);
     else if (flag == "--budget" && (value == "default" || value == "none"))
       s.budget = value == "default";
+    else if (flag == "--shared-gpu" && (value == "no" || value == "yes"))
+      s.shared_gpu = value == "yes";
     else
       throw std::invalid_argument("unknown option " + flag);
   }
@@ -111,13 +116,9 @@ gpupool::executor_options options_for(const settings& s, int devices, int lanes)
   o.quiet = true;
   o.tuning = gpupool::tuning::fixed;  // tiny arrays: the chunk size does not matter here
   if (!s.budget) o.in_flight_budget = std::numeric_limits<std::size_t>::max();
-  if (s.backend == "cpu") {
-    o.backend = gpupool::backend_kind::cpu;
-    o.cpu_devices = devices;
-  } else {
-    o.backend = gpupool::backend_kind::cuda;
-    for (int d = 0; d < devices; ++d) o.devices.push_back(d);
-  }
+  o.backend = s.backend == "cpu" ? gpupool::backend_kind::cpu : gpupool::backend_kind::cuda;
+  if (s.backend == "cpu") o.cpu_devices = s.shared_gpu ? 1 : devices;
+  for (int d = 0; d < devices; ++d) o.devices.push_back(s.shared_gpu ? 0 : d);
   return o;
 }
 
@@ -178,8 +179,9 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < inputs.size(); ++i)
       for (std::size_t j = 0; j < s.size; ++j) inputs[i][j] = static_cast<double>((i + j) % 97);
 
-    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d\n",
-                s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat);
+    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d%s\n",
+                s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat,
+                s.shared_gpu ? "; every device on the first GPU" : "");
     std::printf("%-7s %8s %6s %14s %14s %16s\n", "mode", "devices", "lanes", "tasks/s",
                 "cpu us/task", "queueing us/task");
     for (const auto& mode : s.modes) {

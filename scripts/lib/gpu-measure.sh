@@ -23,7 +23,7 @@ Optional steps, each bounded by --step-seconds:
                   lanes x chunk sizes with its plot
   --small-tasks   gpupool_bench_small_tasks: W4's shape from C++ (map, submit loop,
                   one task at a time) over 1 and all GPUs x 8, 16 lanes, with and
-                  without the in-flight budget
+                  without the in-flight budget, and on GPU 0 as 1 and as 2 devices
   --shared        GPU 0 as two devices against one: W2 and W4 from Python
                   (bench/shared_devices.py)
   --dask          where dask and distributed import: bench/dask_gpus.py over every
@@ -159,6 +159,11 @@ if [ $small_tasks = 1 ]; then
       tee -a "$OUT/small_tasks.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "gpupool_bench_small_tasks --budget $budget"
   done
+  echo "-- GPU 0 as 1 and as 2 devices" | tee -a "$OUT/small_tasks.txt" >>"$log"
+  timeout "$step" build-measure/bench/gpupool_bench_small_tasks --backend cuda --devices 1,2 \
+    --lanes 8,16 --modes map,submit --shared-gpu yes 2>&1 | tee -a "$OUT/small_tasks.txt" |
+    tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "gpupool_bench_small_tasks --shared-gpu yes"
 fi
 
 if [ $shared = 1 ]; then
