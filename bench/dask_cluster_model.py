@@ -54,7 +54,7 @@ os.environ.setdefault("GPUPOOL_QUIET", "1")
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
 import numpy as np  # noqa: E402
-import psutil  # noqa: E402  (distributed's own dependency)
+import psutil  # type: ignore[import-untyped]  # noqa: E402  (distributed's dependency)
 from distributed import Client, LocalCluster, wait  # noqa: E402
 
 import gpupool  # noqa: E402
