@@ -322,7 +322,7 @@ TEST(PriorityExecutor, AMapsPiecesCarryItsPriorityAndTheTraceShowsIt) {
   multi_future<void> plain;
   for (int i = 0; i < 3; ++i) plain.push_back(ex.submit([&log, i](lane&) { log.add(i); }));
   const std::vector<std::vector<double>> xs(3, std::vector<double>(2048, 3.0));
-  auto urgent = ex.map(builtin_kernel::square(), xs, task_options{2});
+  auto urgent = ex.map(builtin_kernel::square(), xs, task_options{.priority = 2});
   g.open();
   for (auto& f : urgent) {
     const auto r = f.get();

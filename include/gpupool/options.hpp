@@ -50,6 +50,10 @@ inline constexpr int most_slots_per_lane = 64;
 /// lowest_priority to highest_priority; a higher number is more urgent, and 0 is the default.
 inline constexpr int lowest_priority = -3;
 inline constexpr int highest_priority = 3;
+/// The starvation bound: while work of several priorities waits for a device, its lanes take
+/// something other than its oldest work at most this many times in a row (aging); the next take
+/// is the oldest. So lower priorities keep at least one take in priority_aging_takes + 1.
+inline constexpr unsigned priority_aging_takes = 8;
 }  // namespace limits
 
 /// Throws std::invalid_argument, naming `what` and the range, unless `priority` lies within

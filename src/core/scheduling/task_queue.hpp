@@ -39,7 +39,7 @@ class task_queue {
   /// of more than one priority; the next one takes the oldest. So low-priority work gets at
   /// least one take in aging_takes + 1 under a steady stream of higher-priority work, and a
   /// high-priority item waits behind at most one aged take per lane.
-  static constexpr unsigned aging_takes = 8;
+  static constexpr unsigned aging_takes = limits::priority_aging_takes;
 
   /// A queue for `devices` devices (at least 1). A lane that finds nothing to take keeps looking
   /// for `spin` before it sleeps (see lane_spin.hpp); zero: it sleeps at once.
@@ -248,7 +248,7 @@ class task_queue {
   std::atomic<std::size_t> wakeups_{0};
   // Items queued at a level other than the default priority's, on every device: while none is,
   // lanes take and steal as without priorities, without looking at the levels of other devices.
-  std::atomic<std::size_t> off_default_{0};
+  alignas(64) std::atomic<std::size_t> off_default_{0};
 };
 
 }  // namespace gpupool::detail
