@@ -160,6 +160,32 @@ TEST(PriorityQueue, ALaneStealsDefaultWorkBeforeItsOwnLowPriorityWork) {
   EXPECT_EQ(got, (std::vector<int>{10, 11, 0, 1, 2}));
 }
 
+TEST(PriorityQueue, PopSomeTakesInPriorityOrderAndStealsHigherFirst) {
+  task_queue q(2);
+  for (int id = 0; id < 3; ++id) ASSERT_TRUE(q.push(item(id, 0), 0));
+  ASSERT_TRUE(q.push(item(10, 1), 0));
+  std::vector<work_item_ptr> out;
+  ASSERT_EQ(q.pop_some(0, 2, out, /*block=*/false), 2U);
+  ASSERT_EQ(out.size(), 2U);
+  EXPECT_EQ(id_of(out[0]), 10);
+  EXPECT_EQ(id_of(out[1]), 0);
+  // An urgent item only device 1 holds: device 0's lane steals it before its own.
+  out.clear();
+  ASSERT_TRUE(q.push(item(20, 3), 1));  // pinned: only device 1 may run it
+  std::vector<work_item_ptr> urgent;
+  urgent.push_back(item(21, 3));
+  urgent.push_back(item(22, 3));
+  ASSERT_TRUE(q.push_all(urgent));  // one for each device
+  std::vector<int> got;
+  while (got.size() < 4) {
+    out.clear();
+    ASSERT_GE(q.pop_some(0, 1, out, /*block=*/false), 1U);
+    got.push_back(id_of(out[0]));
+  }
+  std::sort(got.begin(), got.begin() + 2);
+  EXPECT_EQ(got, (std::vector<int>{21, 22, 1, 2}));
+}
+
 TEST(PriorityQueue, AgingBoundsStealingPastADevicesOwnWork) {
   task_queue q(2);
   // Urgent work for any device, cut into one run per device; device 0's lane takes its own run.

@@ -611,6 +611,7 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
     }
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       std::size_t take = 0;
+      bool steal_first = false;
       std::pair<int, bool> woken;
       const bool was_dispatched = std::exchange(woken_for_item, false);
       {
@@ -624,8 +625,9 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
         if (was_dispatched) --q.dispatched;
         take = std::min(most,
                         queued > reserved ? queued - reserved : std::min<std::size_t>(queued, 1));
-        if (higher_elsewhere_locked(q, device)) take = 0;  // steal that first (below)
-        out.reserve(out.size() + take);                    // may throw: before anything is taken
+        steal_first = higher_elsewhere_locked(q, device);
+        if (steal_first) take = 0;       // a higher priority elsewhere: steal that first (below)
+        out.reserve(out.size() + take);  // may throw: before anything is taken
         for (std::size_t i = 0; i < take; ++i) out.push_back(take_own_locked(q));
         woken = pass_on_locked(q);
       }
@@ -633,6 +635,13 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
       if (take > 0) {
         if (was_dispatched) hand_on_steal(device);
         return take;
+      }
+      if (steal_first) {
+        if (auto item = steal(device)) {
+          out.push_back(std::move(item));
+          return 1;
+        }
+        continue;  // taken meanwhile: look again (this device's own items are still there)
       }
     }
     if (auto item = steal(device)) {
