@@ -196,3 +196,26 @@ def test_the_extension_refuses_a_bad_priority_itself(one_lane):
     with pytest.raises(ValueError, match=r"-3 to 3"):
         one_lane._core.map_kernel_results(gpupool.kernels.square, [np.ones(4)], None, None, 4,
                                           1 << 20, False, -9)
+
+
+def test_a_compiled_kernel_map_and_submit_carry_their_priority(one_lane, hold_every_lane):
+    ex = one_lane
+    k = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = a * x;", "priority_scale")
+    xs = [np.arange(100.0) + i for i in range(3)]
+    assert np.array_equal(ex.submit(k, xs[0], 2.0).result(timeout=60), 2 * xs[0])  # compiled
+    with ex.trace() as t:
+        holders, release = hold_every_lane(ex)
+        plain = ex.submit(sum, [1])
+        mapped = ex.map(k, xs, 3.0, priority=2)
+        single = ex.submit(k, xs[0], 0.5, priority=-2)
+        release.set()
+        out = list(mapped)
+        assert plain.result(timeout=30) == 1
+        assert np.array_equal(single.result(timeout=30), 0.5 * xs[0])
+    assert all(np.array_equal(o, 3 * x) for o, x in zip(out, xs))
+    kernels = sorted(r["priority"] for r in t.records() if r["name"] != "task")
+    assert kernels == [-2, 2, 2, 2]
+    # The map's calls, queued after the plain call, ran before it.
+    tasks = sorted((r for r in t.records() if r["name"] == "task"), key=lambda r: r["id"])
+    plain_start = tasks[-1]["started"]  # the plain call's (submitted after the holder's)
+    assert all(r["started"] < plain_start for r in t.records() if r["priority"] == 2)
