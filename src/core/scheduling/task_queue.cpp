@@ -482,26 +482,29 @@ void task_queue::hand_on_steal(int device) {
 work_item_ptr task_queue::steal(int device) {
   const auto own = static_cast<std::size_t>(device);
   if (queues_[own].retired.load()) return nullptr;  // a lane of a faulted device runs nothing
-  // With work of several priorities queued, the device holding the highest goes first.
-  const int best = off_default_.load() != 0 ? best_elsewhere(device) : -1;
-  for (std::size_t i = 1; i < count_; ++i) {
-    device_queue& q = queues_[(own + i) % count_];
-    if (q.shared_count.load() == 0 || q.retired.load()) continue;
-    if (best >= 0 && (q.shared_levels.load() >> static_cast<unsigned>(best)) == 0) continue;
-    work_item_ptr item;
-    bool more = false;
-    {
-      std::lock_guard lock(q.mutex);
-      item = take_shared_locked(q);
-      if (!item) continue;
-      more = q.shared_count.load() > 0;
+  // With work of several priorities queued, a device holding the highest goes first; if that
+  // was taken meanwhile, any device's (a second pass, so that a steal never misses work there).
+  int best = off_default_.load() != 0 ? best_elsewhere(device) : -1;
+  for (bool filtered = best >= 0;; filtered = false, best = -1) {
+    for (std::size_t i = 1; i < count_; ++i) {
+      device_queue& q = queues_[(own + i) % count_];
+      if (q.shared_count.load() == 0 || q.retired.load()) continue;
+      if (best >= 0 && (q.shared_levels.load() >> static_cast<unsigned>(best)) == 0) continue;
+      work_item_ptr item;
+      bool more = false;
+      {
+        std::lock_guard lock(q.mutex);
+        item = take_shared_locked(q);
+        if (!item) continue;
+        more = q.shared_count.load() > 0;
+      }
+      // More left where this one came from: pass the wake-up on to an idle lane, this device's
+      // first.
+      if (more) wake_idle(1, own, wake_rule::one_in_transit);
+      return item;
     }
-    // More left where this one came from: pass the wake-up on to an idle lane, this device's
-    // first.
-    if (more) wake_idle(1, own, wake_rule::one_in_transit);
-    return item;
+    if (!filtered) return nullptr;
   }
-  return nullptr;
 }
 
 bool task_queue::worth_a_look(const device_queue& q) const {
