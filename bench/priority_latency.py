@@ -6,12 +6,13 @@ without them. Every result (the map's and each tiny task's) is checked against N
 time counts.
 
     python3 bench/priority_latency.py [--chunks 200] [--elements 1000000] [--tiny 1024]
-        [--interval-ms 1] [--rounds 5] [--idle-probes 200] [--lanes 0] [--backend cuda]
+        [--interval-ms 1] [--rounds 5] [--idle-probes 200] [--lanes 0] [--slots 0]
+        [--chunk-bytes 0] [--backend cuda]
 
 A probe is one `submit(gpupool.kernels.square, x, priority=P)` waited for with `result()`; while
 a map runs, probes go one at a time, each at least --interval-ms after the one before (sooner
-is never: a probe waits for its result first); only probes submitted before the map's last
-result came back count as behind it. The map's consumer is a second thread reading its results,
+is never: a probe waits for its result first); only probes submitted while some of the map was
+still queued (not yet taken by a lane) count as behind it. The map's consumer is a second thread reading its results,
 as a user's would. Idle probes are spaced the same way, so the idle figure includes waking a
 lane that went to sleep. Rounds interleave the three runs of the map (no probes, urgent
 probes, default-priority probes). Prints the medians and whether the issue's targets hold
@@ -36,33 +37,31 @@ URGENT = 3  # gpupool's highest priority
 
 
 def probe(ex: gpupool.Executor, tiny: np.ndarray, expected: np.ndarray,
-          priority: Optional[int]) -> Tuple[float, float]:
-    """One tiny task, submitted and waited for: when it was submitted and its latency, in
-    seconds (its result checked)."""
+          priority: Optional[int]) -> Tuple[bool, float]:
+    """One tiny task, submitted and waited for: whether work was queued (not yet taken by a
+    lane) when it was submitted, and its latency in seconds (its result checked)."""
+    backlog = ex._core.queued > 0  # the extension's count of queued entries
     start = time.perf_counter()
     out = ex.submit(gpupool.kernels.square, tiny, priority=priority).result()
     latency = time.perf_counter() - start
     if not np.array_equal(out, expected):
         raise SystemExit("FAIL: a tiny task's result differs from NumPy's")
-    return start, latency
+    return backlog, latency
 
 
 def run_map(ex: gpupool.Executor, xs: List[np.ndarray], expected: List[np.ndarray],
             tiny: np.ndarray, tiny_expected: np.ndarray, interval: float,
             priority: Optional[int], probing: bool) -> Tuple[float, List[float]]:
     """The map once (probes every `interval` while it runs, if `probing`): its wall time and
-    the latencies of the probes submitted before its last result came back (later ones found no
-    backlog)."""
+    the latencies of the probes submitted while some of it was still queued (later ones found
+    no backlog)."""
     results: List[Any] = []
     done = threading.Event()
-    last_result = [0.0]
     start = time.perf_counter()
     in_order = ex.map(gpupool.kernels.square, xs)  # its first window is queued here
 
     def consume() -> None:
-        for r in in_order:
-            results.append(r)
-            last_result[0] = time.perf_counter()
+        results.extend(in_order)
         done.set()
 
     consumer = threading.Thread(target=consume)
@@ -80,7 +79,7 @@ def run_map(ex: gpupool.Executor, xs: List[np.ndarray], expected: List[np.ndarra
     if len(results) != len(expected) or not all(
             np.array_equal(a, b) for a, b in zip(results, expected)):
         raise SystemExit("FAIL: a result of the map differs from NumPy's")
-    return seconds, [latency for at, latency in probes if at < last_result[0]]
+    return seconds, [latency for behind, latency in probes if behind]
 
 
 def main() -> int:
@@ -94,6 +93,10 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--idle-probes", type=int, default=200)
     parser.add_argument("--lanes", type=int, default=0, help="lanes per device (0: auto)")
+    parser.add_argument("--slots", type=int, default=0,
+                        help="slots per lane: pieces a lane keeps in flight (0: the default)")
+    parser.add_argument("--chunk-bytes", type=int, default=0,
+                        help="largest piece, and coalesced batch, of the map (0: auto)")
     parser.add_argument("--backend", default=None)
     args = parser.parse_args()
     if min(args.chunks, args.elements, args.tiny, args.rounds, args.idle_probes) < 1:
@@ -106,8 +109,14 @@ def main() -> int:
     interval = args.interval_ms / 1e3
 
     threads: Any = "auto" if args.lanes == 0 else args.lanes
-    with gpupool.Executor(threads_per_gpu=threads, backend=args.backend) as ex:
-        print(f"backend {ex.backend}, {ex.lane_count} lanes, chunk {ex.chunk_bytes} bytes; map "
+    options: Any = {}
+    if args.slots:
+        options["slots_per_lane"] = args.slots
+    if args.chunk_bytes:
+        options["chunk_bytes"] = args.chunk_bytes
+    with gpupool.Executor(threads_per_gpu=threads, backend=args.backend, **options) as ex:
+        print(f"backend {ex.backend}, {ex.lane_count} lanes, {ex._core.slots_per_lane} slots "
+              f"each, chunk {ex.chunk_bytes} bytes; map "
               f"{args.chunks} x {args.elements} float64, tiny {args.tiny} float64, probes every "
               f">= {args.interval_ms} ms")
         # Warm-up: the map's and the tiny task's paths, pinned blocks included.
