@@ -136,6 +136,8 @@ class executor {
   /// Lanes per device and chunk size, where each came from (given, fixed default, measured or
   /// read from the cache) and the measurements behind them: see executor_options::tuning.
   [[nodiscard]] const executor_settings& settings() const noexcept;
+  /// The priority of work queued without one (executor_options::priority).
+  [[nodiscard]] int priority() const noexcept;
   /// Work queued and not yet taken by a lane: a batch of coalesced tasks counts once.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;
@@ -170,6 +172,13 @@ class executor {
     return submit_impl(std::forward<F>(f), std::nullopt);
   }
 
+  /// submit with options: `options.priority` orders it among queued work (see task_options).
+  /// @throw std::invalid_argument for a priority outside limits; as submit.
+  template <class F>
+  auto submit(const task_options& options, F&& f) {
+    return submit_impl(std::forward<F>(f), std::nullopt, 0, options);
+  }
+
   /// Runs `f(lane&)` on any lane, counting `device_bytes` (what the task will hold in device
   /// memory and pinned staging) against the in-flight budget until it ends: past the budget the
   /// submit waits for room (or throws out_of_memory with `when_full::raise`).
@@ -181,6 +190,14 @@ class executor {
     admit(cost);
     return submit_impl(std::forward<F>(f), std::nullopt, cost);
   }
+  /// submit_sized with options (see task_options).
+  template <class F>
+  auto submit_sized(std::size_t device_bytes, const task_options& options, F&& f) {
+    check_priority_option(options);  // before any budget is taken
+    const std::size_t cost = in_flight_cost(device_bytes, /*piecewise=*/false);
+    admit(cost);
+    return submit_impl(std::forward<F>(f), std::nullopt, cost, options);
+  }
 
   /// Runs `f(lane&)` on a lane of device `device` (0..devices()-1).
   /// @throw std::out_of_range for an unknown device; std::runtime_error after shutdown.
@@ -188,6 +205,12 @@ class executor {
   auto submit_to(int device, F&& f) {
     check_device(device);
     return submit_impl(std::forward<F>(f), device);
+  }
+  /// submit_to with options (see task_options).
+  template <class F>
+  auto submit_to(int device, const task_options& options, F&& f) {
+    check_device(device);
+    return submit_impl(std::forward<F>(f), device, 0, options);
   }
 
   /// Applies a one-input kernel to each input array; results come back in input order, one
@@ -204,14 +227,24 @@ class executor {
   ///        inputs.
   template <class Inputs>
   auto map(const builtin_kernel& k, const Inputs& xs) {
+    return map(k, xs, task_options{});
+  }
+
+  /// map with options: every piece of every input carries `options.priority` (see task_options).
+  /// @throw std::invalid_argument for a priority outside limits; as map.
+  template <class Inputs>
+  auto map(const builtin_kernel& k, const Inputs& xs, const task_options& options) {
     using T = element_of<Inputs>;
     require_arity(k, 1, "map");
     auto next = std::ranges::begin(xs);
-    return map_each<T>(k, std::ranges::size(xs), /*operands=*/2, [&next] {
-      const auto sx = as_span<T>(*next);
-      ++next;
-      return map_input{sx.data(), nullptr, sx.size()};
-    });
+    return map_each<T>(
+        k, std::ranges::size(xs), /*operands=*/2,
+        [&next] {
+          const auto sx = as_span<T>(*next);
+          ++next;
+          return map_input{sx.data(), nullptr, sx.size()};
+        },
+        options);
   }
 
   /// Applies a two-input kernel to pairs (xs[i], ys[i]), as the one-input map does (each pair
@@ -221,6 +254,13 @@ class executor {
   ///        one-input map.
   template <class Inputs>
   auto map(const builtin_kernel& k, const Inputs& xs, const Inputs& ys) {
+    return map(k, xs, ys, task_options{});
+  }
+
+  /// The two-input map with options (see task_options).
+  template <class Inputs>
+  auto map(const builtin_kernel& k, const Inputs& xs, const Inputs& ys,
+           const task_options& options) {
     using T = element_of<Inputs>;
     require_arity(k, 2, "map");
     if (std::ranges::size(xs) != std::ranges::size(ys))
@@ -234,11 +274,14 @@ class executor {
                                     " differ in size (" + std::to_string(sx[i].size()) + " vs " +
                                     std::to_string(sy[i].size()) + ")");
     std::size_t i = 0;
-    return map_each<T>(k, sx.size(), /*operands=*/3, [&] {
-      const map_input call{sx[i].data(), sy[i].data(), sx[i].size()};
-      ++i;
-      return call;
-    });
+    return map_each<T>(
+        k, sx.size(), /*operands=*/3,
+        [&] {
+          const map_input call{sx[i].data(), sy[i].data(), sx[i].size()};
+          ++i;
+          return call;
+        },
+        options);
   }
 
   /// Streams `in` through the devices in pieces, writing k(in) to `out`; `out` may equal `in`.
@@ -273,6 +316,10 @@ class executor {
   ///        running to read or write the caller's memory.
   multi_future<void> transform_each(const builtin_kernel& k, dtype t,
                                     std::span<const transform_call> calls);
+  /// transform_each with options (see task_options).
+  multi_future<void> transform_each(const builtin_kernel& k, dtype t,
+                                    std::span<const transform_call> calls,
+                                    const task_options& options);
 
   /// transform_each that never waits: it queues every call if the in-flight budget has room
   /// for all of them now (and they fit one batch of `map`, 256 calls), else queues nothing and
@@ -280,6 +327,10 @@ class executor {
   /// lanes need to hand results over). @throw as transform_each.
   std::optional<multi_future<void>> try_transform_each(const builtin_kernel& k, dtype t,
                                                        std::span<const transform_call> calls);
+  /// try_transform_each with options (see task_options).
+  std::optional<multi_future<void>> try_transform_each(const builtin_kernel& k, dtype t,
+                                                       std::span<const transform_call> calls,
+                                                       const task_options& options);
 
   /// Runs a run-time compiled elementwise kernel over `out.size()` elements: every array input
   /// must have that length and the parameter's type; scalars are converted and broadcast.
@@ -296,6 +347,10 @@ class executor {
   future<void> launch_elementwise(const elementwise_kernel& k,
                                   const std::vector<kernel_argument>& inputs, dtype out_type,
                                   void* out, std::size_t count);
+  /// launch_elementwise with options (see task_options).
+  future<void> launch_elementwise(const elementwise_kernel& k,
+                                  const std::vector<kernel_argument>& inputs, dtype out_type,
+                                  void* out, std::size_t count, const task_options& options);
 
   /// A raw CUDA kernel over host arrays, streamed in pieces like the above (one launch per
   /// piece). Array arguments must be given where the kernel declares arrays.
@@ -308,6 +363,10 @@ class executor {
   }
   future<void> launch_raw(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
                           dtype out_type, void* out, std::size_t count);
+  /// launch_raw with options (see task_options).
+  future<void> launch_raw(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                          dtype out_type, void* out, std::size_t count,
+                          const task_options& options);
 
   /// Runs a compiled kernel over many calls whose arrays already live on device `device`
   /// (device pointers; host memory on the CPU backend). Every call is checked before anything
@@ -322,6 +381,11 @@ class executor {
                              const std::vector<device_call>& calls);
   future<void> map_on_device(int device, const raw_kernel& k,
                              const std::vector<device_call>& calls);
+  /// map_on_device with options: every batch carries `options.priority` (see task_options).
+  future<void> map_on_device(int device, const elementwise_kernel& k,
+                             const std::vector<device_call>& calls, const task_options& options);
+  future<void> map_on_device(int device, const raw_kernel& k, const std::vector<device_call>& calls,
+                             const task_options& options);
 
   /// Stops accepting work. With `cancel_pending`, tasks not yet started are cancelled (their
   /// futures throw cancelled_error) while started ones, a partly processed map input or
@@ -345,7 +409,8 @@ class executor {
   // Queues `f`; the `admitted` bytes (taken by admit()) are given back when it ends, or at once
   // if it cannot be queued.
   template <class F>
-  auto submit_impl(F&& f, std::optional<int> device, std::size_t admitted = 0) {
+  auto submit_impl(F&& f, std::optional<int> device, std::size_t admitted = 0,
+                   const task_options& options = {}) {
     using R = std::invoke_result_t<std::decay_t<F>&, lane&>;
     using task = detail::callable_task<std::decay_t<F>, R>;
     std::shared_ptr<detail::shared_state<R>> state;
@@ -365,7 +430,7 @@ class executor {
           auto& p = *static_cast<parts*>(context);
           return ::new (storage) task(std::forward<F>(p.f), p.state);
         },
-        &made_of, device, admitted);
+        &made_of, device, admitted, options);
     return future<R>(std::move(state));
   }
 
@@ -376,7 +441,10 @@ class executor {
   // reason is thrown.
   void queue_user_task(std::size_t bytes, std::size_t align,
                        detail::user_task* (*construct)(void* storage, void* context), void* context,
-                       std::optional<int> device, std::size_t admitted);
+                       std::optional<int> device, std::size_t admitted,
+                       const task_options& options);
+  // Throws std::invalid_argument for a priority outside limits.
+  static void check_priority_option(const task_options& options);
 
   // One input of map: `count` elements of `x` (and `y`, for a two-input kernel; else null).
   struct map_input {
@@ -390,12 +458,12 @@ class executor {
   // (admission, batches, the clean-up when queueing fails part way) with the type erased.
   template <class T, class Next>
   multi_future<host_vector<T>> map_each(const builtin_kernel& k, std::size_t count, int operands,
-                                        Next next) {
+                                        Next next, const task_options& options) {
     multi_future<host_vector<T>> futures;
     futures.reserve(count);  // before anything is queued: filling it below cannot throw
     auto states = queue_maps(
         k, dtype_of<T>(), count, operands,
-        [](void* source) { return (*static_cast<Next*>(source))(); }, &next);
+        [](void* source) { return (*static_cast<Next*>(source))(); }, &next, options);
     for (auto& state : states)
       futures.emplace_back(
           std::static_pointer_cast<detail::shared_state<host_vector<T>>>(std::move(state)));
@@ -405,7 +473,8 @@ class executor {
   std::vector<std::shared_ptr<detail::state_base>> queue_maps(const builtin_kernel& k, dtype t,
                                                               std::size_t count, int operands,
                                                               map_input (*next)(void*),
-                                                              void* source);
+                                                              void* source,
+                                                              const task_options& options);
 
   std::optional<multi_future<void>> queue_transforms(const builtin_kernel& k, dtype t,
                                                      std::span<const transform_call> calls,

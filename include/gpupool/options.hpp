@@ -46,7 +46,19 @@ inline constexpr int most_lanes_per_device = 256;
 /// Lanes over all of an executor's devices together.
 inline constexpr int most_lanes_per_executor = 4096;
 inline constexpr int most_slots_per_lane = 64;
+/// Priorities of work (executor_options::priority, task_options::priority): integers from
+/// lowest_priority to highest_priority; a higher number is more urgent, and 0 is the default.
+inline constexpr int lowest_priority = -3;
+inline constexpr int highest_priority = 3;
+/// The starvation bound: while work of several priorities waits for a device, its lanes take
+/// something other than its oldest work at most this many times in a row (aging); the next take
+/// is the oldest. So lower priorities keep at least one take in priority_aging_takes + 1.
+inline constexpr unsigned priority_aging_takes = 8;
 }  // namespace limits
+
+/// Throws std::invalid_argument, naming `what` and the range, unless `priority` lies within
+/// limits::lowest_priority..limits::highest_priority.
+void check_priority(int priority, const char* what = "priority");
 
 /// How an executor is set up. Every field has a sensible default; see docs/configuration.md.
 struct executor_options {
@@ -105,9 +117,23 @@ struct executor_options {
   /// Ignored by the CUDA backend.
   double cpu_copy_rate = 0;
 
+  /// The priority of work submitted without one (see task_options::priority), from
+  /// limits::lowest_priority to limits::highest_priority; higher is more urgent.
+  int priority = 0;
+
   /// Nothing on stderr from this executor: no notice when gpupool falls back to the CPU backend,
   /// no message when a device is taken out of service, no note of a tuning sweep that failed.
   bool quiet = false;
+};
+
+/// Options of one call that queues work (submit, map, transform_each, ...).
+struct task_options {
+  /// The priority of the call's work: the next free lane of any device takes the queued work of
+  /// the highest priority first, first come first served within a priority, with aging so that
+  /// lower priorities still progress (see docs/configuration.md, "Priorities"). From
+  /// limits::lowest_priority to limits::highest_priority, higher is more urgent; unset: the
+  /// executor's (executor_options::priority). A map's or transform's pieces all carry it.
+  std::optional<int> priority;
 };
 
 /// Where a setting of a running executor came from.

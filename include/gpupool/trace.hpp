@@ -30,6 +30,7 @@ struct task_record {
   std::string name;        ///< "task" for submit(), else the kernel's name.
   int device = 0;          ///< Executor device index.
   int lane = 0;            ///< Global lane index.
+  int priority = 0;        ///< Its priority (task_options::priority, or the executor's).
   double submitted = 0.0;  ///< When it was queued.
   double started = 0.0;    ///< When a lane took it.
   span_us stage_in;        ///< Host copy into the pinned slot ("data preparation").

@@ -118,8 +118,8 @@ class DeviceArray:
 
 
 def launch(core: _ext.Executor, kernel: BuiltinKernel, xs: Sequence[object],
-           ys: Optional[Sequence[object]],
-           future_type: Type[Future[Any]]) -> List[Future[Any]]:
+           ys: Optional[Sequence[object]], future_type: Type[Future[Any]],
+           priority: Optional[int] = None) -> List[Future[Any]]:
     """Checks every array, then runs the kernel over each (pair) on its own device's lanes.
     Returns futures (of `future_type`) whose results are new device arrays of the inputs'
     kind."""
@@ -145,7 +145,7 @@ def launch(core: _ext.Executor, kernel: BuiltinKernel, xs: Sequence[object],
         futures.append(cast("Future[Any]", core.launch_device(
             kernel, vx.pointer, vy.pointer if vy is not None else 0, vout.pointer, vx.count,
             vx.dtype.name, vout.device if vx.count else 0, out,
-            (vx.obj, vy.obj if vy is not None else None), future_type)))
+            (vx.obj, vy.obj if vy is not None else None), future_type, priority)))
     return futures
 
 
@@ -228,7 +228,8 @@ class CompiledMap:
 
 def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel],
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
-                 single: bool = False, out: Optional[Sequence[object]] = None) -> CompiledMap:
+                 single: bool = False, out: Optional[Sequence[object]] = None,
+                 priority: Optional[int] = None) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device. The calls are read in blocks of 64, 128, then 256 calls each; each block's
     calls are checked, grouped by device and queued as one batched map per device before the
@@ -262,5 +263,5 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
     outputs, futures = core.map_device_calls(
         kernel, calls, cupy.ndarray if cupy is not None else None, describe_other,
         allocate_flat, _split_flat, lambda: _wait_for(streams), tuple(calls), future_type,
-        single, out)
+        single, out, priority)
     return CompiledMap(futures, outputs, given=out is not None)

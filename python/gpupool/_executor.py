@@ -73,6 +73,25 @@ def _choice(name: str, value: object, allowed: Tuple[str, ...], none_means: str 
     return value
 
 
+def _priority(value: object, default_allowed: bool, where: str = "gpupool") -> Optional[int]:
+    """``value`` as a priority (an int from _ext.LOWEST_PRIORITY to _ext.HIGHEST_PRIORITY;
+    higher is more urgent), or None where ``default_allowed`` (the executor's own), or an error
+    naming the range: TypeError for a value that is not a whole number, ValueError for one out
+    of range. bool is refused rather than read as 0 or 1."""
+    if value is None and default_allowed:
+        return None
+    allowed = (f"a whole number from {_ext.LOWEST_PRIORITY} to {_ext.HIGHEST_PRIORITY} "
+               "(higher is more urgent)" + (", or None for the executor's default"
+                                             if default_allowed else ""))
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{where}: priority must be {allowed}, not {value!r} "
+                        f"({type(value).__name__})")
+    number = int(value)
+    if not _ext.LOWEST_PRIORITY <= number <= _ext.HIGHEST_PRIORITY:
+        raise ValueError(f"{where}: priority must be {allowed}, not {number}")
+    return number
+
+
 def _is_auto(value: object) -> bool:
     """True for ``"auto"`` and ``None``: the setting is chosen as ``tuning`` says."""
     return value is None or (isinstance(value, str) and value == "auto")
@@ -115,6 +134,7 @@ class _Defaults:
         self.cpu_copy_rate = options.cpu_copy_rate
         self.in_flight_budget = options.in_flight_budget
         self.when_full = options.when_full
+        self.priority = options.priority
 
 
 _DEFAULTS = _Defaults(_ext.ExecutorOptions())
@@ -188,6 +208,11 @@ class Executor(_futures.Executor):
             pace (0, the default: no limit; ignored on CUDA).
         in_flight_budget: bytes of work in flight per device (0: the default).
         when_full: ``"block"`` or ``"raise"`` when the in-flight budget is full.
+        priority: the priority of work submitted without one, a whole number from -3 to 3
+            (default 0); higher is more urgent. ``submit`` and ``map`` take their own
+            ``priority=``. The next free lane takes queued work of the highest priority first,
+            first come first served within a priority; aging keeps lower priorities moving.
+            Priorities order what lanes take, not copies already running.
         tuning: how ``"auto"`` values are chosen: ``"auto"`` (measured on CUDA, once per
             machine and device model and then read from the cache; the fixed defaults on the CPU
             backend), ``"measured"`` (on any backend), ``"remeasure"`` (measure now and replace
@@ -212,7 +237,7 @@ class Executor(_futures.Executor):
                  in_flight_budget: int = _DEFAULTS.in_flight_budget,
                  when_full: str = _DEFAULTS.when_full,
                  tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto",
-                 quiet: bool = False) -> None:
+                 quiet: bool = False, priority: int = _DEFAULTS.priority) -> None:
         lanes = 0 if _is_auto(threads_per_gpu) else _count(
             "threads_per_gpu", threads_per_gpu, 1, _ext.MOST_LANES_PER_DEVICE,
             f"a whole number from 1 to {_ext.MOST_LANES_PER_DEVICE}, or 'auto'")
@@ -242,6 +267,7 @@ class Executor(_futures.Executor):
             raise TypeError(f"gpupool.Executor: quiet must be True or False, not {quiet!r} "
                             f"({type(quiet).__name__})")
         options.quiet = quiet
+        options.priority = cast(int, _priority(priority, False, "gpupool.Executor"))
         self._core = _ext.Executor(options)
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()
@@ -269,6 +295,11 @@ class Executor(_futures.Executor):
     def devices(self) -> list[dict[str, Any]]:
         """One dict per device: id, ordinal, name, backend, total_memory, lanes, ..."""
         return self._core.devices
+
+    @property
+    def priority(self) -> int:
+        """The priority of work submitted without one (the ``priority`` option)."""
+        return self._core.priority
 
     @property
     def threads_per_gpu(self) -> int:
@@ -352,50 +383,61 @@ class Executor(_futures.Executor):
             recording.write(path)
 
     # -- work -----------------------------------------------------------------------------------
-    @overload
-    def submit(self, fn: AnyKernel, /, *args: Any,
+    # `priority` is a keyword of submit's own (not passed to fn), which the base class's
+    # signature, all of whose keywords go to fn, cannot express.
+    @overload  # type: ignore[override]
+    def submit(self, fn: AnyKernel, /, *args: Any, priority: Optional[int] = None,
                **kwargs: Any) -> _futures.Future[npt.NDArray[Any]]: ...
 
     @overload
-    def submit(self, fn: Callable[..., _T], /, *args: Any,
+    def submit(self, fn: Callable[..., _T], /, *args: Any, priority: Optional[int] = None,
                **kwargs: Any) -> _futures.Future[_T]: ...
 
-    def submit(self, fn: Any, /, *args: Any, **kwargs: Any) -> _futures.Future[Any]:
+    def submit(self, fn: Any, /, *args: Any, priority: Optional[int] = None,
+               **kwargs: Any) -> _futures.Future[Any]:
         """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
 
-        With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++."""
+        With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++.
+
+        ``priority`` (keyword only, -3 to 3, higher is more urgent; None: the executor's) orders
+        the call among queued work; it is not passed to ``fn`` (give a function's own
+        ``priority`` argument through ``functools.partial``)."""
+        level = _priority(priority, True)
         if isinstance(fn, _KERNELS):
-            return self._submit_kernel(None, fn, args, kwargs)
+            return self._submit_kernel(None, fn, args, kwargs, level)
         # The one Future of the call; the lane that runs it hands the outcome over.
         future = _Future()
         with self._lock:
             if self._closed or self._forked or _exiting:
                 self._check_open()
-            self._core.submit_call(fn, args, kwargs, future, None)
+            self._core.submit_call(fn, args, kwargs, future, None, level)
         return future
 
     def submit_to(self, device: int, fn: Callable[..., _T], /, *args: Any,
-                  **kwargs: Any) -> _futures.Future[_T]:
+                  priority: Optional[int] = None, **kwargs: Any) -> _futures.Future[_T]:
         """Like submit, on a lane of executor device ``device`` (0..len(devices)-1)."""
         if not 0 <= device < len(self._ordinals):
             raise IndexError(f"gpupool: device {device} is not one of this executor's "
                              f"{len(self._ordinals)} devices")
-        return self._submit(device, fn, args, kwargs)
+        return self._submit(device, fn, args, kwargs, _priority(priority, True))
 
     @overload
     def map(self, fn: AnyKernel, *iterables: Any, timeout: Optional[float] = None,
             chunksize: int = 1, buffersize: Optional[int] = None, progress: bool = False,
-            out: Optional[Iterable[Any]] = None) -> Iterator[npt.NDArray[Any]]: ...
+            out: Optional[Iterable[Any]] = None,
+            priority: Optional[int] = None) -> Iterator[npt.NDArray[Any]]: ...
 
     @overload
     def map(self, fn: Callable[..., _T], *iterables: Iterable[Any],
             timeout: Optional[float] = None, chunksize: int = 1,
             buffersize: Optional[int] = None, progress: bool = False,
-            out: Optional[Iterable[Any]] = None) -> Iterator[_T]: ...
+            out: Optional[Iterable[Any]] = None,
+            priority: Optional[int] = None) -> Iterator[_T]: ...
 
     def map(self, fn: Any, *iterables: Any, timeout: Optional[float] = None,
             chunksize: int = 1, buffersize: Optional[int] = None, progress: bool = False,
-            out: Optional[Iterable[Any]] = None) -> Iterator[Any]:
+            out: Optional[Iterable[Any]] = None,
+            priority: Optional[int] = None) -> Iterator[Any]:
         """Returns an iterator of ``fn(*items)`` in input order, like Executor.map.
 
         The map runs ahead of its consumer only as far as its window: calls whose results have
@@ -427,9 +469,13 @@ class Executor(_futures.Executor):
         A map over device arrays (CuPy, PyTorch) holds its inputs on the GPU already; without
         ``buffersize`` it queues every call at once and makes its results there in one pass
         (a few launches for thousands of arrays), and with ``out`` it writes arrays the caller
-        holds: neither is windowed. With ``buffersize`` it runs in windows of that many calls."""
+        holds: neither is windowed. With ``buffersize`` it runs in windows of that many calls.
+
+        ``priority`` (-3 to 3, higher is more urgent; None: the executor's) is every call's,
+        every piece of every array included, whenever the window queues it."""
         del chunksize  # every item is its own task; kept for Executor.map compatibility
-        request = _map_paths.MapRequest(self, fn, iterables, timeout, buffersize, progress, out)
+        request = _map_paths.MapRequest(self, fn, iterables, timeout, buffersize, progress, out,
+                                        _priority(priority, True))
         if isinstance(fn, BuiltinKernel):
             return _map_paths.builtin_kernel(request)
         if isinstance(fn, _COMPILED):
@@ -487,16 +533,17 @@ class Executor(_futures.Executor):
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def _kernel_futures(self, kernel: BuiltinKernel, xs: List[object],
-                        ys: Optional[List[object]]) -> List[_futures.Future[Any]]:
+                        ys: Optional[List[object]],
+                        priority: Optional[int] = None) -> List[_futures.Future[Any]]:
         """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""
         if xs and _device.is_device_array(xs[0]):
             if not self._core.takes_cuda_arrays:
                 raise TypeError("gpupool: device arrays need the CUDA backend")
-            return _device.launch(self._core, kernel, xs, ys, _Future)
-        return self._core.map_kernel(kernel, xs, ys, _Future)
+            return _device.launch(self._core, kernel, xs, ys, _Future, priority)
+        return self._core.map_kernel(kernel, xs, ys, _Future, priority)
 
-    def _submit_calls(self, fn: Callable[..., Any],
-                      calls: Iterator[Tuple[Any, ...]]) -> List[_futures.Future[Any]]:
+    def _submit_calls(self, fn: Callable[..., Any], calls: Iterator[Tuple[Any, ...]],
+                      priority: Optional[int] = None) -> List[_futures.Future[Any]]:
         """map's Python calls: queued _SUBMIT_BATCH at a time, each batch in one call to the
         extension rather than a submit() per call (with many lanes running Python, a thread
         queueing calls one by one waits for the GIL behind them while they run out of work).
@@ -515,24 +562,25 @@ class Executor(_futures.Executor):
                 pending.extend(futures)
                 with self._lock:
                     self._check_open()
-                    self._core.submit_calls(fn, batch, futures)
+                    self._core.submit_calls(fn, batch, futures, priority)
         except BaseException:
             for future in pending:
                 future.cancel()
             raise
 
     def _submit(self, device: Optional[int], fn: object, args: Tuple[Any, ...],
-                kwargs: Dict[str, Any]) -> _futures.Future[Any]:
+                kwargs: Dict[str, Any], priority: Optional[int] = None) -> _futures.Future[Any]:
         if isinstance(fn, _KERNELS):
-            return self._submit_kernel(device, fn, args, kwargs)
+            return self._submit_kernel(device, fn, args, kwargs, priority)
         future = _Future()
         with self._lock:
             self._check_open()
-            self._core.submit_call(fn, args, kwargs, future, device)
+            self._core.submit_call(fn, args, kwargs, future, device, priority)
         return future
 
     def _submit_kernel(self, device: Optional[int], kernel: AnyKernel, args: Tuple[Any, ...],
-                       kwargs: Dict[str, Any]) -> _futures.Future[Any]:
+                       kwargs: Dict[str, Any],
+                       priority: Optional[int] = None) -> _futures.Future[Any]:
         if device is not None:
             raise TypeError("gpupool: kernels over arrays are spread over every device; "
                             "use submit() rather than submit_to()")
@@ -548,8 +596,9 @@ class Executor(_futures.Executor):
                     if not self._core.takes_cuda_arrays:
                         raise TypeError("gpupool: device arrays need the CUDA backend")
                     return _device.map_compiled(self._core, kernel, [arguments], _Future,
-                                                single=True).futures[0]
+                                                single=True, priority=priority).futures[0]
                 # The extension makes the future with _Future; its stub says only "object".
-                return cast(_Future, self._core.launch_compiled(kernel, arguments, _Future))
+                return cast(_Future, self._core.launch_compiled(kernel, arguments, _Future,
+                                                                priority))
             return self._kernel_futures(
-                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None)[0]
+                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None, priority)[0]

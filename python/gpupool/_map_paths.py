@@ -32,12 +32,14 @@ class MapRequest:
     """One call of Executor.map, its arguments checked: what every strategy reads."""
 
     __slots__ = ("executor", "fn", "iterables", "lazy", "window_calls", "deadline", "outputs",
-                 "progress", "label")
+                 "progress", "label", "priority")
 
     def __init__(self, executor: Executor, fn: Any, iterables: Tuple[Any, ...],
                  timeout: Optional[float], buffersize: Optional[int], progress: bool,
-                 out: Optional[Iterable[Any]]) -> None:
+                 out: Optional[Iterable[Any]], priority: Optional[int] = None) -> None:
         self.executor = executor
+        # Every call's (checked by the caller); None: the executor's.
+        self.priority = priority
         self.fn = fn
         self.iterables = iterables
         self.window_calls = _buffersize(buffersize)
@@ -88,7 +90,7 @@ def _builtin_over_host(m: MapRequest, fn: BuiltinKernel, xs: Iterable[Any],
     ex = m.executor
     left = None if m.deadline is None else max(0.0, m.deadline - time.monotonic())
     in_order: Iterator[Any] = ex._core.map_kernel_results(
-        fn, xs, ys, left, m.window_calls, ex.map_window_bytes, m.lazy)
+        fn, xs, ys, left, m.window_calls, ex.map_window_bytes, m.lazy, m.priority)
     if not m.lazy:
         ex._windowed_maps.add(in_order)
     return m.shown(in_order, _known_length(xs))
@@ -100,7 +102,7 @@ def _builtin_over_device(m: MapRequest, fn: BuiltinKernel, xs: List[object],
     ex = m.executor
     with ex._lock:
         m.check_open()
-        pending = _device.launch(ex._core, fn, xs, ys, _Future)
+        pending = _device.launch(ex._core, fn, xs, ys, _Future, m.priority)
     return m.shown(_ordered_results(pending, m.deadline), len(pending))
 
 
@@ -115,7 +117,7 @@ def _builtin_over_device_windowed(m: MapRequest, fn: BuiltinKernel, xs: Iterable
         with ex._lock:
             m.check_open()
             return _device.launch(ex._core, fn, list(columns[0]),
-                                  list(columns[1]) if arity == 2 else None, _Future)
+                                  list(columns[1]) if arity == 2 else None, _Future, m.priority)
 
     return _windowed(m, calls, submit, _array_bytes((first,)))
 
@@ -154,7 +156,7 @@ def _compiled_over_device(m: MapRequest, calls: List[Tuple[Any, ...]]) -> Iterat
     with ex._lock:
         m.check_open()
         written = _device.map_compiled(ex._core, cast(_Compiled, m.fn), calls, _Future,
-                                       out=m.outputs).results(m.deadline)
+                                       out=m.outputs, priority=m.priority).results(m.deadline)
     return m.shown(written, len(calls))
 
 
@@ -165,7 +167,7 @@ def _compiled_device_batches(m: MapRequest) -> _Submit:
         with ex._lock:
             m.check_open()
             return list(_device.map_compiled(ex._core, cast(_Compiled, m.fn), batch,
-                                             _Future).futures)
+                                             _Future, priority=m.priority).futures)
 
     return submit
 
@@ -180,7 +182,8 @@ def _compiled_host_batches(m: MapRequest) -> _Submit:
             try:
                 for args in batch:
                     # The extension makes the future with _Future (stub: "object").
-                    futures.append(cast(_Future, ex._core.launch_compiled(m.fn, args, _Future)))
+                    futures.append(cast(_Future, ex._core.launch_compiled(m.fn, args, _Future,
+                                                                          m.priority)))
             except BaseException:
                 for started in futures:
                     started.cancel()
@@ -200,7 +203,7 @@ def python_calls(m: MapRequest) -> Iterator[Any]:
         m.check_open()
 
     def submit(batch: List[Tuple[Any, ...]]) -> List[_futures.Future[Any]]:
-        return ex._submit_calls(m.fn, iter(batch))
+        return ex._submit_calls(m.fn, iter(batch), m.priority)
 
     return _windowed(m, calls, submit, 0)  # results' size unknown until the first
 

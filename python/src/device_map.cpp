@@ -333,7 +333,8 @@ nb::tuple map_device_calls(gpupool::executor& ex, const K& k, nb::sequence calls
                            nb::handle cupy_ndarray, nb::callable describe_other,
                            nb::callable allocate_flat, nb::callable split_flat,
                            nb::callable before_launch, nb::object keep_alive,
-                           nb::handle future_type, bool single, nb::object out) {
+                           nb::handle future_type, bool single, nb::object out,
+                           const gpupool::task_options& options) {
   const std::size_t n = nb::len(calls);
   if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
   const bool given_outputs = out.is_valid() && !out.is_none();
@@ -388,7 +389,7 @@ nb::tuple map_device_calls(gpupool::executor& ex, const K& k, nb::sequence calls
     const int device = device_of_ordinal(ex, g.ordinal);
     try {
       nb::gil_scoped_release nogil;
-      queued.push_back(ex.map_on_device(device, k, work));
+      queued.push_back(ex.map_on_device(device, k, work, options));
     } catch (const gpupool::call_error& e) {
       // Numbered within its group: named here by its place among all the calls, as the error
       // the check made (a number out of range stays an OverflowError, say).
@@ -447,11 +448,13 @@ nb::tuple map_device_calls(gpupool::executor& ex, const K& k, nb::sequence calls
 
 template nb::tuple map_device_calls<gpupool::elementwise_kernel>(
     gpupool::executor&, const gpupool::elementwise_kernel&, nb::sequence, nb::handle, nb::callable,
-    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object);
+    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object,
+    const gpupool::task_options&);
 template nb::tuple map_device_calls<gpupool::raw_kernel>(gpupool::executor&,
                                                          const gpupool::raw_kernel&, nb::sequence,
                                                          nb::handle, nb::callable, nb::callable,
                                                          nb::callable, nb::callable, nb::object,
-                                                         nb::handle, bool, nb::object);
+                                                         nb::handle, bool, nb::object,
+                                                         const gpupool::task_options&);
 
 }  // namespace gpupool_python

@@ -40,13 +40,16 @@ nb::tuple map_device_calls(gpupool::executor& ex, const K& k, nb::sequence calls
                            nb::handle cupy_ndarray, nb::callable describe_other,
                            nb::callable allocate_flat, nb::callable split_flat,
                            nb::callable before_launch, nb::object keep_alive,
-                           nb::handle future_type, bool single, nb::object out);
+                           nb::handle future_type, bool single, nb::object out,
+                           const gpupool::task_options& options);
 
 extern template nb::tuple map_device_calls<gpupool::elementwise_kernel>(
     gpupool::executor&, const gpupool::elementwise_kernel&, nb::sequence, nb::handle, nb::callable,
-    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object);
+    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object,
+    const gpupool::task_options&);
 extern template nb::tuple map_device_calls<gpupool::raw_kernel>(
     gpupool::executor&, const gpupool::raw_kernel&, nb::sequence, nb::handle, nb::callable,
-    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object);
+    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object,
+    const gpupool::task_options&);
 
 }  // namespace gpupool_python

@@ -85,16 +85,18 @@ class py_executor {
   // Queues fn(*args, **kwargs) on a lane (of `device`, if given); `future`, a
   // concurrent.futures.Future, gets its outcome (see submit_python_call).
   void submit_call(nb::handle fn, nb::handle args, nb::handle kwargs, nb::handle future,
-                   std::optional<int> device) {
-    submit_python_call(get(), device, fn, args, kwargs, future, runner_, python_calls_);
+                   std::optional<int> device, std::optional<int> priority) {
+    submit_python_call(get(), device, fn, args, kwargs, future, runner_, python_calls_,
+                       gpupool::task_options{priority});
   }
 
   // Queues fn(*args) for each tuple of `calls` on any lane, in order, `futures[i]` getting the
   // outcome of call i: Executor.map's Python calls, many in one call from Python. Runs no Python
   // code (the futures are made by the caller, outside its lock). If one is refused, the error
   // is raised and the calls before it stay queued: the caller cancels them.
-  void submit_calls(nb::handle fn, nb::list calls, nb::list futures) {
+  void submit_calls(nb::handle fn, nb::list calls, nb::list futures, std::optional<int> priority) {
     gpupool::executor& exec = get();
+    const gpupool::task_options options{priority};
     const std::size_t n = nb::len(calls);
     if (nb::len(futures) != n) throw nb::value_error("gpupool: one future per call");
     for (std::size_t i = 0; i < n; ++i) {
@@ -102,7 +104,7 @@ class py_executor {
       if (!PyTuple_Check(args)) throw nb::type_error("gpupool: each call is a tuple");
       submit_python_call(exec, std::nullopt, fn, args, nb::handle(),
                          PyList_GET_ITEM(futures.ptr(), static_cast<Py_ssize_t>(i)), runner_,
-                         python_calls_);
+                         python_calls_, options);
     }
   }
 
@@ -112,8 +114,10 @@ class py_executor {
   // A built-in kernel over each host array (pair): one future (of `future_type`) per array,
   // whose result is a new NumPy array in pinned memory. Every array is checked first.
   nb::list map_kernel(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, nb::sequence xs,
-                      std::optional<nb::sequence> ys, nb::handle future_type) {
+                      std::optional<nb::sequence> ys, nb::handle future_type,
+                      std::optional<int> priority) {
     const gpupool::builtin_kernel& k = *kernel.p;
+    const gpupool::task_options options{priority};
     checked_kernel_inputs in = check_kernel_inputs(kernel.h, k, xs, ys);
     nb::list out;
     for (std::size_t i = 0; i < in.x.size(); ++i) {
@@ -127,10 +131,10 @@ class py_executor {
       // go for every submit would hand it to whichever lane is waiting to hand results over,
       // and take it back, once per task. Otherwise queueing may wait for room, which only
       // completions free, and handing those over takes the GIL: it is let go meanwhile.
-      auto queued = get().try_transform_each(k, in.types[i], one);
+      auto queued = get().try_transform_each(k, in.types[i], one, options);
       if (!queued) {
         nb::gil_scoped_release nogil;
-        queued = get().transform_each(k, in.types[i], one);
+        queued = get().transform_each(k, in.types[i], one, options);
       }
       gpupool::future<void> f = std::move(queued->front());
       std::vector<input_array> views{x};
@@ -147,16 +151,19 @@ class py_executor {
   kernel_map* map_kernel_results(nb::pointer_and_handle<gpupool::builtin_kernel> kernel,
                                  nb::object xs, std::optional<nb::object> ys,
                                  std::optional<double> timeout, std::size_t window_calls,
-                                 std::size_t window_bytes, bool lazy) {
+                                 std::size_t window_bytes, bool lazy, std::optional<int> priority) {
     return new kernel_map(get(), kernel.h, *kernel.p, std::move(xs), std::move(ys), timeout,
-                          map_window{window_calls, window_bytes}, lazy);
+                          map_window{window_calls, window_bytes}, lazy,
+                          gpupool::task_options{priority});
   }
 
   // A compiled kernel (elementwise or raw) over host arrays and numbers: one future (of
   // `future_type`), whose result is a new array in pinned memory shaped like the first array
   // argument.
   template <class K>
-  nb::object launch_compiled(const K& k, nb::sequence args, nb::handle future_type) {
+  nb::object launch_compiled(const K& k, nb::sequence args, nb::handle future_type,
+                             std::optional<int> priority) {
+    const gpupool::task_options options{priority};
     const std::size_t n = nb::len(args);
     if (n != k.inputs().size())
       throw nb::type_error(("gpupool: kernel '" + k.name() + "' takes " +
@@ -191,9 +198,9 @@ class py_executor {
     {
       nb::gil_scoped_release nogil;  // compiling can take a while
       if constexpr (std::is_same_v<K, gpupool::raw_kernel>)
-        f = get().launch_raw(k, arguments, out_type, result->data(), count);
+        f = get().launch_raw(k, arguments, out_type, result->data(), count, options);
       else
-        f = get().launch_elementwise(k, arguments, out_type, result->data(), count);
+        f = get().launch_elementwise(k, arguments, out_type, result->data(), count, options);
     }
     std::vector<std::size_t> shape = shape_of(*first);
     return adopt_kernel_task(
@@ -207,11 +214,12 @@ class py_executor {
                              nb::callable describe_other, nb::callable allocate_flat,
                              nb::callable split_flat, nb::callable before_launch,
                              nb::object keep_alive, nb::handle future_type, bool single,
-                             nb::object out) {
-    return gpupool_python::map_device_calls(
-        get(), k, std::move(calls), cupy_ndarray, std::move(describe_other),
-        std::move(allocate_flat), std::move(split_flat), std::move(before_launch),
-        std::move(keep_alive), future_type, single, std::move(out));
+                             nb::object out, std::optional<int> priority) {
+    return gpupool_python::map_device_calls(get(), k, std::move(calls), cupy_ndarray,
+                                            std::move(describe_other), std::move(allocate_flat),
+                                            std::move(split_flat), std::move(before_launch),
+                                            std::move(keep_alive), future_type, single,
+                                            std::move(out), gpupool::task_options{priority});
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -221,13 +229,14 @@ class py_executor {
   nb::object launch_device(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, std::uintptr_t x,
                            std::uintptr_t y, std::uintptr_t out, std::size_t count,
                            const std::string& type, int ordinal, nb::object result,
-                           nb::object keep_alive, nb::handle future_type) {
+                           nb::object keep_alive, nb::handle future_type,
+                           std::optional<int> priority) {
     const int device = device_of_ordinal(get(), ordinal);
     const gpupool::builtin_kernel k = *kernel.p;  // copied into the task
     if (k.arity() == 2 && y == 0) throw nb::value_error("gpupool: this kernel takes two arrays");
     const gpupool::dtype t = dtype_from_name(type);
     check_alpha(kernel.h, k, t, "the device array");
-    auto f = get().submit_to(device, [=](gpupool::lane& l) {
+    auto f = get().submit_to(device, gpupool::task_options{priority}, [=](gpupool::lane& l) {
       l.apply_bytes(k, t, reinterpret_cast<const void*>(x), reinterpret_cast<const void*>(y),
                     reinterpret_cast<void*>(out), count);
     });
@@ -358,33 +367,36 @@ void bind_executor(nb::module_& m) {
           })
       .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
       .def_rw("cpu_copy_rate", &gpupool::executor_options::cpu_copy_rate)
+      .def_rw("priority", &gpupool::executor_options::priority)
       .def_rw("quiet", &gpupool::executor_options::quiet);
 
   nb::class_<py_executor>(m, "Executor")
       .def(nb::init<const gpupool::executor_options&>(), "options"_a)
       .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),
-           "future"_a, "device"_a.none())
-      .def("submit_calls", &py_executor::submit_calls, "fn"_a, "calls"_a, "futures"_a)
+           "future"_a, "device"_a.none(), "priority"_a = nb::none())
+      .def("submit_calls", &py_executor::submit_calls, "fn"_a, "calls"_a, "futures"_a,
+           "priority"_a = nb::none())
       .def("set_runner", &py_executor::set_runner, "runner"_a.none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
-           "future_type"_a)
+           "future_type"_a, "priority"_a = nb::none())
       .def("map_kernel_results", &py_executor::map_kernel_results, "kernel"_a, "xs"_a,
            "ys"_a.none(), "timeout"_a.none(), "window_calls"_a, "window_bytes"_a, "lazy"_a,
-           nb::rv_policy::take_ownership)
+           "priority"_a = nb::none(), nb::rv_policy::take_ownership)
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::elementwise_kernel>,
-           "kernel"_a, "args"_a, "future_type"_a)
+           "kernel"_a, "args"_a, "future_type"_a, "priority"_a = nb::none())
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
-           "args"_a, "future_type"_a)
+           "args"_a, "future_type"_a, "priority"_a = nb::none())
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
            "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
            "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false,
-           "out"_a = nb::none())
+           "out"_a = nb::none(), "priority"_a = nb::none())
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
            "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
            "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false,
-           "out"_a = nb::none())
+           "out"_a = nb::none(), "priority"_a = nb::none())
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
-           "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a)
+           "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a,
+           "priority"_a = nb::none())
       .def("shutdown", &py_executor::shutdown, "cancel_pending"_a = false)
       .def("set_tracing", &py_executor::set_tracing, "on"_a)
       .def("clear_trace", [](py_executor& e) { e.get().clear_trace(); })
@@ -422,6 +434,7 @@ void bind_executor(nb::module_& m) {
       .def_prop_ro("settings",
                    [](const py_executor& e) { return settings_dict(e.get().settings()); })
       .def_prop_ro("queued", [](const py_executor& e) { return e.get().queued(); })
+      .def_prop_ro("priority", [](const py_executor& e) { return e.get().priority(); })
       .def_prop_ro("is_lane_thread", [](const py_executor& e) { return e.get().is_lane_thread(); })
       .def_prop_ro("devices",
                    [](const py_executor& e) {

@@ -3,7 +3,9 @@
 #include "futures.hpp"
 
 #include <algorithm>
+#include <array>
 #include <chrono>
+#include <cstdint>
 #include <deque>
 #include <exception>
 #include <mutex>
@@ -297,36 +299,73 @@ class python_calls {
     for (std::size_t d = 0; d < devices; ++d) per_device_.push_back(std::make_unique<fifo>());
   }
 
-  // A FIFO of calls, safe from any thread with or without the GIL (it only moves pointers).
+  // A FIFO of calls per priority, safe from any thread with or without the GIL (it only moves
+  // pointers). pop() orders calls as gpupool's queue orders tasks: the oldest call of the highest
+  // priority, with the same aging (after limits::priority_aging_takes pops in a row that passed
+  // over the oldest call, the oldest): a lane that took an urgent call's task runs the urgent
+  // call, not an older one queued before it, and low-priority calls still progress.
   class fifo {
    public:
-    void push(std::shared_ptr<python_call> call) {
+    // `priority` within gpupool::limits (checked by the caller).
+    void push(std::shared_ptr<python_call> call, int priority) {
       std::lock_guard lock(mutex_);
-      calls_.push_back(std::move(call));
+      level(priority).push_back({next_++, std::move(call)});
+      ++size_;
     }
     std::shared_ptr<python_call> pop() {
       std::lock_guard lock(mutex_);
-      if (calls_.empty()) return nullptr;
-      auto call = std::move(calls_.front());
-      calls_.pop_front();
+      if (size_ == 0) return nullptr;
+      std::size_t top = 0, oldest = 0, levels_queued = 0;
+      for (std::size_t l = 0; l < levels; ++l) {
+        if (calls_[l].empty()) continue;
+        if (levels_queued++ == 0 || calls_[l].front().first < calls_[oldest].front().first)
+          oldest = l;
+        top = l;
+      }
+      std::size_t from = top;
+      if (levels_queued == 1 || oldest == top) {
+        passed_ = 0;
+      } else if (passed_ >= gpupool::limits::priority_aging_takes) {
+        passed_ = 0;
+        from = oldest;
+      } else {
+        ++passed_;
+      }
+      auto call = std::move(calls_[from].front().second);
+      calls_[from].pop_front();
+      --size_;
       return call;
     }
     [[nodiscard]] bool empty() {
       std::lock_guard lock(mutex_);
-      return calls_.empty();
+      return size_ == 0;
     }
     // Takes `call` out if it is still queued.
     bool remove(const std::shared_ptr<python_call>& call) {
       std::lock_guard lock(mutex_);
-      const auto it = std::find(calls_.begin(), calls_.end(), call);
-      if (it == calls_.end()) return false;
-      calls_.erase(it);
-      return true;
+      for (auto& calls : calls_) {
+        const auto it = std::find_if(calls.begin(), calls.end(),
+                                     [&](const entry& e) { return e.second == call; });
+        if (it == calls.end()) continue;
+        calls.erase(it);
+        --size_;
+        return true;
+      }
+      return false;
     }
 
    private:
+    static constexpr std::size_t levels = static_cast<std::size_t>(
+        gpupool::limits::highest_priority - gpupool::limits::lowest_priority + 1);
+    using entry = std::pair<std::uint64_t, std::shared_ptr<python_call>>;  // arrival, call
+    std::deque<entry>& level(int priority) {
+      return calls_[static_cast<std::size_t>(priority - gpupool::limits::lowest_priority)];
+    }
     std::mutex mutex_;
-    std::deque<std::shared_ptr<python_call>> calls_;
+    std::array<std::deque<entry>, levels> calls_;  // lowest priority first
+    std::size_t size_ = 0;
+    std::uint64_t next_ = 0;
+    unsigned passed_ = 0;  // pops in a row that passed over the oldest call
   };
 
   fifo& of(std::optional<int> device) {
@@ -379,11 +418,14 @@ struct python_task {
 
 void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
                         nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
-                        const std::shared_ptr<python_calls>& calls) {
+                        const std::shared_ptr<python_calls>& calls,
+                        const gpupool::task_options& options) {
   python_calls::fifo& fifo = calls->of(device);  // checks the device first
+  const int priority = options.priority.value_or(exec.priority());
+  gpupool::check_priority(priority, "priority");
   // Queued before its task, which may start at once.
   auto submitted = std::make_shared<python_call>(fn, args, kwargs, future, runner);
-  fifo.push(submitted);
+  fifo.push(submitted, priority);
   auto state = std::make_shared<python_task>();
   auto task = [calls, &fifo, state](gpupool::lane& l) {
     state->started = true;
@@ -407,8 +449,9 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
   };
   std::optional<gpupool::future<void>> queued;
   try {
-    queued.emplace(device ? exec.submit_to(*device, std::move(task))
-                          : exec.submit(std::move(task)));
+    const gpupool::task_options task_options{priority};
+    queued.emplace(device ? exec.submit_to(*device, task_options, std::move(task))
+                          : exec.submit(task_options, std::move(task)));
   } catch (...) {
     // The task was refused (a device out of service, say): the call must not wait in the FIFO
     // for a task that never comes, and the caller gets the error. Unless a lane running the

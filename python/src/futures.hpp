@@ -43,9 +43,13 @@ void chain_python_calls(python_calls& calls, bool on) noexcept;
 // already ran finds the FIFO empty and ends without the GIL; one that ends without running
 // (cancelled, or failed before it started) ends one call of its FIFO the same way. So every
 // call ends exactly once.
+//
+// `options.priority` (else the executor's) orders the call: its task in gpupool's queue, and the
+// call in its FIFO, which gives a lane the oldest call of the highest priority queued.
 void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
                         nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
-                        const std::shared_ptr<python_calls>& calls);
+                        const std::shared_ptr<python_calls>& calls,
+                        const gpupool::task_options& options = {});
 
 // Waits (without the GIL) until no task of `calls` is still to end beyond the calls still to end
 // (a task whose call another lane ran ends soon after), so that what the core records at a

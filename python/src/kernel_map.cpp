@@ -116,14 +116,16 @@ std::optional<nb::object> next_item(const nb::object& iterator) {
 kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
                        const gpupool::builtin_kernel& k, nb::object xs,
                        std::optional<nb::object> ys, std::optional<double> timeout,
-                       map_window window, bool lazy)
+                       map_window window, bool lazy, gpupool::task_options options)
     : exec_(exec),
+      options_(options),
       kernel_object_(nb::borrow(kernel_object)),
       kernel_(k),
       window_(window),
       lazy_(lazy) {
   if (window_.calls == 0 || window_.bytes == 0)
     throw nb::value_error("gpupool: a map's window holds at least one call");
+  if (options_.priority) gpupool::check_priority(*options_.priority, "priority");
   if (lazy_) {
     check_kernel_arity(k, ys.has_value());
     x_iter_ = nb::steal(PyObject_GetIter(xs.ptr()));
@@ -229,8 +231,8 @@ void kernel_map::top_up() {
       std::size_t end = at + 1;
       while (end < calls.size() && types[end] == types[at]) ++end;
       auto futures = exec_.transform_each(
-          kernel_, types[at],
-          std::span<const gpupool::transform_call>(calls.data() + at, end - at));
+          kernel_, types[at], std::span<const gpupool::transform_call>(calls.data() + at, end - at),
+          options_);
       for (auto& f : futures) queued_[first + queued_now++].future = std::move(f);
       at = end;
     }

@@ -60,7 +60,7 @@ class kernel_map {
   // are iterators; otherwise sequences.
   kernel_map(gpupool::executor& exec, nb::handle kernel_object, const gpupool::builtin_kernel& k,
              nb::object xs, std::optional<nb::object> ys, std::optional<double> timeout,
-             map_window window, bool lazy);
+             map_window window, bool lazy, gpupool::task_options options = {});
   kernel_map(const kernel_map&) = delete;
   kernel_map& operator=(const kernel_map&) = delete;
   ~kernel_map();
@@ -96,6 +96,7 @@ class kernel_map {
   void cancel_queued() noexcept;
 
   gpupool::executor& exec_;
+  gpupool::task_options options_;  // every call's (its priority)
   nb::object kernel_object_;
   const gpupool::builtin_kernel& kernel_;
   map_window window_;

@@ -26,6 +26,7 @@ nb::dict record_dict(const gpupool::task_record& r) {
   d["name"] = r.name;
   d["device"] = r.device;
   d["lane"] = r.lane;
+  d["priority"] = r.priority;
   d["submitted"] = r.submitted;
   d["started"] = r.started;
   for (const gpupool::trace_stage& stage : gpupool::trace_stages)

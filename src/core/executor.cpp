@@ -27,7 +27,8 @@ executor::impl::impl(const executor_options& options)
       slots(options.slots_per_lane),
       chunk_bytes(settings.chunk_bytes),
       sizing(chunk_bytes, settings.chunk_from == setting_source::given, lanes_per_device),
-      queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment()) {
+      queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment()),
+      default_priority(options.priority) {
   for (std::size_t d = 0; d < ordinals.size(); ++d) {
     owner->prepare_device(ordinals[d]);
     device_info info = owner->describe(ordinals[d]);
@@ -151,6 +152,10 @@ std::size_t executor::chunk_bytes() const noexcept {
 const executor_settings& executor::settings() const noexcept {
   return impl_->settings;
 }
+int executor::priority() const noexcept {
+  return impl_->default_priority;
+}
+
 std::size_t executor::queued() const {
   return impl_->queue.size();
 }

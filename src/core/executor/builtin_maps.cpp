@@ -113,11 +113,10 @@ void executor::impl::enqueue_elementwise_all(
   }
 }
 
-std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(const builtin_kernel& k,
-                                                                      dtype t, std::size_t count,
-                                                                      int operands,
-                                                                      map_input (*next)(void*),
-                                                                      void* source) {
+std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(
+    const builtin_kernel& k, dtype t, std::size_t count, int operands, map_input (*next)(void*),
+    void* source, const task_options& options) {
+  const detail::call_priority_scope priority(options);
   const std::pair<make_map_fn, empty_map_fn> makers = visit_dtype(t, []<class T>() {
     return std::pair<make_map_fn, empty_map_fn>{&make_map<T>, &empty_map<T>};
   });
@@ -160,6 +159,20 @@ multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
 
 std::optional<multi_future<void>> executor::try_transform_each(
     const builtin_kernel& k, dtype t, std::span<const transform_call> calls) {
+  return queue_transforms(k, t, calls, /*may_wait=*/false);
+}
+
+multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
+                                            std::span<const transform_call> calls,
+                                            const task_options& options) {
+  const detail::call_priority_scope priority(options);
+  return *queue_transforms(k, t, calls, /*may_wait=*/true);
+}
+
+std::optional<multi_future<void>> executor::try_transform_each(
+    const builtin_kernel& k, dtype t, std::span<const transform_call> calls,
+    const task_options& options) {
+  const detail::call_priority_scope priority(options);
   return queue_transforms(k, t, calls, /*may_wait=*/false);
 }
 

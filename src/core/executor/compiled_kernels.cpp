@@ -52,4 +52,19 @@ future<void> executor::launch_raw(const raw_kernel& k, const std::vector<kernel_
   return impl_->launch_user(k, inputs, out_type, out, count);
 }
 
+future<void> executor::launch_elementwise(const elementwise_kernel& k,
+                                          const std::vector<kernel_argument>& inputs,
+                                          dtype out_type, void* out, std::size_t count,
+                                          const task_options& options) {
+  const detail::call_priority_scope priority(options);
+  return impl_->launch_user(k, inputs, out_type, out, count);
+}
+
+future<void> executor::launch_raw(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
+                                  dtype out_type, void* out, std::size_t count,
+                                  const task_options& options) {
+  const detail::call_priority_scope priority(options);
+  return impl_->launch_user(k, inputs, out_type, out, count);
+}
+
 }  // namespace gpupool

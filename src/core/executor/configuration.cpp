@@ -81,6 +81,7 @@ std::vector<int> choose_ordinals(const executor_options& options, int available)
 
 executor_settings checked_settings(const executor_options& options, backend& b,
                                    const std::vector<int>& ordinals) {
+  check_priority(options.priority, "executor_options::priority");
   if (options.slots_per_lane < 1 || options.slots_per_lane > limits::most_slots_per_lane)
     throw std::invalid_argument("gpupool: slots_per_lane must be from 1 to " +
                                 std::to_string(limits::most_slots_per_lane));
@@ -94,3 +95,17 @@ executor_settings checked_settings(const executor_options& options, backend& b,
 }
 
 }  // namespace gpupool::detail
+
+namespace gpupool {
+
+void check_priority(int priority, const char* what) {
+  if (priority < limits::lowest_priority || priority > limits::highest_priority)
+    throw std::invalid_argument("gpupool: " + std::string(what) + " must be an integer from " +
+                                std::to_string(limits::lowest_priority) + " to " +
+                                std::to_string(limits::highest_priority) +
+                                " (higher is more "
+                                "urgent), not " +
+                                std::to_string(priority));
+}
+
+}  // namespace gpupool

@@ -99,4 +99,20 @@ future<void> executor::map_on_device(int device, const raw_kernel& k,
   return impl_->map_user_on_device(device, k, calls);
 }
 
+future<void> executor::map_on_device(int device, const elementwise_kernel& k,
+                                     const std::vector<device_call>& calls,
+                                     const task_options& options) {
+  check_device(device);
+  const detail::call_priority_scope priority(options);
+  return impl_->map_user_on_device(device, k, calls);
+}
+
+future<void> executor::map_on_device(int device, const raw_kernel& k,
+                                     const std::vector<device_call>& calls,
+                                     const task_options& options) {
+  check_device(device);
+  const detail::call_priority_scope priority(options);
+  return impl_->map_user_on_device(device, k, calls);
+}
+
 }  // namespace gpupool

@@ -38,6 +38,31 @@
 #include "gpupool/fork.hpp"
 
 namespace gpupool {
+namespace detail {
+
+// The priority the calling thread's current call gave its work (task_options::priority), read
+// by executor::impl::stamp; unset outside such a call.
+inline thread_local std::optional<int> call_priority;
+
+// Sets call_priority for one call that queues work, as `options` say (checked), and restores
+// what was there before when the call ends.
+class call_priority_scope {
+ public:
+  explicit call_priority_scope(const task_options& options) : saved_(call_priority) {
+    if (options.priority) {
+      check_priority(*options.priority, "task_options::priority");
+      call_priority = options.priority;
+    }
+  }
+  call_priority_scope(const call_priority_scope&) = delete;
+  call_priority_scope& operator=(const call_priority_scope&) = delete;
+  ~call_priority_scope() { call_priority = saved_; }
+
+ private:
+  std::optional<int> saved_;
+};
+
+}  // namespace detail
 
 struct executor::impl {
   explicit impl(const executor_options& options);  // executor.cpp
@@ -64,6 +89,7 @@ struct executor::impl {
   detail::coalescing_counters coalescing;
   const detail::fault_plan faults = detail::fault_plan::from_environment();
   std::atomic<std::uint64_t> next_id{0};
+  const int default_priority;  // executor_options::priority (checked)
   const std::chrono::steady_clock::time_point epoch = std::chrono::steady_clock::now();
 
   // --- the coordinator (executor.cpp) ---
@@ -80,10 +106,12 @@ struct executor::impl {
 
   // --- what every part does the same way ---
 
-  // Stamps an item as it is queued: its place in submission order, and when.
+  // Stamps an item as it is queued: its place in submission order, when, and its priority (the
+  // calling thread's current call's, else the executor's).
   void stamp(detail::work_item& item) {
     item.trace_id = next_id.fetch_add(1, std::memory_order_relaxed);
     item.submitted_us = detail::clock_us(epoch);
+    item.priority = detail::call_priority.value_or(default_priority);
   }
 
   // Queues `items` (stamped) for `device` in one push; if they cannot be queued (shut down

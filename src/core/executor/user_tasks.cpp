@@ -65,9 +65,21 @@ class user_task_item final : public detail::work_item {
 
 }  // namespace
 
+void executor::check_priority_option(const task_options& options) {
+  if (options.priority) check_priority(*options.priority, "task_options::priority");
+}
+
 void executor::queue_user_task(std::size_t bytes, std::size_t align,
                                detail::user_task* (*construct)(void* storage, void* context),
-                               void* context, std::optional<int> device, std::size_t admitted) {
+                               void* context, std::optional<int> device, std::size_t admitted,
+                               const task_options& options) {
+  std::optional<detail::call_priority_scope> priority;
+  try {
+    priority.emplace(options);  // checks it
+  } catch (...) {
+    impl_->gate->release(admitted);  // nothing holds the bytes yet
+    throw;
+  }
   std::unique_ptr<user_task_item> item;
   try {
     item = user_task_item::make(bytes, align, construct, context);

@@ -1,6 +1,7 @@
 #include "core/scheduling/task_queue.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <functional>
 #include <iterator>
 #include <stdexcept>
@@ -10,6 +11,14 @@
 
 namespace gpupool::detail {
 namespace {
+
+// The level of the default priority (0): the only one in use unless work asks for another.
+constexpr auto default_level = static_cast<std::size_t>(-limits::lowest_priority);
+
+// The highest level set in `mask` (not 0).
+std::size_t top_level(unsigned mask) noexcept {
+  return static_cast<std::size_t>(std::bit_width(mask)) - 1;
+}
 
 // Locks the given device queues' mutexes in index order (every path that holds more than one
 // lock takes them so, and no other holds two at once) and unlocks them on scope exit.
@@ -61,20 +70,103 @@ bool task_queue::append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& 
   return true;
 }
 
-work_item_ptr task_queue::take_own_locked(device_queue& q) {
-  if (!q.pinned.empty()) {
-    work_item_ptr item = std::move(q.pinned.front());
-    q.pinned.pop_front();
+std::size_t task_queue::level_of(int priority) {
+  if (priority < limits::lowest_priority || priority > limits::highest_priority)
+    throw std::invalid_argument(
+        "gpupool: a work item's priority must be from " + std::to_string(limits::lowest_priority) +
+        " to " + std::to_string(limits::highest_priority) + ", not " + std::to_string(priority));
+  return static_cast<std::size_t>(priority - limits::lowest_priority);
+}
+
+void task_queue::note_queued_locked(device_queue& q, bool pinned, std::size_t level,
+                                    std::size_t n) {
+  if (n == 0) return;
+  const unsigned bit = 1U << level;
+  if (pinned) {
+    q.pinned_mask |= bit;
+  } else if ((q.shared_mask & bit) == 0) {
+    q.shared_mask |= bit;
+    q.shared_levels.store(q.shared_mask);
+  }
+  if (level != default_level) off_default_.fetch_add(n);
+}
+
+work_item_ptr task_queue::take_front_locked(device_queue& q, bool pinned, std::size_t level) {
+  std::deque<work_item_ptr>& fifo = pinned ? q.pinned[level] : q.shared[level];
+  work_item_ptr item = std::move(fifo.front());
+  fifo.pop_front();
+  const unsigned bit = 1U << level;
+  if (pinned) {
     q.pinned_count.fetch_sub(1);
-    return item;
-  }
-  if (!q.shared.empty()) {
-    work_item_ptr item = std::move(q.shared.front());
-    q.shared.pop_front();
+    if (fifo.empty()) q.pinned_mask &= ~bit;
+  } else {
     q.shared_count.fetch_sub(1);
-    return item;
+    if (fifo.empty()) {
+      q.shared_mask &= ~bit;
+      q.shared_levels.store(q.shared_mask);
+    }
   }
-  return nullptr;
+  if (level != default_level) off_default_.fetch_sub(1);
+  return item;
+}
+
+work_item_ptr task_queue::take_own_locked(device_queue& q) {
+  const unsigned mask = q.pinned_mask | q.shared_mask;
+  if (mask == 0) return nullptr;
+  const std::size_t top = top_level(mask);
+  const bool top_pinned = (q.pinned_mask >> top & 1U) != 0;
+  if (mask == 1U << top) {  // one priority only: its pinned items first, then its shared ones
+    q.passed = 0;
+    return take_front_locked(q, top_pinned, top);
+  }
+  // Several priorities: the highest, unless aging says that the oldest item is due.
+  bool oldest_pinned = top_pinned;
+  std::size_t oldest_level = top;
+  std::uint64_t oldest = (top_pinned ? q.pinned[top] : q.shared[top]).front()->trace_id;
+  for (std::size_t level = 0; level < levels; ++level)
+    for (const bool pinned : {true, false}) {
+      const std::deque<work_item_ptr>& fifo = pinned ? q.pinned[level] : q.shared[level];
+      if (!fifo.empty() && fifo.front()->trace_id < oldest) {
+        oldest = fifo.front()->trace_id;
+        oldest_pinned = pinned;
+        oldest_level = level;
+      }
+    }
+  if (oldest_level == top && oldest_pinned == top_pinned) {
+    q.passed = 0;
+  } else if (q.passed >= aging_takes) {
+    q.passed = 0;
+    return take_front_locked(q, oldest_pinned, oldest_level);
+  } else {
+    ++q.passed;
+  }
+  return take_front_locked(q, top_pinned, top);
+}
+
+bool task_queue::higher_elsewhere_locked(device_queue& q, int device) {
+  if (count_ == 1 || off_default_.load() == 0) return false;
+  const unsigned mask = q.pinned_mask | q.shared_mask;
+  const int own = mask == 0 ? -1 : static_cast<int>(top_level(mask));
+  // This device's oldest item is due (aging): it is taken rather than work stolen past it.
+  if (own >= 0 && q.passed >= aging_takes) return false;
+  if (best_elsewhere(device) <= own) return false;
+  if (own >= 0) ++q.passed;  // passing over this device's own items
+  return true;
+}
+
+work_item_ptr task_queue::take_shared_locked(device_queue& q) {
+  if (q.shared_mask == 0) return nullptr;
+  return take_front_locked(q, /*pinned=*/false, top_level(q.shared_mask));
+}
+
+int task_queue::best_elsewhere(int device) const {
+  int best = -1;
+  for (std::size_t i = 1; i < count_; ++i) {
+    const device_queue& q = queues_[(static_cast<std::size_t>(device) + i) % count_];
+    const unsigned mask = q.shared_levels.load();
+    if (mask != 0 && !q.retired.load()) best = std::max(best, static_cast<int>(top_level(mask)));
+  }
+  return best;
 }
 
 void task_queue::refresh_idle_locked(device_queue& q) {
@@ -167,6 +259,7 @@ bool task_queue::offer(work_item_ptr& item, std::optional<int> device) {
 bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
   const bool pinned = device.has_value();
   if (pinned) (void)at(*device);  // throws for an unknown device
+  const std::size_t level = level_of(item->priority);
   std::size_t target = 0;
   std::pair<int, bool> woken;
   bool every_lane_busy = false;
@@ -182,7 +275,9 @@ bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
     }
     // Coalescing only while every lane of the device is busy: an idle one takes the item now.
     const bool may_absorb = q.sleeping - q.signalled == 0 && q.spinning.load() == 0;
-    if (!append_locked(pinned ? q.pinned : q.shared, item, may_absorb)) return true;  // absorbed
+    if (!append_locked(pinned ? q.pinned[level] : q.shared[level], item, may_absorb))
+      return true;  // absorbed
+    note_queued_locked(q, pinned, level, 1);
     (pinned ? q.pinned_count : q.shared_count).fetch_add(1);
     woken = signal_locked(q, 1, wake_rule::one_in_transit);
     every_lane_busy = q.sleeping == 0 && q.spinning.load() == 0;
@@ -195,8 +290,48 @@ bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
 }
 
 bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> device) {
-  for (const auto& item : items)
+  for (const auto& item : items) {
     if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
+    (void)level_of(item->priority);
+  }
+  const bool one_priority = std::all_of(items.begin(), items.end(), [&](const work_item_ptr& i) {
+    return i->priority == items.front()->priority;
+  });
+  if (one_priority) return push_all_one_level(items, device);
+  // Several priorities (work a retired device held): each priority's items in one push,
+  // highest first, in their order.
+  std::vector<work_item_ptr> group;
+  group.reserve(items.size());  // may throw: nothing queued yet
+  for (int p = limits::highest_priority; p >= limits::lowest_priority; --p) {
+    group.clear();
+    for (auto& item : items)
+      if (item && item->priority == p) group.push_back(std::move(item));
+    if (group.empty()) continue;
+    // Not queued (false or a throw): this priority's items and the lower ones are left in
+    // `items`, in order, what was queued taken out (within its capacity: no allocation).
+    const auto leave_the_rest = [&] {
+      std::erase_if(items, [](const work_item_ptr& i) { return !i; });
+      items.insert(items.begin(), std::make_move_iterator(group.begin()),
+                   std::make_move_iterator(group.end()));
+    };
+    bool queued = false;
+    try {
+      queued = push_all_one_level(group, device);
+    } catch (...) {
+      leave_the_rest();
+      throw;
+    }
+    if (!queued) {
+      leave_the_rest();
+      return false;
+    }
+  }
+  items.clear();
+  return true;
+}
+
+bool task_queue::push_all_one_level(std::vector<work_item_ptr>& items, std::optional<int> device) {
+  const std::size_t level = items.empty() ? default_level : level_of(items.front()->priority);
   // One item (map queues each input's pieces on their own) is queued as push does, waking a
   // lane only if none is on its way.
   if (items.size() == 1) {
@@ -210,8 +345,9 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
     {
       std::lock_guard lock(q.mutex);
       if (closed_.load() || q.retired.load()) return false;
-      make_room_locked(q.pinned, items.size());  // may throw: nothing queued yet
-      const std::size_t queued = append_run_locked(q, q.pinned, items, 0, items.size());
+      make_room_locked(q.pinned[level], items.size());  // may throw: nothing queued yet
+      const std::size_t queued = append_run_locked(q, q.pinned[level], items, 0, items.size());
+      note_queued_locked(q, /*pinned=*/true, level, queued);
       q.pinned_count.fetch_add(queued);
       woken = signal_locked(q, queued, wake_rule::every_item);
     }
@@ -252,10 +388,10 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
       // in earlier targets taken off again), then the runs, which cannot fail.
       for (std::size_t r = 0; r < runs; ++r) {
         try {
-          make_room_locked(queues_[targets[r]].shared, n * (r + 1) / runs - n * r / runs);
+          make_room_locked(queues_[targets[r]].shared[level], n * (r + 1) / runs - n * r / runs);
         } catch (...) {
           for (std::size_t earlier = 0; earlier < r; ++earlier) {
-            std::deque<work_item_ptr>& shared = queues_[targets[earlier]].shared;
+            std::deque<work_item_ptr>& shared = queues_[targets[earlier]].shared[level];
             for (std::size_t e = n * earlier / runs; e < n * (earlier + 1) / runs; ++e)
               shared.pop_back();
           }
@@ -265,7 +401,8 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
       for (std::size_t r = 0; r < runs; ++r) {
         device_queue& q = queues_[targets[r]];
         const std::size_t queued =
-            append_run_locked(q, q.shared, items, n * r / runs, n * (r + 1) / runs);
+            append_run_locked(q, q.shared[level], items, n * r / runs, n * (r + 1) / runs);
+        note_queued_locked(q, /*pinned=*/false, level, queued);
         q.shared_count.fetch_add(queued);
         woken[r] = signal_locked(q, queued, wake_rule::every_item);
         // Served: those a woken lane takes, and those the device's spinning lanes take.
@@ -321,7 +458,7 @@ std::size_t task_queue::append_run_locked(device_queue& q, std::deque<work_item_
 }
 
 std::pair<int, bool> task_queue::pass_on_locked(device_queue& q) {
-  return signal_locked(q, q.pinned.size() + q.shared.size(), wake_rule::one_in_transit);
+  return signal_locked(q, q.pinned_count.load() + q.shared_count.load(), wake_rule::one_in_transit);
 }
 
 bool task_queue::any_shared() const {
@@ -345,24 +482,29 @@ void task_queue::hand_on_steal(int device) {
 work_item_ptr task_queue::steal(int device) {
   const auto own = static_cast<std::size_t>(device);
   if (queues_[own].retired.load()) return nullptr;  // a lane of a faulted device runs nothing
-  for (std::size_t i = 1; i < count_; ++i) {
-    device_queue& q = queues_[(own + i) % count_];
-    if (q.shared_count.load() == 0 || q.retired.load()) continue;
-    work_item_ptr item;
-    bool more = false;
-    {
-      std::lock_guard lock(q.mutex);
-      if (q.shared.empty()) continue;
-      item = std::move(q.shared.front());
-      q.shared.pop_front();
-      more = q.shared_count.fetch_sub(1) > 1;
+  // With work of several priorities queued, a device holding the highest goes first; if that
+  // was taken meanwhile, any device's (a second pass, so that a steal never misses work there).
+  int best = off_default_.load() != 0 ? best_elsewhere(device) : -1;
+  for (bool filtered = best >= 0;; filtered = false, best = -1) {
+    for (std::size_t i = 1; i < count_; ++i) {
+      device_queue& q = queues_[(own + i) % count_];
+      if (q.shared_count.load() == 0 || q.retired.load()) continue;
+      if (best >= 0 && (q.shared_levels.load() >> static_cast<unsigned>(best)) == 0) continue;
+      work_item_ptr item;
+      bool more = false;
+      {
+        std::lock_guard lock(q.mutex);
+        item = take_shared_locked(q);
+        if (!item) continue;
+        more = q.shared_count.load() > 0;
+      }
+      // More left where this one came from: pass the wake-up on to an idle lane, this device's
+      // first.
+      if (more) wake_idle(1, own, wake_rule::one_in_transit);
+      return item;
     }
-    // More left where this one came from: pass the wake-up on to an idle lane, this device's
-    // first.
-    if (more) wake_idle(1, own, wake_rule::one_in_transit);
-    return item;
+    if (!filtered) return nullptr;
   }
-  return nullptr;
 }
 
 bool task_queue::worth_a_look(const device_queue& q) const {
@@ -374,7 +516,7 @@ bool task_queue::wait_for_work(int device, bool& woken_for_item) {
   device_queue& q = queues_[static_cast<std::size_t>(device)];
   std::unique_lock lock(q.mutex);
   if (q.retired.load()) return false;  // out of service: its lanes take nothing more
-  if (!q.pinned.empty() || !q.shared.empty()) return true;
+  if (q.pinned_count.load() + q.shared_count.load() != 0) return true;
   // Closed: a lane leaves once nothing it may run is left (other devices' shared items it helps
   // with; their pinned ones are theirs).
   if (closed_.load()) return any_shared();
@@ -391,7 +533,7 @@ bool task_queue::wait_for_work(int device, bool& woken_for_item) {
     lock.lock();
     q.spinning.fetch_sub(1);
     if (q.retired.load()) return false;
-    if (!q.pinned.empty() || !q.shared.empty()) {
+    if (q.pinned_count.load() + q.shared_count.load() != 0) {
       // Still on its way to an item a push saw it spinning for (and so woke nobody): counted as
       // a woken lane until pop looks under the lock, so that a cancelling drain spares that item
       // and the lane, once it takes an item of its own, hands a wake-up on to the shared items
@@ -437,9 +579,11 @@ work_item_ptr task_queue::pop(int device, bool block) {
       work_item_ptr item;
       std::pair<int, bool> woken;
       const bool was_dispatched = std::exchange(woken_for_item, false);
+      bool steal_first = false;
       {
         std::lock_guard lock(q.mutex);
-        item = take_own_locked(q);
+        steal_first = higher_elsewhere_locked(q, device);
+        if (!steal_first) item = take_own_locked(q);
         if (was_dispatched) --q.dispatched;
         woken = pass_on_locked(q);
       }
@@ -447,6 +591,10 @@ work_item_ptr task_queue::pop(int device, bool block) {
       if (item) {
         if (was_dispatched) hand_on_steal(device);
         return item;
+      }
+      if (steal_first) {
+        if (auto stolen = steal(device)) return stolen;
+        continue;  // taken meanwhile: look again (this device's own items are still there)
       }
     }
     if (auto item = steal(device)) return item;
@@ -466,11 +614,12 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
     }
     if (woken_for_item || q.pinned_count.load() + q.shared_count.load() != 0) {
       std::size_t take = 0;
+      bool steal_first = false;
       std::pair<int, bool> woken;
       const bool was_dispatched = std::exchange(woken_for_item, false);
       {
         std::lock_guard lock(q.mutex);
-        const std::size_t queued = q.pinned.size() + q.shared.size();
+        const std::size_t queued = q.pinned_count.load() + q.shared_count.load();
         // Left for the lanes on their way here (signalled, or up and not yet looked), this one
         // excepted.
         const auto reserved =
@@ -479,6 +628,8 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
         if (was_dispatched) --q.dispatched;
         take = std::min(most,
                         queued > reserved ? queued - reserved : std::min<std::size_t>(queued, 1));
+        steal_first = higher_elsewhere_locked(q, device);
+        if (steal_first) take = 0;       // a higher priority elsewhere: steal that first (below)
         out.reserve(out.size() + take);  // may throw: before anything is taken
         for (std::size_t i = 0; i < take; ++i) out.push_back(take_own_locked(q));
         woken = pass_on_locked(q);
@@ -487,6 +638,13 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
       if (take > 0) {
         if (was_dispatched) hand_on_steal(device);
         return take;
+      }
+      if (steal_first) {
+        if (auto item = steal(device)) {
+          out.push_back(std::move(item));
+          return 1;
+        }
+        continue;  // taken meanwhile: look again (this device's own items are still there)
       }
     }
     if (auto item = steal(device)) {
@@ -515,13 +673,22 @@ std::unique_ptr<task_queue::retired_items> task_queue::retire(int device) {
     std::lock_guard lock(q.mutex);
     if (q.retired.load()) return nullptr;
     // Room first, so that nothing below throws once items leave their deques.
-    taken->pinned.reserve(q.pinned.size());
-    taken->shared.reserve(q.shared.size());
+    taken->pinned.reserve(q.pinned_count.load());
+    taken->shared.reserve(q.shared_count.load());
     q.retired.store(true);
-    for (auto& item : q.pinned) taken->pinned.push_back(std::move(item));
-    for (auto& item : q.shared) taken->shared.push_back(std::move(item));
-    q.pinned.clear();
-    q.shared.clear();
+    // Highest priority first, each in its order.
+    std::size_t off_default = 0;
+    for (std::size_t level = levels; level-- > 0;) {
+      if (level != default_level) off_default += q.pinned[level].size() + q.shared[level].size();
+      for (auto& item : q.pinned[level]) taken->pinned.push_back(std::move(item));
+      for (auto& item : q.shared[level]) taken->shared.push_back(std::move(item));
+      q.pinned[level].clear();
+      q.shared[level].clear();
+    }
+    off_default_.fetch_sub(off_default);
+    q.pinned_mask = 0;
+    q.shared_mask = 0;
+    q.shared_levels.store(0);
     q.pinned_count.store(0);
     q.shared_count.store(0);
     live_.fetch_sub(1);
@@ -551,29 +718,44 @@ std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain(bool
   for (std::size_t d = 0; d < count_; ++d) locks.lock(queues_[d]);
   std::size_t pinned = 0, shared = 0;
   for (std::size_t d = 0; d < count_; ++d) {
-    pinned += queues_[d].pinned.size();
-    shared += queues_[d].shared.size();
+    pinned += queues_[d].pinned_count.load();
+    shared += queues_[d].shared_count.load();
   }
   // Room first, so that nothing below throws once items leave their deques.
   items.reserve(pinned + shared);
   unpinned.reserve(shared);
   for (std::size_t d = 0; d < count_; ++d) {
     device_queue& q = queues_[d];
-    // A woken lane takes its device's pinned items first, then its shared ones (take_own_locked).
+    // A woken lane takes its device's highest priority first, of it the pinned items first,
+    // then the shared ones (take_own_locked): those are the items spared.
     std::size_t spared =
         spare_woken
             ? static_cast<std::size_t>(std::max(0, q.signalled + q.dispatched + q.spinning.load()))
             : 0;
-    const std::size_t keep_pinned = std::min(spared, q.pinned.size());
-    const std::size_t keep_shared = std::min(spared - keep_pinned, q.shared.size());
-    for (std::size_t i = keep_pinned; i < q.pinned.size(); ++i)
-      items.emplace_back(std::move(q.pinned[i]), static_cast<int>(d));
-    for (std::size_t i = keep_shared; i < q.shared.size(); ++i)
-      unpinned.emplace_back(std::move(q.shared[i]), std::nullopt);
-    q.pinned.resize(keep_pinned);
-    q.shared.resize(keep_shared);
-    q.pinned_count.store(keep_pinned);
-    q.shared_count.store(keep_shared);
+    std::size_t kept_pinned = 0, kept_shared = 0, off_default = 0;
+    q.pinned_mask = 0;
+    q.shared_mask = 0;
+    for (std::size_t level = levels; level-- > 0;) {
+      for (const bool is_pinned : {true, false}) {
+        std::deque<work_item_ptr>& fifo = is_pinned ? q.pinned[level] : q.shared[level];
+        const std::size_t keep = std::min(spared, fifo.size());
+        spared -= keep;
+        for (std::size_t i = keep; i < fifo.size(); ++i) {
+          if (is_pinned)
+            items.emplace_back(std::move(fifo[i]), static_cast<int>(d));
+          else
+            unpinned.emplace_back(std::move(fifo[i]), std::nullopt);
+        }
+        if (level != default_level) off_default += fifo.size() - keep;
+        fifo.resize(keep);
+        if (keep > 0) (is_pinned ? q.pinned_mask : q.shared_mask) |= 1U << level;
+        (is_pinned ? kept_pinned : kept_shared) += keep;
+      }
+    }
+    q.shared_levels.store(q.shared_mask);
+    off_default_.fetch_sub(off_default);
+    q.pinned_count.store(kept_pinned);
+    q.shared_count.store(kept_shared);
   }
   // Items for any device were dealt out over the devices: put them back in submission order.
   std::stable_sort(unpinned.begin(), unpinned.end(), [](const auto& a, const auto& b) {

@@ -4,8 +4,16 @@
 // for a short while (the spin) before it sleeps; sleeping lanes are woken per device, one per
 // queued item, only where an item can run and no spinning lane will take it. A device taken out
 // of service (retire) queues nothing more and its lanes leave.
+//
+// Priorities: each FIFO is one per priority level (work_item::priority). A lane takes the highest
+// priority it can run first (stealing a higher-priority item from another device rather than
+// taking a lower one of its own), first come first served within a priority (a device's pinned
+// items before its shared ones, as without priorities). Aging bounds starvation: while a device
+// holds items of more than one priority, every take by its lanes that is not of its oldest item
+// counts, and after `aging_takes` such takes in a row its next take is its oldest item.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -18,11 +26,21 @@
 #include <vector>
 
 #include "core/scheduling/work_item.hpp"
+#include "gpupool/options.hpp"
 
 namespace gpupool::detail {
 
 class task_queue {
  public:
+  /// The priority levels: one FIFO each per device (pinned and shared).
+  static constexpr std::size_t levels =
+      static_cast<std::size_t>(limits::highest_priority - limits::lowest_priority + 1);
+  /// Takes of a device's lanes in a row that may pass over its oldest item while it holds items
+  /// of more than one priority; the next one takes the oldest. So low-priority work gets at
+  /// least one take in aging_takes + 1 under a steady stream of higher-priority work, and a
+  /// high-priority item waits behind at most one aged take per lane.
+  static constexpr unsigned aging_takes = limits::priority_aging_takes;
+
   /// A queue for `devices` devices (at least 1). A lane that finds nothing to take keeps looking
   /// for `spin` before it sleeps (see lane_spin.hpp); zero: it sleeps at once.
   explicit task_queue(int devices, std::chrono::microseconds spin = std::chrono::microseconds{0});
@@ -30,10 +48,10 @@ class task_queue {
   task_queue& operator=(const task_queue&) = delete;
   ~task_queue();
 
-  /// Queues `item` for any device, or for `device` alone. False if the queue is closed, or if no
-  /// device that may run it is in service (see `retire`). An item
-  /// the last queued item of the same device queue absorbs (`work_item::absorb`) is not queued
-  /// on its own and not counted by `size()`.
+  /// Queues `item` (at its `priority`'s level) for any device, or for `device` alone. False if the
+  /// queue is closed, or if no device that may run it is in service (see `retire`). An item the
+  /// last queued item of the same device queue absorbs (`work_item::absorb`) is not queued on its
+  /// own and not counted by `size()`.
   /// @throw std::out_of_range for a device this queue does not have.
   bool push(work_item_ptr item, std::optional<int> device);
   /// Like `push`, but an item that is not queued stays with the caller (false), who must end it.
@@ -42,10 +60,14 @@ class task_queue {
   /// lock once and waking at most one waiting lane per item (a single item is queued as `push`
   /// queues it). False (nothing queued, `items` left as they were) if closed or if no device
   /// that may run them is in service; otherwise `items` is left empty. If the queue cannot grow
-  /// (std::bad_alloc), nothing is queued either and `items` is left as it was.
+  /// (std::bad_alloc), nothing is queued either and `items` is left as it was. Items of
+  /// different priorities are queued one priority at a time, highest first; if one priority's
+  /// items cannot be queued, the items not queued are left in `items` (the others null).
+  /// @throw std::invalid_argument for a null item or a priority outside limits.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
-  /// Takes the next item for a lane of `device`: that device's pinned items first, then the
+  /// Takes the next item for a lane of `device`: of the highest priority queued that it may run
+  /// (aging aside, see aging_takes); within it, that device's pinned items first, then the
   /// items for any device queued at that device, then such items stolen from other devices
   /// (never their pinned items). With `block`, waits for one; returns null only once the queue
   /// is closed and holds nothing `device` may run. Without `block`, returns null at once when
@@ -96,8 +118,17 @@ class task_queue {
   struct alignas(64) device_queue {
     std::mutex mutex;
     std::condition_variable wake;
-    std::deque<work_item_ptr> pinned;  // only this device's lanes take these
-    std::deque<work_item_ptr> shared;  // any lane may take these; this device's first
+    // One FIFO per priority level (index: priority - limits::lowest_priority).
+    std::array<std::deque<work_item_ptr>, levels> pinned;  // only this device's lanes take these
+    std::array<std::deque<work_item_ptr>, levels> shared;  // any lane; this device's first
+    // Bit L set when pinned[L] (shared[L]) holds an item (under `mutex`); `shared_mask` is also
+    // published in `shared_levels` for thieves choosing where to steal without the lock.
+    unsigned pinned_mask = 0;
+    unsigned shared_mask = 0;
+    std::atomic<unsigned> shared_levels{0};
+    // Takes by this device's lanes in a row that were not of its oldest item while it held items
+    // of more than one priority (under `mutex`; see aging_takes).
+    unsigned passed = 0;
     // The deques' sizes, readable without the lock: by thieves looking for work, by size(), and
     // by a lane checking for work before it sleeps.
     std::atomic<std::size_t> pinned_count{0};
@@ -121,12 +152,31 @@ class task_queue {
   device_queue& at(int device) const;
   // push, leaving `item` with the caller if the queue is closed.
   bool push_one(work_item_ptr& item, std::optional<int> device);
-  // Under q's lock: the next pinned item, else the next shared one.
-  static work_item_ptr take_own_locked(device_queue& q);
+  // Under q's lock: the next item for one of q's lanes (highest priority, pinned before shared,
+  // aging applied), null if q holds none.
+  work_item_ptr take_own_locked(device_queue& q);
+  // Under q's lock: the first item of q's highest shared level, for a thief; null if none.
+  work_item_ptr take_shared_locked(device_queue& q);
+  // Under q's lock: takes the front of q's pinned or shared FIFO of `level`, keeping the counts
+  // and level masks.
+  work_item_ptr take_front_locked(device_queue& q, bool pinned, std::size_t level);
+  // Under q's lock, after items were queued in q's pinned or shared FIFO of `level`.
+  void note_queued_locked(device_queue& q, bool pinned, std::size_t level, std::size_t n);
+  // The level of priority `priority` (checked: std::invalid_argument outside limits).
+  static std::size_t level_of(int priority);
   // Under q's lock: appends `item` to `deque`, or lets its last item absorb it. True if queued.
   // `may_absorb` false: queued as an entry of its own.
   static bool append_locked(std::deque<work_item_ptr>& deque, work_item_ptr& item,
                             bool may_absorb = true);
+  // push_all for items of one priority.
+  bool push_all_one_level(std::vector<work_item_ptr>& items, std::optional<int> device);
+  // Under q's lock (q: `device`'s queue): whether a lane of `device` should steal a higher
+  // priority from another device before taking from q (counting that as passing over q's
+  // items for aging).
+  bool higher_elsewhere_locked(device_queue& q, int device);
+  // The highest level of shared items another device than `device` holds (by the lock-free
+  // masks), or -1.
+  [[nodiscard]] int best_elsewhere(int device) const;
   // Under the deque's lock: adds `n` empty entries at its back, or throws (the deque could not
   // grow) having added none. The one step of queueing a run that can fail, taken before any of
   // the run is queued.
@@ -138,7 +188,8 @@ class task_queue {
   static std::size_t append_run_locked(device_queue& q, std::deque<work_item_ptr>& deque,
                                        std::vector<work_item_ptr>& items, std::size_t begin,
                                        std::size_t end) noexcept;
-  // Takes a shared item from another device than `device`; null if none.
+  // Takes a shared item from another device than `device`, of the highest priority there is;
+  // null if none.
   work_item_ptr steal(int device);
   // After a lane woken for an item took one of its own device: if other devices hold shared
   // items, an idle lane is woken to steal them (see the definition).
@@ -195,6 +246,9 @@ class task_queue {
   std::atomic<bool> closed_{false};
   std::atomic<int> live_;  // devices in service
   std::atomic<std::size_t> wakeups_{0};
+  // Items queued at a level other than the default priority's, on every device: while none is,
+  // lanes take and steal as without priorities, without looking at the levels of other devices.
+  alignas(64) std::atomic<std::size_t> off_default_{0};
 };
 
 }  // namespace gpupool::detail

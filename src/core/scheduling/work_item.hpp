@@ -70,6 +70,10 @@ class work_item {
 
   std::uint64_t trace_id = 0;  ///< Submission order, set when queued.
   double submitted_us = 0.0;   ///< When queued, on the executor's clock.
+  /// Which of the queue's priority levels it joins (limits::lowest_priority..highest_priority;
+  /// higher is taken first), set when queued. Items of different priorities never absorb each
+  /// other (they wait in different FIFOs).
+  int priority = 0;
 };
 
 using work_item_ptr = std::unique_ptr<work_item>;
