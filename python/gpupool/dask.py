@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as _futures
 import contextlib
+import inspect
 import itertools
 import json
 import logging
@@ -73,11 +74,10 @@ __all__ = [
 #: The name the plugin is registered under on every worker (``worker.plugins[PLUGIN_NAME]``).
 PLUGIN_NAME = "gpupool"
 
-#: The keyword arguments gpupool.Executor takes; the plugin refuses others at once, on the
-#: client, rather than on every worker.
-_EXECUTOR_OPTIONS = ("threads_per_gpu", "devices", "backend", "slots_per_lane", "chunk_bytes",
-                     "device_memory_budget", "cpu_devices", "cpu_copy_rate", "in_flight_budget",
-                     "when_full", "tuning")
+#: The keyword arguments gpupool.Executor takes (read from its signature, so that a new option
+#: reaches the workers too); the plugin refuses others at once, on the client, rather than on
+#: every worker.
+_EXECUTOR_OPTIONS = tuple(name for name in inspect.signature(_executor.Executor).parameters)
 
 #: What a plugin holds on its worker alone (never pickled).
 _WORKER_STATE = ("executor", "clock_offset_us", "_tracing", "_lock")

@@ -6,6 +6,7 @@ process, so that its pool and its log line can be seen) makes a default pool onc
 once and shuts it down when it closes."""
 
 import concurrent.futures as cf
+import inspect
 import json
 import logging
 import os
@@ -290,6 +291,15 @@ def test_pool_is_created_once_per_worker_and_shut_down_with_it(tmp_path):
 def test_install_refuses_unknown_options():
     with pytest.raises(TypeError, match="threads_per_gpu"):
         gd.PoolPlugin(threads=4)
+
+
+def test_install_takes_every_option_the_executor_takes():
+    # Each of gpupool.Executor's parameters, with its default, reaches the workers' pools.
+    parameters = inspect.signature(gpupool.Executor).parameters
+    options = {name: p.default for name, p in parameters.items()
+               if p.default is not inspect.Parameter.empty}
+    assert {"priority", "cpu_copy_rate", "quiet", "devices"} <= set(options)
+    gd.PoolPlugin(**options)
 
 
 # -- without install: a default pool per worker, made on first use --------------------------------
