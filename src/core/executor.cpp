@@ -27,7 +27,8 @@ executor::impl::impl(const executor_options& options)
       slots(options.slots_per_lane),
       chunk_bytes(settings.chunk_bytes),
       sizing(chunk_bytes, settings.chunk_from == setting_source::given, lanes_per_device),
-      queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment()),
+      queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment(),
+            options.priority),
       default_priority(options.priority) {
   for (std::size_t d = 0; d < ordinals.size(); ++d) {
     owner->prepare_device(ordinals[d]);

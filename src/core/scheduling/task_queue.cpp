@@ -12,9 +12,6 @@
 namespace gpupool::detail {
 namespace {
 
-// The level of the default priority (0): the only one in use unless work asks for another.
-constexpr auto default_level = static_cast<std::size_t>(-limits::lowest_priority);
-
 // The highest level set in `mask` (not 0).
 std::size_t top_level(unsigned mask) noexcept {
   return static_cast<std::size_t>(std::bit_width(mask)) - 1;
@@ -42,8 +39,9 @@ class ordered_locks {
 
 }  // namespace
 
-task_queue::task_queue(int devices, std::chrono::microseconds spin)
-    : count_(devices > 0 ? static_cast<std::size_t>(devices) : 0),
+task_queue::task_queue(int devices, std::chrono::microseconds spin, int usual_priority)
+    : usual_level_(level_of(usual_priority)),
+      count_(devices > 0 ? static_cast<std::size_t>(devices) : 0),
       spin_(std::max(spin, std::chrono::microseconds{0})),
       queues_(std::make_unique<device_queue[]>(count_)),
       live_(devices > 0 ? devices : 0) {
@@ -86,9 +84,9 @@ void task_queue::note_queued_locked(device_queue& q, bool pinned, std::size_t le
     q.pinned_mask |= bit;
   } else if ((q.shared_mask & bit) == 0) {
     q.shared_mask |= bit;
-    q.shared_levels.store(q.shared_mask);
+    q.shared_levels.store(q.shared_mask, std::memory_order_release);
   }
-  if (level != default_level) off_default_.fetch_add(n);
+  if (level != usual_level_ && count_ > 1) off_default_.fetch_add(n);
 }
 
 work_item_ptr task_queue::take_front_locked(device_queue& q, bool pinned, std::size_t level) {
@@ -103,10 +101,10 @@ work_item_ptr task_queue::take_front_locked(device_queue& q, bool pinned, std::s
     q.shared_count.fetch_sub(1);
     if (fifo.empty()) {
       q.shared_mask &= ~bit;
-      q.shared_levels.store(q.shared_mask);
+      q.shared_levels.store(q.shared_mask, std::memory_order_release);
     }
   }
-  if (level != default_level) off_default_.fetch_sub(1);
+  if (level != usual_level_ && count_ > 1) off_default_.fetch_sub(1);
   return item;
 }
 
@@ -163,7 +161,7 @@ int task_queue::best_elsewhere(int device) const {
   int best = -1;
   for (std::size_t i = 1; i < count_; ++i) {
     const device_queue& q = queues_[(static_cast<std::size_t>(device) + i) % count_];
-    const unsigned mask = q.shared_levels.load();
+    const unsigned mask = q.shared_levels.load(std::memory_order_acquire);
     if (mask != 0 && !q.retired.load()) best = std::max(best, static_cast<int>(top_level(mask)));
   }
   return best;
@@ -290,13 +288,12 @@ bool task_queue::push_one(work_item_ptr& item, std::optional<int> device) {
 }
 
 bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> device) {
+  bool one_priority = true;
   for (const auto& item : items) {
     if (!item) throw std::invalid_argument("gpupool: a null work item cannot be queued");
     (void)level_of(item->priority);
+    one_priority = one_priority && item->priority == items.front()->priority;
   }
-  const bool one_priority = std::all_of(items.begin(), items.end(), [&](const work_item_ptr& i) {
-    return i->priority == items.front()->priority;
-  });
   if (one_priority) return push_all_one_level(items, device);
   // Several priorities (work a retired device held): each priority's items in one push,
   // highest first, in their order.
@@ -331,7 +328,7 @@ bool task_queue::push_all(std::vector<work_item_ptr>& items, std::optional<int> 
 }
 
 bool task_queue::push_all_one_level(std::vector<work_item_ptr>& items, std::optional<int> device) {
-  const std::size_t level = items.empty() ? default_level : level_of(items.front()->priority);
+  const std::size_t level = items.empty() ? usual_level_ : level_of(items.front()->priority);
   // One item (map queues each input's pieces on their own) is queued as push does, waking a
   // lane only if none is on its way.
   if (items.size() == 1) {
@@ -479,6 +476,11 @@ void task_queue::hand_on_steal(int device) {
     }
 }
 
+void task_queue::hand_on_own(int device) {
+  if (queues_[static_cast<std::size_t>(device)].shared_count.load() != 0)
+    wake_idle(1, static_cast<std::size_t>(device), wake_rule::one_in_transit);
+}
+
 work_item_ptr task_queue::steal(int device) {
   const auto own = static_cast<std::size_t>(device);
   if (queues_[own].retired.load()) return nullptr;  // a lane of a faulted device runs nothing
@@ -489,7 +491,9 @@ work_item_ptr task_queue::steal(int device) {
     for (std::size_t i = 1; i < count_; ++i) {
       device_queue& q = queues_[(own + i) % count_];
       if (q.shared_count.load() == 0 || q.retired.load()) continue;
-      if (best >= 0 && (q.shared_levels.load() >> static_cast<unsigned>(best)) == 0) continue;
+      if (best >= 0 &&
+          (q.shared_levels.load(std::memory_order_acquire) >> static_cast<unsigned>(best)) == 0)
+        continue;
       work_item_ptr item;
       bool more = false;
       {
@@ -593,7 +597,10 @@ work_item_ptr task_queue::pop(int device, bool block) {
         return item;
       }
       if (steal_first) {
-        if (auto stolen = steal(device)) return stolen;
+        if (auto stolen = steal(device)) {
+          if (was_dispatched) hand_on_own(device);
+          return stolen;
+        }
         continue;  // taken meanwhile: look again (this device's own items are still there)
       }
     }
@@ -642,6 +649,7 @@ std::size_t task_queue::pop_some(int device, std::size_t most, std::vector<work_
       if (steal_first) {
         if (auto item = steal(device)) {
           out.push_back(std::move(item));
+          if (was_dispatched) hand_on_own(device);
           return 1;
         }
         continue;  // taken meanwhile: look again (this device's own items are still there)
@@ -679,7 +687,8 @@ std::unique_ptr<task_queue::retired_items> task_queue::retire(int device) {
     // Highest priority first, each in its order.
     std::size_t off_default = 0;
     for (std::size_t level = levels; level-- > 0;) {
-      if (level != default_level) off_default += q.pinned[level].size() + q.shared[level].size();
+      if (level != usual_level_ && count_ > 1)
+        off_default += q.pinned[level].size() + q.shared[level].size();
       for (auto& item : q.pinned[level]) taken->pinned.push_back(std::move(item));
       for (auto& item : q.shared[level]) taken->shared.push_back(std::move(item));
       q.pinned[level].clear();
@@ -688,7 +697,7 @@ std::unique_ptr<task_queue::retired_items> task_queue::retire(int device) {
     off_default_.fetch_sub(off_default);
     q.pinned_mask = 0;
     q.shared_mask = 0;
-    q.shared_levels.store(0);
+    q.shared_levels.store(0, std::memory_order_release);
     q.pinned_count.store(0);
     q.shared_count.store(0);
     live_.fetch_sub(1);
@@ -746,13 +755,13 @@ std::vector<std::pair<work_item_ptr, std::optional<int>>> task_queue::drain(bool
           else
             unpinned.emplace_back(std::move(fifo[i]), std::nullopt);
         }
-        if (level != default_level) off_default += fifo.size() - keep;
+        if (level != usual_level_ && count_ > 1) off_default += fifo.size() - keep;
         fifo.resize(keep);
         if (keep > 0) (is_pinned ? q.pinned_mask : q.shared_mask) |= 1U << level;
         (is_pinned ? kept_pinned : kept_shared) += keep;
       }
     }
-    q.shared_levels.store(q.shared_mask);
+    q.shared_levels.store(q.shared_mask, std::memory_order_release);
     off_default_.fetch_sub(off_default);
     q.pinned_count.store(kept_pinned);
     q.shared_count.store(kept_shared);

@@ -42,8 +42,10 @@ class task_queue {
   static constexpr unsigned aging_takes = limits::priority_aging_takes;
 
   /// A queue for `devices` devices (at least 1). A lane that finds nothing to take keeps looking
-  /// for `spin` before it sleeps (see lane_spin.hpp); zero: it sleeps at once.
-  explicit task_queue(int devices, std::chrono::microseconds spin = std::chrono::microseconds{0});
+  /// for `spin` before it sleeps (see lane_spin.hpp); zero: it sleeps at once. Items of
+  /// `usual_priority` (the executor's default) are the common case that costs nothing extra.
+  explicit task_queue(int devices, std::chrono::microseconds spin = std::chrono::microseconds{0},
+                      int usual_priority = 0);
   task_queue(const task_queue&) = delete;
   task_queue& operator=(const task_queue&) = delete;
   ~task_queue();
@@ -62,7 +64,8 @@ class task_queue {
   /// that may run them is in service; otherwise `items` is left empty. If the queue cannot grow
   /// (std::bad_alloc), nothing is queued either and `items` is left as it was. Items of
   /// different priorities are queued one priority at a time, highest first; if one priority's
-  /// items cannot be queued, the items not queued are left in `items` (the others null).
+  /// items cannot be queued, `items` is left holding just the items not queued: that priority's,
+  /// then the lower ones', each priority's in their order.
   /// @throw std::invalid_argument for a null item or a priority outside limits.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
@@ -194,6 +197,9 @@ class task_queue {
   // After a lane woken for an item took one of its own device: if other devices hold shared
   // items, an idle lane is woken to steal them (see the definition).
   void hand_on_steal(int device);
+  // A lane dispatched to `device`'s items that stole a higher priority elsewhere instead: the
+  // items it was woken for would wait for a busy lane. Wake an idle lane for them.
+  void hand_on_own(int device);
   // True if any device holds a shared item.
   [[nodiscard]] bool any_shared() const;
   // Under q's lock: how many of `items` new items q's spinning lanes take (each takes one without
@@ -239,6 +245,7 @@ class task_queue {
   // counts as on its way, and the wake-up goes to a lane of another device.
   void leave_retired(int device, bool& woken_for_item);
 
+  std::size_t usual_level_;  // the level of the executor's default priority
   std::size_t count_;
   std::chrono::microseconds spin_;
   std::unique_ptr<device_queue[]> queues_;
@@ -246,8 +253,9 @@ class task_queue {
   std::atomic<bool> closed_{false};
   std::atomic<int> live_;  // devices in service
   std::atomic<std::size_t> wakeups_{0};
-  // Items queued at a level other than the default priority's, on every device: while none is,
-  // lanes take and steal as without priorities, without looking at the levels of other devices.
+  // Items queued at a level other than the usual priority's, on every device (counted only with
+  // more than one device, the only case that reads it): while none is, lanes take and steal as
+  // without priorities, without looking at the levels of other devices.
   alignas(64) std::atomic<std::size_t> off_default_{0};
 };
 
