@@ -154,12 +154,12 @@ std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(
 
 multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,
                                             std::span<const transform_call> calls) {
-  return *queue_transforms(k, t, calls, /*may_wait=*/true);
+  return transform_each(k, t, calls, task_options{});
 }
 
 std::optional<multi_future<void>> executor::try_transform_each(
     const builtin_kernel& k, dtype t, std::span<const transform_call> calls) {
-  return queue_transforms(k, t, calls, /*may_wait=*/false);
+  return try_transform_each(k, t, calls, task_options{});
 }
 
 multi_future<void> executor::transform_each(const builtin_kernel& k, dtype t,

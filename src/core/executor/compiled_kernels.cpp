@@ -44,12 +44,12 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
 future<void> executor::launch_elementwise(const elementwise_kernel& k,
                                           const std::vector<kernel_argument>& inputs,
                                           dtype out_type, void* out, std::size_t count) {
-  return impl_->launch_user(k, inputs, out_type, out, count);
+  return launch_elementwise(k, inputs, out_type, out, count, task_options{});
 }
 
 future<void> executor::launch_raw(const raw_kernel& k, const std::vector<kernel_argument>& inputs,
                                   dtype out_type, void* out, std::size_t count) {
-  return impl_->launch_user(k, inputs, out_type, out, count);
+  return launch_raw(k, inputs, out_type, out, count, task_options{});
 }
 
 future<void> executor::launch_elementwise(const elementwise_kernel& k,

@@ -89,14 +89,12 @@ future<void> executor::impl::map_user_on_device(int device, const K& k,
 
 future<void> executor::map_on_device(int device, const elementwise_kernel& k,
                                      const std::vector<device_call>& calls) {
-  check_device(device);
-  return impl_->map_user_on_device(device, k, calls);
+  return map_on_device(device, k, calls, task_options{});
 }
 
 future<void> executor::map_on_device(int device, const raw_kernel& k,
                                      const std::vector<device_call>& calls) {
-  check_device(device);
-  return impl_->map_user_on_device(device, k, calls);
+  return map_on_device(device, k, calls, task_options{});
 }
 
 future<void> executor::map_on_device(int device, const elementwise_kernel& k,
