@@ -31,6 +31,7 @@ from __future__ import annotations
 import atexit
 import concurrent.futures as _futures
 import contextlib
+import functools
 import inspect
 import itertools
 import json
@@ -600,7 +601,8 @@ def _run_call(fn: Callable[..., Any], args: Tuple[Any, ...], kwargs: Dict[str, A
     pool = worker_executor()
     if isinstance(fn, _KernelSpec):
         return pool.submit(fn.build(), *(_host_block(a) for a in args)).result()
-    return pool.submit(fn, *args, **kwargs).result()
+    # Every argument is fn's (gpupool's own submit keeps `priority` for itself).
+    return pool.submit(functools.partial(fn, *args, **kwargs)).result()
 
 
 def _run_batch(fn: Any, calls: List[Tuple[Any, ...]]) -> List[Any]:

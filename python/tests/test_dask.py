@@ -159,6 +159,17 @@ def test_executor_runs_callables_on_a_lane_and_returns_their_errors(client):
             ex.submit(fail).result(timeout=60)
 
 
+def test_executor_hands_every_keyword_to_the_function(client):
+    # Including `priority`, which gpupool's own submit keeps for itself: this Executor's
+    # submit(fn, *args, **kwargs) runs fn(*args, **kwargs), as concurrent.futures says.
+    def ranked(name, priority="none"):
+        return f"{name}:{priority}"
+
+    with gd.Executor(client) as ex:
+        assert ex.submit(ranked, "a", priority="high").result(timeout=60) == "a:high"
+        assert ex.submit(ranked, "b").result(timeout=60) == "b:none"
+
+
 def test_executor_shutdown_semantics(client):
     ex = gd.Executor(client)
     slow = ex.submit(time.sleep, 0.5)
