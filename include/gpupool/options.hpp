@@ -132,7 +132,9 @@ struct task_options {
   /// the highest priority first, first come first served within a priority, with aging so that
   /// lower priorities still progress (see docs/configuration.md, "Priorities"). From
   /// limits::lowest_priority to limits::highest_priority, higher is more urgent; unset: the
-  /// executor's (executor_options::priority). A map's or transform's pieces all carry it.
+  /// executor's (executor_options::priority). Every piece of a map or transform_each carries
+  /// it (the single-array `transform` overloads run at the executor's priority). Work a task
+  /// submits from its lane does not inherit it: give it its own.
   std::optional<int> priority;
 };
 
