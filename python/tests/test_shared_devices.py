@@ -1,6 +1,7 @@
 """One GPU as several devices (``devices=[0, 0]``, or GPUPOOL_DEVICES) and the CPU stand-ins'
 copy rate (``cpu_copy_rate``), from Python: on the CPU backend, and the executor's own paths on
 CUDA where a GPU is usable (tests/test_shared_devices.cpp has the C++ side on both)."""
+import threading
 import time
 
 import gpupool
@@ -16,11 +17,20 @@ def test_one_ordinal_twice_is_two_devices_with_their_own_lanes(backend):
         assert [d["lanes"] for d in ex.devices] == [2, 2]
         assert {ex.submit_to(1, lambda: gpupool.current_lane().device).result()
                 for _ in range(10)} == {1}
-        with ex.trace() as trace:
-            xs = [np.full(20_000, float(i)) for i in range(64)]
-            for x, r in zip(xs, ex.map(gpupool.kernels.square, xs)):
-                np.testing.assert_array_equal(r, x * x)
-        assert {r["device"] for r in trace.records()} == {0, 1}
+
+        # Four calls that each wait for all four to run: only every lane of both devices at
+        # once can run them.
+        everyone = threading.Barrier(4, timeout=30)
+
+        def meet():
+            everyone.wait()
+            return gpupool.current_lane().device
+
+        assert sorted(f.result(timeout=60) for f in [ex.submit(meet) for _ in range(4)]) == \
+            [0, 0, 1, 1]
+        xs = [np.full(20_000, float(i)) for i in range(64)]
+        for x, r in zip(xs, ex.map(gpupool.kernels.square, xs)):
+            np.testing.assert_array_equal(r, x * x)
 
 
 def test_a_map_over_device_arrays_of_a_shared_gpu_takes_turns_on_its_devices():
