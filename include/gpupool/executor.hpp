@@ -128,6 +128,9 @@ class executor {
 
   [[nodiscard]] backend_kind backend() const noexcept;
   [[nodiscard]] const std::vector<device_info>& devices() const noexcept;
+  /// Whether device `device` still takes work: false once a fault took it out of service (and
+  /// for a device the executor does not have). Thread-safe, cheap.
+  [[nodiscard]] bool in_service(int device) const noexcept;
   [[nodiscard]] int lanes_per_device() const noexcept;
   [[nodiscard]] int lane_count() const noexcept;
   [[nodiscard]] int slots_per_lane() const noexcept;

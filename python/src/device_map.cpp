@@ -312,17 +312,25 @@ void group_by_device(std::size_t begin, std::size_t end,
 }  // namespace
 
 int device_of_ordinal(const gpupool::executor& ex, int ordinal) {
-  // Devices of one GPU (its ordinal listed more than once) take turns, so that work over its
-  // arrays spreads over all of them; any of them is correct.
+  // Devices of one GPU (its ordinal listed more than once) take turns, one per block of calls,
+  // so that work over its arrays spreads over all of them; any of them is correct. Those still
+  // in service are preferred: a device taken out of service refuses work its twins could run.
   static std::atomic<unsigned> turn{0};
   const auto& devices = ex.devices();
-  const auto sharing = static_cast<unsigned>(std::count_if(
-      devices.begin(), devices.end(), [&](const auto& d) { return d.ordinal == ordinal; }));
-  if (sharing != 0) {
-    unsigned skip = sharing == 1 ? 0 : turn.fetch_add(1, std::memory_order_relaxed) % sharing;
+  int first = -1;
+  unsigned serving = 0;
+  for (const auto& d : devices)
+    if (d.ordinal == ordinal) {
+      if (first < 0) first = d.id;
+      if (ex.in_service(d.id)) ++serving;
+    }
+  if (serving > 0) {
+    unsigned skip = serving == 1 ? 0 : turn.fetch_add(1, std::memory_order_relaxed) % serving;
     for (const auto& d : devices)
-      if (d.ordinal == ordinal && skip-- == 0) return d.id;
+      if (d.ordinal == ordinal && ex.in_service(d.id) && skip-- == 0) return d.id;
   }
+  // None in service (or the last one left meanwhile): its refusal names the fault.
+  if (first >= 0) return first;
   throw nb::value_error(("gpupool: the array lives on GPU " + std::to_string(ordinal) +
                          ", which this executor does not use")
                             .c_str());

@@ -138,6 +138,10 @@ backend_kind executor::backend() const noexcept {
 const std::vector<device_info>& executor::devices() const noexcept {
   return impl_->devices;
 }
+bool executor::in_service(int device) const noexcept {
+  return device >= 0 && static_cast<std::size_t>(device) < impl_->devices.size() &&
+         !impl_->queue.retired(device);
+}
 int executor::lanes_per_device() const noexcept {
   return impl_->lanes_per_device;
 }
