@@ -54,6 +54,9 @@ inline constexpr int highest_priority = 3;
 /// something other than its oldest work at most this many times in a row (aging); the next take
 /// is the oldest. So lower priorities keep at least one take in priority_aging_takes + 1.
 inline constexpr unsigned priority_aging_takes = 8;
+/// The slowest executor_options::cpu_copy_rate, in bytes per second: below it a copy of a few
+/// megabytes would take days, which is a mistaken unit rather than a model of any bus.
+inline constexpr double least_cpu_copy_rate = 1024;
 }  // namespace limits
 
 /// Throws std::invalid_argument, naming `what` and the range, unless `priority` lies within
@@ -68,8 +71,9 @@ struct executor_options {
 
   /// Devices to run on, as backend ordinals (for CUDA, after `CUDA_VISIBLE_DEVICES`), in the
   /// order the executor numbers them. An ordinal named n times makes n devices of one GPU, each
-  /// with its own lanes, budgets, statistics and quarantine; they share the GPU's memory (the
-  /// default in-flight budget is divided among them) and its copy engines. Empty: the
+  /// with its own lanes, budgets, statistics and quarantine; they share the GPU's memory (on
+  /// CUDA the default in-flight budget is divided among them; `device_memory_budget` is each
+  /// one's) and its copy engines. Empty: the
   /// `GPUPOOL_DEVICES` environment variable (ordinals separated by commas, such as `0,0`),
   /// otherwise every visible device once.
   std::vector<int> devices;
@@ -113,8 +117,9 @@ struct executor_options {
   /// The copy rate of each CPU stand-in device, in bytes per second each way: its copies to and
   /// from "device memory" take at least their bytes at this rate, one at a time per direction
   /// and device, as a GPU's copy engines carry every lane's copies. So a stand-in device can
-  /// model a GPU's pace without using host cores while it waits (docs/scaling.md). 0: no limit.
-  /// Ignored by the CUDA backend.
+  /// model a GPU's pace without using host cores while it waits (docs/scaling.md). 0: no limit;
+  /// otherwise at least limits::least_cpu_copy_rate. Each executor paces its own stand-ins (two
+  /// executors on one stand-in each get the whole rate). Ignored by the CUDA backend.
   double cpu_copy_rate = 0;
 
   /// The priority of work submitted without one (see task_options::priority), from

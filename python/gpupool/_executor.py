@@ -45,14 +45,18 @@ def _count(name: str, value: object, low: int, high: Optional[int], allowed: str
     return number
 
 
-def _rate(name: str, value: object, allowed: str) -> float:
-    """``value`` as a finite float of at least 0, or an error naming the parameter, the value
-    given and what is allowed. bool and str are refused rather than converted."""
+def _rate(name: str, value: object, least: float, allowed: str) -> float:
+    """``value`` as 0 or a finite float of at least ``least``, or an error naming the
+    parameter, the value given and what is allowed. bool and str are refused rather than
+    converted."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"gpupool.Executor: {name} must be {allowed}, not "
                         f"{value!r} ({type(value).__name__})")
-    number = float(value)
-    if not math.isfinite(number) or number < 0:
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond any float
+        number = math.inf
+    if number != 0 and not (math.isfinite(number) and number >= least):
         raise ValueError(f"gpupool.Executor: {name} must be {allowed}, not {value!r}")
     return number
 
@@ -255,9 +259,10 @@ class Executor(_futures.Executor):
                                               None, "a byte count, or 0 for no limit")
         options.cpu_devices = _count("cpu_devices", cpu_devices, 0, 1024,
                                      "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024")
-        options.cpu_copy_rate = _rate("cpu_copy_rate", cpu_copy_rate,
-                                      "bytes per second, a finite number of at least 0 "
-                                      "(0: no limit)")
+        options.cpu_copy_rate = _rate(
+            "cpu_copy_rate", cpu_copy_rate, _ext.LEAST_CPU_COPY_RATE,
+            f"bytes per second: 0 (no limit) or a finite number of at least "
+            f"{_ext.LEAST_CPU_COPY_RATE:g}")
         options.in_flight_budget = _count(
             "in_flight_budget", in_flight_budget, 0, 2**64 - 1,
             "a byte count per device: 0 for the default, 2**64 - 1 for no budget")

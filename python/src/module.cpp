@@ -32,6 +32,7 @@ NB_MODULE(_ext, m) {
   m.attr("MOST_LANES_PER_DEVICE") = gpupool::limits::most_lanes_per_device;
   m.attr("MOST_LANES_PER_EXECUTOR") = gpupool::limits::most_lanes_per_executor;
   m.attr("MOST_SLOTS_PER_LANE") = gpupool::limits::most_slots_per_lane;
+  m.attr("LEAST_CPU_COPY_RATE") = gpupool::limits::least_cpu_copy_rate;
   m.attr("LOWEST_PRIORITY") = gpupool::limits::lowest_priority;
   m.attr("HIGHEST_PRIORITY") = gpupool::limits::highest_priority;
   nb::list backends;

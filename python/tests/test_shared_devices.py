@@ -69,7 +69,9 @@ def test_stand_in_copies_take_their_bytes_at_the_copy_rate():
 
 @pytest.mark.parametrize("bad, error", [
     (-1.0, ValueError), (float("nan"), ValueError), (float("inf"), ValueError),
+    (41.3, ValueError), (10**400, ValueError), (5e-324, ValueError),
     ("fast", TypeError), (True, TypeError), (None, TypeError)])
 def test_a_bad_copy_rate_names_the_parameter(bad, error):
-    with pytest.raises(error, match=r"cpu_copy_rate must be bytes per second"):
+    with pytest.raises(error, match=r"cpu_copy_rate must be bytes per second: 0 \(no limit\) "
+                                    r"or a finite number of at least 1024"):
         gpupool.Executor(backend="cpu", cpu_copy_rate=bad)

@@ -129,16 +129,20 @@ std::shared_ptr<backend> select_backend(const executor_options& options) {
     throw std::invalid_argument("gpupool: cpu_devices must be from 1 to 1024 (0: " +
                                 std::string("GPUPOOL_CPU_DEVICES, else 1), not ") +
                                 std::to_string(options.cpu_devices));
-  // Finite and not negative; the largest double is far beyond any bus, so no upper bound.
-  if (!(options.cpu_copy_rate >= 0) || !std::isfinite(options.cpu_copy_rate))
+  // 0, or finite and not below the floor; the largest double is far beyond any bus, so no upper
+  // bound.
+  const double rate = options.cpu_copy_rate;
+  if (rate != 0 && !(std::isfinite(rate) && rate >= limits::least_cpu_copy_rate)) {
+    char shown[32];
+    std::snprintf(shown, sizeof shown, "%.17g", rate);
     throw std::invalid_argument(
-        "gpupool: cpu_copy_rate must be a finite number of bytes per second, at least 0 (0: no "
-        "limit), not " +
-        std::to_string(options.cpu_copy_rate));
+        "gpupool: cpu_copy_rate must be 0 (no limit) or a finite number "
+        "of bytes per second of at least " +
+        std::to_string(static_cast<long>(limits::least_cpu_copy_rate)) + ", not " + shown);
+  }
   check_environment();
   const stand_in_devices stand_ins{
-      options.cpu_devices > 0 ? options.cpu_devices : cpu_devices_from_environment(),
-      options.cpu_copy_rate};
+      options.cpu_devices > 0 ? options.cpu_devices : cpu_devices_from_environment(), rate};
   const std::optional<backend_kind> wanted =
       options.backend ? options.backend : backend_from_environment();
   if (wanted) return registration(*wanted).make(stand_ins);

@@ -121,19 +121,25 @@ std::string tuning_key(const executor_options& o, backend& b, const std::vector<
            std::to_string(d.compute_minor) + " mem" + std::to_string(d.total_memory) + " mp" +
            std::to_string(d.multiprocessors);
   }
-  // Which devices are one GPU ("0,0" for a GPU as two devices, "0,1" for two GPUs), by order of
-  // first appearance so that the ordinals themselves do not count.
-  key += "|gpus=";
-  for (std::size_t d = 0; d < ordinals.size(); ++d) {
-    const auto first = std::find(ordinals.begin(), ordinals.end(), ordinals[d]);
-    const auto distinct_before = std::set<int>(ordinals.begin(), first).size();
-    if (d != 0) key += ',';
-    key += std::to_string(distinct_before);
-  }
   key += "|lanes=" + std::to_string(o.lanes_per_device) +
          "|chunk=" + std::to_string(o.chunk_bytes) + "|slots=" + std::to_string(o.slots_per_lane) +
-         "|device_budget=" + std::to_string(o.device_memory_budget) +
-         "|copy_rate=" + std::to_string(o.cpu_copy_rate);
+         "|device_budget=" + std::to_string(o.device_memory_budget);
+  // Added only where they differ from the usual, so that the keys of every other executor (and
+  // the entries cached under them) stay as they were. Which devices are one GPU ("0,0" for a GPU
+  // as two devices), by order of first appearance so that the ordinals themselves do not count:
+  if (std::set<int>(ordinals.begin(), ordinals.end()).size() != ordinals.size()) {
+    key += "|gpus=";
+    for (std::size_t d = 0; d < ordinals.size(); ++d) {
+      const auto first = std::find(ordinals.begin(), ordinals.end(), ordinals[d]);
+      if (d != 0) key += ',';
+      key += std::to_string(std::set<int>(ordinals.begin(), first).size());
+    }
+  }
+  if (o.cpu_copy_rate != 0) {
+    char rate[32];
+    std::snprintf(rate, sizeof rate, "%.17g", o.cpu_copy_rate);
+    key += std::string("|copy_rate=") + rate;
+  }
   return key;
 }
 
