@@ -5,11 +5,11 @@
 // copy rate (executor_options::cpu_copy_rate), shared the same way.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <set>
 #include <span>
 #include <stdexcept>
 #include <string>
@@ -39,16 +39,18 @@ class SharedDevices : public ::testing::TestWithParam<backend_kind> {
 };
 
 TEST_P(SharedDevices, OneGpuIsTwoDevicesThatShareItsMemory) {
-  const std::size_t alone = executor(one_as(1)).devices().at(0).free_memory;
+  // What one device alone is given, read before and after (other processes move it a little).
+  const std::size_t before = executor(one_as(1)).devices().at(0).free_memory;
   executor ex(one_as(2));
+  const std::size_t after = executor(one_as(1)).devices().at(0).free_memory;
+  const std::size_t least = std::min(before, after), most = std::max(before, after);
   ASSERT_EQ(ex.devices().size(), 2u);
   for (int d = 0; d < 2; ++d) {
     EXPECT_EQ(ex.devices()[static_cast<std::size_t>(d)].id, d);
     EXPECT_EQ(ex.devices()[static_cast<std::size_t>(d)].ordinal, 0);
-    // Each has half of what one device alone is given (other processes' use of the memory
-    // moves it a little between the two readings).
-    EXPECT_LT(ex.devices()[static_cast<std::size_t>(d)].free_memory, alone / 10 * 6);
-    EXPECT_GT(ex.devices()[static_cast<std::size_t>(d)].free_memory, alone / 10 * 4);
+    // Each has half of what one device alone is given.
+    EXPECT_LE(ex.devices()[static_cast<std::size_t>(d)].free_memory, most / 20 * 11);
+    EXPECT_GE(ex.devices()[static_cast<std::size_t>(d)].free_memory, least / 20 * 9);
   }
   EXPECT_EQ(ex.devices()[0].name, ex.devices()[1].name);
   EXPECT_EQ(ex.lane_count(), 4);
@@ -57,14 +59,22 @@ TEST_P(SharedDevices, OneGpuIsTwoDevicesThatShareItsMemory) {
 
 TEST_P(SharedDevices, WorkSpreadsOverBothAndSubmitToPinsIt) {
   executor ex(one_as(2));
-  multi_future<int> spread;
-  for (int i = 0; i < 80; ++i)
-    spread.push_back(ex.submit([](lane& l) {
-      std::this_thread::sleep_for(2ms);
+  EXPECT_TRUE(ex.in_service(0) && ex.in_service(1));
+  // Four tasks that each wait for all four to run: only every lane of both devices at once can
+  // run them (a deadline ends the wait, and the check below then fails, if that never happens).
+  std::atomic<int> arrived{0};
+  multi_future<int> meeting;
+  for (int i = 0; i < 4; ++i)
+    meeting.push_back(ex.submit([&arrived](lane& l) {
+      arrived.fetch_add(1);
+      const auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (arrived.load() < 4 && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(1ms);
       return l.device();
     }));
-  const auto used = spread.get();
-  EXPECT_EQ(std::set<int>(used.begin(), used.end()), (std::set<int>{0, 1}));
+  auto used = meeting.get();
+  std::sort(used.begin(), used.end());
+  EXPECT_EQ(used, (std::vector<int>{0, 0, 1, 1}));
   multi_future<int> pinned;
   for (int i = 0; i < 20; ++i)
     pinned.push_back(ex.submit_to(1, [](lane& l) { return l.device(); }));
@@ -157,6 +167,9 @@ TEST_P(SharedDevices, AFaultTakesOneOutAndTheOtherRunsItsQueuedWork) {
   for (int d : anywhere.get()) EXPECT_EQ(d, 0);
   EXPECT_THROW((void)ex.submit_to(1, [](lane&) {}), device_fault);
   EXPECT_EQ(ex.submit([](lane& l) { return l.device(); }).get(), 0);
+  EXPECT_TRUE(ex.in_service(0));
+  EXPECT_FALSE(ex.in_service(1));
+  EXPECT_FALSE(ex.in_service(2));  // no such device
 }
 
 TEST_P(SharedDevices, ShutdownCancellingPendingWorkCancelsItOnBoth) {
@@ -219,10 +232,12 @@ TEST(DevicesVariable, NamesTheDevicesWhereTheOptionsNameNone) {
 // makes them; separate stand-in devices copy at the same time.
 class CopyRate : public ::testing::Test {
  protected:
-  static constexpr double rate = 64.0 * (1 << 20);               // bytes per second each way
-  static constexpr std::size_t elements = std::size_t{4} << 20;  // 16 MiB of float32 each way
+  // Little data at a low rate: the pacing, not the host's copies and squares, sets the time
+  // even on a loaded machine under a sanitizer.
+  static constexpr double rate = 4.0 * (1 << 20);                // bytes per second each way
+  static constexpr std::size_t elements = std::size_t{1} << 18;  // 1 MiB of float32 each way
 
-  // Seconds `devices` take to square 16 MiB of float32 in 64 inputs.
+  // Seconds `devices` take to square 1 MiB of float32 in 64 inputs.
   static double seconds_for(std::vector<int> devices, int stand_ins) {
     executor_options o = testing::quiet_options(backend_kind::cpu, 4);
     o.cpu_devices = stand_ins;
@@ -256,7 +271,8 @@ TEST_F(CopyRate, CopiesTakeTheirBytesAtTheRateSharedByTheDevicesOfOneStandIn) {
 
 TEST(CopyRateOption, NegativeOrNotFiniteIsRefused) {
   executor_options o = testing::quiet_options(backend_kind::cpu, 1);
-  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity()}) {
+  for (double bad : {-1.0, std::nan(""), std::numeric_limits<double>::infinity(), 41.3,
+                     std::numeric_limits<double>::denorm_min()}) {
     o.cpu_copy_rate = bad;
     try {
       executor ex(o);
