@@ -100,27 +100,26 @@ def cpu_seconds():
 
 def cluster_rate(client, x, blocks_per_task, repeat):
     """Median blocks/s of map_blocks(square) over `x` persisted, and the CPU seconds per block
-    of the timed runs; the first run warms up and is checked (its first and last blocks against
-    NumPy's squares of the same blocks)."""
+    of the timed runs; the first run warms up. Every run's first and last blocks are checked
+    against NumPy's squares of the same blocks, after its clock stops."""
     times = []
     cpu = 0.0
+    n = x.chunks[0][0]
+    want = [w * w for w in dask.compute(x[:n], x[-n:])]
     for run in range(repeat + 1):
         y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task,
                           name=f"square-{uuid.uuid4().hex}")
-        start, cpu_start = time.perf_counter(), cpu_seconds()
+        cpu_start = cpu_seconds()
+        start = time.perf_counter()
         persisted = client.persist(y)
         wait(persisted)
         seconds = time.perf_counter() - start
         if run:
             cpu += cpu_seconds() - cpu_start
-        if run == 0:
-            n = x.chunks[0][0]
-            got = dask.compute(persisted[:n], persisted[-n:])
-            want = dask.compute(x[:n], x[-n:])
-            if not all(np.array_equal(g, w * w) for g, w in zip(got, want)):
-                raise SystemExit("cluster: a wrong result")
-        else:
             times.append(seconds)
+        got = dask.compute(persisted[:n], persisted[-n:])
+        if not all(np.array_equal(g, w) for g, w in zip(got, want)):
+            raise SystemExit("cluster: a wrong result")
         del persisted
     return x.numblocks[0] / statistics.median(times), cpu / (repeat * x.numblocks[0])
 
@@ -149,14 +148,19 @@ def main():
     args = parser.parse_args()
     if args.from_json:
         with open(args.from_json, encoding="utf-8") as saved:
-            run = json.load(saved)
-        for key, value in run["args"].items():
-            if key not in ("json", "from_json"):
-                setattr(args, key, value)
-        args.cores = args.cores or run.get("cores") or 0
-        report(args, run["g_blocks_per_s"],
-               [(r["workers"], r["blocks_per_task"], r["blocks"], r["blocks_per_s"],
-                 r.get("cpu_us_per_block", 0) / 1e6) for r in run["rows"]])
+            stored = json.load(saved)
+        # A file --json wrote, or several such runs under keys of one object (as
+        # bench/results/dask_cluster_model.json keeps two).
+        runs = [stored] if "rows" in stored else [
+            v for v in stored.values() if isinstance(v, dict) and "rows" in v]
+        for run in runs:
+            for key, value in run["args"].items():
+                if key not in ("json", "from_json", "cores"):
+                    setattr(args, key, value)
+            args.cores = run.get("cores") or args.cores
+            report(args, run["g_blocks_per_s"],
+                   [(r["workers"], r["blocks_per_task"], r["blocks"], r["blocks_per_s"],
+                     r.get("cpu_us_per_block", 0) / 1e6) for r in run["rows"]])
         return
     worker_counts = [int(w) for w in args.workers.split(",")]
     groupings = [int(b) for b in args.blocks_per_task.split(",")]
@@ -221,7 +225,7 @@ def report(args, g, measured):
                      "over_host_model": host_model and round(rate / host_model, 3),
                      "n_star": round(scheduler * bpt / g, 2)})
 
-    print(f"\n{os.cpu_count()} cores, {platform.processor() or platform.machine()}, gpupool "
+    print(f"\n{cores} cores, {platform.processor() or platform.machine()}, gpupool "
           f"{gpupool.__version__}, CPU stand-ins paced at {args.block_seconds * 1e3:.3f} ms a "
           f"block ({args.block_elements * 8} bytes), {args.lanes} lanes and "
           f"{args.worker_threads} thread(s) per worker")

@@ -5,7 +5,8 @@
     GPUPOOL_BACKEND=cpu python bench/shared_devices.py --w2-elements 100000 --w4-tasks 2000
 
 Three executors over GPU 0: as one device with L lanes (the defaults: L as tuned), as two
-devices with L lanes each, and as two with L/2 each (the same lanes in all). Each round times
+devices with L lanes each (twice the lanes), and as two with L/2 each (as many lanes as one
+device has, for even L). Each round times
 every workload on each of them in turn; the medians over --rounds rounds and their ratios to
 one device are printed as a table and JSON (--json). A ratio near 1 means the second device's
 own queue, lanes and budget cost nothing over one device's (issue target: at least 0.95).

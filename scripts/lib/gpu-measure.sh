@@ -201,7 +201,7 @@ if [ $dask = 1 ]; then
       --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
     say "== The cluster model against a simulated cluster (bench/dask_cluster_model.py)"
-    GPUPOOL_BACKEND=cpu timeout "$((step * 4))" python3 bench/dask_cluster_model.py \
+    GPUPOOL_BACKEND=cpu timeout "$((step * 8))" python3 bench/dask_cluster_model.py \
       --workers 1,2,4,8,16,32,64 --json "$OUT/dask_cluster_model.json" 2>&1 |
       tee -a "$OUT/dask.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
