@@ -137,6 +137,15 @@ def test_shutdown_without_cancelling_runs_everything_in_priority_order(hold_ever
     futures = [ex.submit(ran.append, i, priority=i % 3) for i in range(6)]
     stopper = threading.Thread(target=ex.shutdown)
     stopper.start()
+    # The shutdown has begun (new work is refused) while the calls are still queued.
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            ex.submit(abs, 1).cancel()
+        except RuntimeError:
+            break
+        time.sleep(0.001)
+    assert not any(f.done() for f in futures)
     release.set()
     stopper.join(30)
     assert not stopper.is_alive()

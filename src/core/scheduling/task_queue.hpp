@@ -64,8 +64,8 @@ class task_queue {
   /// that may run them is in service; otherwise `items` is left empty. If the queue cannot grow
   /// (std::bad_alloc), nothing is queued either and `items` is left as it was. Items of
   /// different priorities are queued one priority at a time, highest first; if one priority's
-  /// items cannot be queued, `items` is left holding just the items not queued: that priority's,
-  /// then the lower ones', each priority's in their order.
+  /// items cannot be queued, `items` is left holding just the items not queued: that priority's
+  /// first, then the lower priorities' items in the order they were given.
   /// @throw std::invalid_argument for a null item or a priority outside limits.
   bool push_all(std::vector<work_item_ptr>& items, std::optional<int> device = std::nullopt);
 
