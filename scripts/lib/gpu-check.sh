@@ -37,8 +37,10 @@ writes to $OUT:
   summary.txt       everything printed: the commit checked, the GPUs, the test
                     counts and failures, compute-sanitizer's verdicts, W5, the
                     tuning sweep, the demo, package versions, the seed example
-  build.log, gtest.log, gtest.xml, gtest-1gpu.log, soak.log, ctest.log, oob.log,
-  memcheck.log, racecheck.log, synccheck.log, pip.log, pytest.log
+  logs.tar.gz       the rest, packed in one file (tar -xzf it): build.log,
+                    gtest.log, gtest.xml, gtest-1gpu.log, soak.log, ctest.log,
+                    oob.log, memcheck.log, racecheck.log, synccheck.log, pip.log,
+                    pytest.log
 EOF
 }
 
@@ -76,8 +78,9 @@ status=0
 exec > >(tee "$OUT/summary.txt") 2>&1
 summary_pid=$!
 pydir=""
-# At exit: the package's folder removed, and the summary written out before the exit status.
-trap '[ -z "$pydir" ] || rm -rf "$pydir"; exec >&- 2>&-; wait "$summary_pid"' EXIT
+# At exit: the package's folder removed, the summary written out before the exit status, and
+# every other file of $OUT packed into logs.tar.gz (pack_out).
+trap '[ -z "$pydir" ] || rm -rf "$pydir"; exec >&- 2>&-; wait "$summary_pid"; pack_out summary.txt' EXIT
 
 echo "commit: $(tree_commit)"
 nvidia-smi --query-gpu=name,driver_version,memory.total,pcie.link.gen.current,pcie.link.width.current \

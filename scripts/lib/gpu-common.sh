@@ -63,3 +63,23 @@ seconds_since() {
   python3 -c 'import sys; print(round(float(sys.argv[2]) - float(sys.argv[1]), 2))' \
     "$1" "$(date +%s.%N)"
 }
+
+# pack_out KEEP...: every file in $OUT but those named (paths within $OUT) goes into one
+# archive, $OUT/logs.tar.gz, and is removed, so that a run's results are a handful of files
+# wherever they are copied from.
+# `tar -xzf logs.tar.gz` gives the logs back where they were.
+pack_out() {
+  local rest=() f kept
+  while IFS= read -r -d '' f; do
+    f=${f#"$OUT"/}
+    [ "$f" = logs.tar.gz ] && continue
+    kept=0
+    for k in "$@"; do [ "$f" = "$k" ] && kept=1; done
+    [ $kept = 1 ] || rest+=("$f")
+  done < <(find "$OUT" -type f -print0)
+  [ ${#rest[@]} -eq 0 ] && return 0
+  tar -czf "$OUT/logs.tar.gz" -C "$OUT" -- "${rest[@]}" &&
+    (cd "$OUT" && rm -f -- "${rest[@]}") &&
+    find "$OUT" -mindepth 1 -type d -empty -delete
+}
+

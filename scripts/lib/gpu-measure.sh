@@ -48,16 +48,16 @@ options:
 
 writes to $OUT:
   measure.txt        everything printed, step by step
-  tuning.txt         the tuning summary (step 1)
-  compare.json, compare.png, compare.txt (the table), compare.log (step 2)
-  --images:       timeline_1lane.png, timeline_4lanes.png, w2_trace.json,
-                  bench.json, bench.csv, bench.png
-  --small-tasks:  small_tasks.txt
-  --shared:       shared_devices.txt, shared_devices.json
-  --dask:         dask.txt, dask_cluster_model.json
-  --profile:      w4.prof, w4.bin, submit.prof, python.bin, the extension module,
-                  libpython and libc of this machine, profile.txt
-  build.log, pip.log
+  compare.json, compare.png, compare.txt (the table) (step 2)
+  --images also:     timeline_1lane.png, timeline_4lanes.png, bench.png
+  logs.tar.gz        everything else, packed in one file (tar -xzf it): tuning.txt (step 1), compare.log,
+                     build.log, pip.log;
+    --images:        w2_trace.json, bench.json, bench.csv
+    --small-tasks:   small_tasks.txt
+    --shared:        shared_devices.txt, shared_devices.json
+    --dask:          dask.txt, dask_cluster_model.json
+    --profile:       w4.prof, w4.bin, submit.prof, python.bin, the extension module,
+                     libpython and libc of this machine, profile.txt
 EOF
 }
 
@@ -117,7 +117,10 @@ cmake --build build-measure -j "$jobs" --target gpupool_cli --target gpupool_ben
   --target gpupool_baseline_pipeline --target gpupool_bench_small_tasks >"$OUT/build.log" 2>&1 ||
   { tail -50 "$OUT/build.log"; exit 1; }
 pydir=$(mktemp -d /tmp/gpupool-python.XXXXXX) || exit 1
-trap 'rm -rf "$pydir"' EXIT
+# At exit: the tables, the plots and this run's log kept as they are, the rest in logs.tar.gz.
+keep=(measure.txt compare.txt compare.json compare.png)
+[ $images = 1 ] && keep+=(timeline_1lane.png timeline_4lanes.png bench.png)
+trap 'rm -rf "$pydir"; pack_out "${keep[@]}"' EXIT
 install_python "$pydir" "$OUT/pip.log" || exit 1
 export PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH}
 

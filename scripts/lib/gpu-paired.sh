@@ -49,11 +49,12 @@ options:
   -h, --help         this text
 
 writes to $OUT:
-  from C++:      paired.json (every run and the summary), paired.jsonl,
-                 build-base.log, build-paired.log
-  with --python: paired-python.json, paired-python.jsonl,
-                 run-BUILD-N-lanes-round-R.txt (each run's output),
-                 pip-base.log, pip-this.log
+  from C++:      paired.json (every run and the summary)
+  with --python: paired-python.json
+  logs.tar.gz    the rest, packed in one file (tar -xzf it): paired.jsonl,
+                 build-base.log, build-paired.log; paired-python.jsonl,
+                 run-BUILD-N-lanes-round-R.txt (each run's output), pip-base.log,
+                 pip-this.log
 EOF
 }
 
@@ -120,6 +121,8 @@ fi
 [ $python = 0 ] || [ -f "$script" ] || usage_error "paired: no script '$script'"
 
 start_run
+# At exit: the medians kept as they are, every log and round in logs.tar.gz (pack_out).
+trap 'pack_out paired.json paired-python.json' EXIT
 [ -f .baseline/CMakeLists.txt ] || {
   echo "no .baseline/: run scripts/stage-baseline [COMMIT] here first"
   exit 1
@@ -178,7 +181,7 @@ fi
 [ -f .baseline/pyproject.toml ] || { echo "no pyproject.toml in .baseline/"; exit 1; }
 base_site=$(mktemp -d /tmp/gpupool-base.XXXXXX) || exit 1
 this_site=$(mktemp -d /tmp/gpupool-this.XXXXXX) || exit 1
-trap 'rm -rf "$base_site" "$this_site"' EXIT
+trap 'rm -rf "$base_site" "$this_site"; pack_out paired.json paired-python.json' EXIT
 (cd .baseline && install_python "$base_site" "$OUT/pip-base.log") || exit 1
 install_python "$this_site" "$OUT/pip-this.log" || exit 1
 # Each build's runs must import that build's package, not one installed elsewhere.
