@@ -22,10 +22,7 @@ std::size_t top_level(unsigned mask) noexcept {
 }  // namespace
 
 std::size_t task_queue::level_of(int priority) {
-  if (priority < limits::lowest_priority || priority > limits::highest_priority)
-    throw std::invalid_argument(
-        "gpupool: a work item's priority must be from " + std::to_string(limits::lowest_priority) +
-        " to " + std::to_string(limits::highest_priority) + ", not " + std::to_string(priority));
+  check_priority(priority, "a work item's priority");
   return static_cast<std::size_t>(priority - limits::lowest_priority);
 }
 

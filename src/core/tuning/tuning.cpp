@@ -11,7 +11,6 @@
 #include <memory>
 #include <mutex>
 #include <optional>
-#include <set>
 #include <stdexcept>
 #include <string_view>
 #include <thread>
@@ -127,14 +126,13 @@ std::string tuning_key(const executor_options& o, backend& b, const std::vector<
   // Added only where they differ from the usual, so that the keys of every other executor (and
   // the entries cached under them) stay as they were. Which devices are one GPU ("0,0" for a GPU
   // as two devices), by order of first appearance so that the ordinals themselves do not count:
-  if (std::set<int>(ordinals.begin(), ordinals.end()).size() != ordinals.size()) {
-    key += "|gpus=";
-    for (std::size_t d = 0; d < ordinals.size(); ++d) {
-      const auto first = std::find(ordinals.begin(), ordinals.end(), ordinals[d]);
-      if (d != 0) key += ',';
-      key += std::to_string(std::set<int>(ordinals.begin(), first).size());
-    }
+  std::map<int, std::size_t> rank;  // each ordinal's place among the distinct ones
+  std::string gpus;
+  for (int ordinal : ordinals) {
+    if (!gpus.empty()) gpus += ',';
+    gpus += std::to_string(rank.emplace(ordinal, rank.size()).first->second);
   }
+  if (rank.size() != ordinals.size()) key += "|gpus=" + gpus;
   if (o.cpu_copy_rate != 0) {
     char rate[32];
     std::snprintf(rate, sizeof rate, "%.17g", o.cpu_copy_rate);
