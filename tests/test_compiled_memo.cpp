@@ -31,8 +31,8 @@ class counting_backend final : public backend {
   int device_count() const override { return inner_->device_count(); }
   device_info describe(int ordinal) const override { return inner_->describe(ordinal); }
   void bind_thread(int ordinal) override { inner_->bind_thread(ordinal); }
-  std::unique_ptr<backend_stream> open_stream(int ordinal) override {
-    return inner_->open_stream(ordinal);
+  std::unique_ptr<backend_stream> open_stream(int ordinal, int priority) override {
+    return inner_->open_stream(ordinal, priority);
   }
   void prepare_device(int ordinal) override { inner_->prepare_device(ordinal); }
   std::size_t free_memory(int ordinal) const override { return inner_->free_memory(ordinal); }

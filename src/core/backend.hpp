@@ -200,8 +200,12 @@ class backend {
   [[nodiscard]] virtual device_info describe(int ordinal) const = 0;
   /// Makes `ordinal` the calling thread's current device.
   virtual void bind_thread(int ordinal) = 0;
-  /// Opens a new stream on `ordinal`; call from a thread bound to it.
-  [[nodiscard]] virtual std::unique_ptr<backend_stream> open_stream(int ordinal) = 0;
+  /// Opens a new stream on `ordinal`; call from a thread bound to it. `priority` is gpupool's
+  /// (limits::lowest_priority..limits::highest_priority, higher more urgent): a backend whose
+  /// streams have priorities maps it onto them, and throws std::invalid_argument for one the
+  /// device cannot give rather than open a stream of another priority.
+  [[nodiscard]] virtual std::unique_ptr<backend_stream> open_stream(int ordinal,
+                                                                    int priority = 0) = 0;
   /// Prepares the device for many streams and stream-ordered allocation (memory pool policy).
   virtual void prepare_device(int ordinal) = 0;
   /// Bytes of the device's memory free now (for the CPU backend: host memory available).

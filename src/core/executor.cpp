@@ -53,6 +53,7 @@ executor::impl::impl(const executor_options& options)
   shared.recorder = &recorder;
   shared.faults = &faults;
   shared.slots = slots;
+  shared.priority = options.priority;
   shared.chunk_bytes = chunk_bytes;
   shared.tracing = &tracing;
   shared.epoch = epoch;

@@ -214,7 +214,8 @@ class cpu_backend final : public backend {
     return info;
   }
   void bind_thread(int /*ordinal*/) override {}
-  std::unique_ptr<backend_stream> open_stream(int ordinal) override {
+  // Stand-in streams run their work as it comes: a priority has nothing to order.
+  std::unique_ptr<backend_stream> open_stream(int ordinal, int /*priority*/) override {
     return std::make_unique<cpu_stream>(
         engines_.empty() ? nullptr : engines_.at(static_cast<std::size_t>(ordinal)).get());
   }

@@ -253,10 +253,29 @@ loaded_libraries& libraries() {
   return *table;
 }
 
+// The CUDA stream priority of gpupool priority `priority` on the current device `ordinal`.
+// Above 0, each step is one CUDA level above the device's least (its streams' default); 0 and
+// below take the least, as CUDA has nothing lower. A level the device lacks is refused: work the
+// caller marked urgent must not quietly run at another level.
+int cuda_stream_priority(int ordinal, int priority) {
+  int least = 0, greatest = 0;
+  GPUPOOL_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  if (priority <= 0) return least;
+  const int wanted = least - priority;
+  if (wanted < greatest)
+    throw std::invalid_argument(
+        "gpupool: priority " + std::to_string(priority) + " needs CUDA stream priority " +
+        std::to_string(wanted) + ", beyond the range of GPU " + std::to_string(ordinal) + " (" +
+        std::to_string(least) + " to " + std::to_string(greatest) +
+        "); an executor's priority may be at most " + std::to_string(least - greatest) + " here");
+  return wanted;
+}
+
 class cuda_stream final : public backend_stream {
  public:
-  explicit cuda_stream(unsigned resident_threads) : resident_threads_(resident_threads) {
-    GPUPOOL_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+  cuda_stream(unsigned resident_threads, int cuda_priority) : resident_threads_(resident_threads) {
+    GPUPOOL_CUDA_CHECK(
+        cudaStreamCreateWithPriority(&stream_, cudaStreamNonBlocking, cuda_priority));
   }
   cuda_stream(const cuda_stream&) = delete;
   cuda_stream& operator=(const cuda_stream&) = delete;
@@ -442,13 +461,15 @@ class cuda_backend final : public backend {
                            nullptr, k.shape());
   }
 
-  std::unique_ptr<backend_stream> open_stream(int ordinal) override {
+  std::unique_ptr<backend_stream> open_stream(int ordinal, int priority) override {
     device_scope scope(ordinal);
+    const int cuda_priority = cuda_stream_priority(ordinal, priority);
     int sms = 0, threads_per_sm = 0;
     GPUPOOL_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, ordinal));
     GPUPOOL_CUDA_CHECK(
         cudaDeviceGetAttribute(&threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, ordinal));
-    return std::make_unique<cuda_stream>(static_cast<unsigned>(sms * threads_per_sm));
+    return std::make_unique<cuda_stream>(static_cast<unsigned>(sms * threads_per_sm),
+                                         cuda_priority);
   }
 
   std::pair<int, int> compute_capability(int ordinal) const {

@@ -78,7 +78,7 @@ void lane_worker::join() {
 
 void lane_worker::open() {
   setup_.owner->bind_thread(setup_.ordinal);
-  stream_ = setup_.owner->open_stream(setup_.ordinal);
+  stream_ = setup_.owner->open_stream(setup_.ordinal, setup_.priority);
   for (auto& done : staging_done_) done = stream_->make_event();
   buffers_.open(*stream_, setup_.slots);
   // Faults are injected into the lane's work, not into its start.

@@ -59,6 +59,7 @@ struct lane_setup {
   int index = 0;
   int index_on_device = 0;
   int slots = 2;
+  int priority = 0;  // the executor's default priority, which its streams take where they can
   std::size_t chunk_bytes = 0;
   const std::atomic<bool>* tracing = nullptr;     // the executor's switch
   std::chrono::steady_clock::time_point epoch{};  // zero of the executor's clock
