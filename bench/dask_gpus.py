@@ -19,7 +19,8 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    back to this process, as concurrent.futures results must, so this one also measures the
    link between the workers and the client (loopback TCP here).
 
-ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9).
+ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9). Every
+measurement checks its last run's results (each block squared) and stops at a wrong one.
 
 With --one-gpu every process and worker sees GPU 0 alone: --gpus processes share one GPU, so
 that a machine with one GPU measures what Dask costs over the pools it drives (one worker
@@ -62,8 +63,21 @@ def single(args):
             results = list(ex.map(gpupool.kernels.square, blocks))
             end = time.time()
             spans.append([start, end])
+            if run == args.repeat - 1:  # after the last run, so that no run starts late
+                check_squares(blocks, results, "a single-GPU process")
             del results
     print(json.dumps(dict(info, spans=spans)), flush=True)
+
+
+def check_squares(blocks, results, who):
+    """Raises unless each result is its block squared (exactly: one IEEE product each)."""
+    import numpy as np
+
+    if len(results) != len(blocks):
+        raise SystemExit(f"{who}: {len(results)} results for {len(blocks)} blocks")
+    for i, (block, result) in enumerate(zip(blocks, results)):
+        if not np.array_equal(np.asarray(result), np.square(block)):
+            raise SystemExit(f"{who}: result {i} is not its block squared")
 
 
 def visible(args, process):
@@ -150,6 +164,10 @@ def cluster_runs(args):
                 if run:
                     seconds.append(time.perf_counter() - start)
                 if run == args.repeat:
+                    # Checked on the workers, where the results are.
+                    for x, y in zip(xs, ys):
+                        if not bool((y == x * x).all().compute()):
+                            raise SystemExit("dask: a result is not its block squared")
                     held = client.has_what()
                     placed_out = {a: sum(1 for k in held[a] if any(k[0] == y.name for y in ys))
                                   for a in addresses}
@@ -170,6 +188,9 @@ def cluster_runs(args):
                                           chunksize=args.executor_chunksize))
                     if run:
                         seconds.append(time.perf_counter() - start)
+                    if run == args.repeat:
+                        check_squares(client.gather(block_futures), results,
+                                      "gpupool.dask.Executor")
                     del results
             out["executor"] = {"gb_s": total / statistics.median(seconds) / 1e9,
                                "seconds": seconds,
