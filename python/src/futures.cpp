@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "completions.hpp"
+#include "core/scheduling/aging.hpp"
 #include "errors.hpp"
 #include "lane.hpp"
 
@@ -301,9 +302,9 @@ class python_calls {
 
   // A FIFO of calls per priority, safe from any thread with or without the GIL (it only moves
   // pointers). pop() orders calls as gpupool's queue orders tasks: the oldest call of the highest
-  // priority, with the same aging (after limits::priority_aging_takes pops in a row that passed
-  // over the oldest call, the oldest): a lane that took an urgent call's task runs the urgent
-  // call, not an older one queued before it, and low-priority calls still progress.
+  // priority, with the same aging (core/scheduling/aging.hpp): a lane that took an urgent call's
+  // task runs the urgent call, not an older one queued before it, and low-priority calls still
+  // progress.
   class fifo {
    public:
     // `priority` within gpupool::limits (checked by the caller).
@@ -322,15 +323,9 @@ class python_calls {
           oldest = l;
         top = l;
       }
-      std::size_t from = top;
-      if (levels_queued == 1 || oldest == top) {
-        passed_ = 0;
-      } else if (passed_ >= gpupool::limits::priority_aging_takes) {
-        passed_ = 0;
-        from = oldest;
-      } else {
-        ++passed_;
-      }
+      const std::size_t from =
+          gpupool::detail::oldest_is_due(levels_queued == 1 || oldest == top, passed_) ? oldest
+                                                                                       : top;
       auto call = std::move(calls_[from].front().second);
       calls_[from].pop_front();
       --size_;

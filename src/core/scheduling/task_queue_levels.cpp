@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 
+#include "core/scheduling/aging.hpp"
 #include "core/scheduling/task_queue.hpp"
 
 namespace gpupool::detail {
@@ -80,14 +81,8 @@ work_item_ptr task_queue::take_own_locked(device_queue& q) {
         oldest_level = level;
       }
     }
-  if (oldest_level == top && oldest_pinned == top_pinned) {
-    q.passed = 0;
-  } else if (q.passed >= aging_takes) {
-    q.passed = 0;
+  if (oldest_is_due(oldest_level == top && oldest_pinned == top_pinned, q.passed))
     return take_front_locked(q, oldest_pinned, oldest_level);
-  } else {
-    ++q.passed;
-  }
   return take_front_locked(q, top_pinned, top);
 }
 
@@ -96,7 +91,7 @@ bool task_queue::higher_elsewhere_locked(device_queue& q, int device) {
   const unsigned mask = q.pinned_mask | q.shared_mask;
   const int own = mask == 0 ? -1 : static_cast<int>(top_level(mask));
   // This device's oldest item is due (aging): it is taken rather than work stolen past it.
-  if (own >= 0 && q.passed >= aging_takes) return false;
+  if (own >= 0 && !may_pass_oldest(q.passed)) return false;
   if (best_elsewhere(device) <= own) return false;
   if (own >= 0) ++q.passed;  // passing over this device's own items
   return true;
