@@ -141,6 +141,13 @@ class executor {
   [[nodiscard]] const executor_settings& settings() const noexcept;
   /// The priority of work queued without one (executor_options::priority).
   [[nodiscard]] int priority() const noexcept;
+  /// Whether work of a higher priority than `priority` is queued that a lane of `device` may
+  /// take. For a task that runs many things in one turn of its lane (the Python binding runs
+  /// queued Python calls one after another): it should end its turn when this says so, so that
+  /// the urgent work does not wait for it. False for a device the executor does not have.
+  /// Thread-safe; takes the device queue's lock only when work is queued.
+  /// @throw std::invalid_argument if `priority` is outside limits.
+  [[nodiscard]] bool work_waits_above(int device, int priority) const;
   /// Work queued and not yet taken by a lane: a batch of coalesced tasks counts once.
   [[nodiscard]] std::size_t queued() const;
   [[nodiscard]] std::vector<device_memory_stats> memory_stats() const;

@@ -63,6 +63,27 @@ inline constexpr double least_cpu_copy_rate = 1024;
 /// limits::lowest_priority..limits::highest_priority.
 void check_priority(int priority, const char* what = "priority");
 
+/// Aging, the rule by which gpupool's queues serve priorities (and one for code that keeps its
+/// own queue of work for lanes): the highest priority's oldest entry is taken, except that after
+/// limits::priority_aging_takes takes in a row that passed over the queue's oldest entry, the
+/// next take is that oldest entry. Counting takes rather than time bounds a low priority's wait
+/// in units of work, whatever the tasks' sizes, with no clock on the queue's path. Returns
+/// whether the next take is the oldest entry; `oldest_is_first`: the oldest entry is the highest
+/// priority's first (or one priority only is queued); `passed`: the queue's count of takes in a
+/// row that passed over its oldest entry, updated here.
+[[nodiscard]] inline bool oldest_is_due(bool oldest_is_first, unsigned& passed) noexcept {
+  if (oldest_is_first) {
+    passed = 0;
+    return false;
+  }
+  if (passed >= limits::priority_aging_takes) {
+    passed = 0;
+    return true;
+  }
+  ++passed;
+  return false;
+}
+
 /// How an executor is set up. Every field has a sensible default; see docs/configuration.md.
 struct executor_options {
   /// Which backend to use. Unset: the `GPUPOOL_BACKEND` environment variable (`cpu` or `cuda`),

@@ -14,7 +14,6 @@
 #include <utility>
 
 #include "completions.hpp"
-#include "core/scheduling/aging.hpp"
 #include "errors.hpp"
 #include "lane.hpp"
 
@@ -302,7 +301,7 @@ class python_calls {
 
   // A FIFO of calls per priority, safe from any thread with or without the GIL (it only moves
   // pointers). pop() orders calls as gpupool's queue orders tasks: the oldest call of the highest
-  // priority, with the same aging (core/scheduling/aging.hpp): a lane that took an urgent call's
+  // priority, with the same aging (gpupool::oldest_is_due): a lane that took an urgent call's
   // task runs the urgent call, not an older one queued before it, and low-priority calls still
   // progress.
   class fifo {
@@ -324,8 +323,7 @@ class python_calls {
         top = l;
       }
       const std::size_t from =
-          gpupool::detail::oldest_is_due(levels_queued == 1 || oldest == top, passed_) ? oldest
-                                                                                       : top;
+          gpupool::oldest_is_due(levels_queued == 1 || oldest == top, passed_) ? oldest : top;
       auto call = std::move(calls_[from].front().second);
       calls_[from].pop_front();
       --size_;
@@ -334,6 +332,13 @@ class python_calls {
     [[nodiscard]] bool empty() {
       std::lock_guard lock(mutex_);
       return size_ == 0;
+    }
+    // The highest priority of a queued call, or nothing if none is queued.
+    [[nodiscard]] std::optional<int> top_priority() {
+      std::lock_guard lock(mutex_);
+      for (std::size_t l = levels; l-- > 0;)
+        if (!calls_[l].empty()) return static_cast<int>(l) + gpupool::limits::lowest_priority;
+      return std::nullopt;
     }
     // Takes `call` out if it is still queued.
     bool remove(const std::shared_ptr<python_call>& call) {
@@ -422,7 +427,7 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
   auto submitted = std::make_shared<python_call>(fn, args, kwargs, future, runner);
   fifo.push(submitted, priority);
   auto state = std::make_shared<python_task>();
-  auto task = [calls, &fifo, state](gpupool::lane& l) {
+  auto task = [calls, &fifo, state, &exec](gpupool::lane& l) {
     state->started = true;
     if (!interpreter_alive() || fifo.empty()) return;  // the call already ran on another lane
     keep_python_thread_state();
@@ -430,8 +435,14 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
     lane_scope scope(&l);
     for (int n = 0; n < python_calls::chain_length; ++n) {
       // Looked at before each further call: a chain stops at once when tracing starts or a
-      // cancelling shutdown begins.
-      if (n > 0 && !calls->chaining()) break;
+      // cancelling shutdown begins, and when work of a higher priority than the next call's (a
+      // kernel task, say) waits for this lane, which then takes it; the calls left run in their
+      // own tasks.
+      if (n > 0) {
+        if (!calls->chaining()) break;
+        const std::optional<int> next = fifo.top_priority();
+        if (!next || exec.work_waits_above(l.device(), *next)) break;
+      }
       std::shared_ptr<python_call> call = fifo.pop();
       if (!call) break;
       if (call->run(l, calls->surplus()) == python_call::ran::later) {

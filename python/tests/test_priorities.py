@@ -177,6 +177,30 @@ def test_low_priority_runs_under_a_steady_stream_of_urgent_calls(one_lane, hold_
     assert ran.index("low") == AGING
 
 
+def test_a_lane_running_python_calls_yields_to_urgent_kernel_work(one_lane, hold_every_lane):
+    # A lane runs queued Python calls one after another while it holds the GIL; an urgent
+    # kernel task queued meanwhile is taken after the call running now, not after the calls
+    # queued behind it.
+    ex = one_lane
+    holders, release = hold_every_lane(ex)
+    ran = []
+
+    def slow(i):
+        time.sleep(0.02)
+        ran.append(i)
+
+    calls = [ex.submit(slow, i) for i in range(10)]
+    x = np.arange(1024, dtype=np.float64)
+    urgent = ex.submit(gpupool.kernels.square, x, priority=3)
+    release.set()
+    np.testing.assert_array_equal(urgent.result(timeout=30), x * x)
+    ran_before = len(ran)
+    concurrent.futures.wait(calls, timeout=30)
+    assert ran == list(range(10))
+    # Without yielding, all ten calls (0.2 s) ran first.
+    assert ran_before <= 3, ran_before
+
+
 @pytest.mark.parametrize("bad, error", [(4, ValueError), (-4, ValueError), (True, TypeError),
                                         (1.5, TypeError), ("1", TypeError)])
 def test_priorities_outside_the_range_are_refused_naming_it(one_lane, bad, error):

@@ -143,6 +143,11 @@ bool executor::in_service(int device) const noexcept {
   return device >= 0 && static_cast<std::size_t>(device) < impl_->devices.size() &&
          !impl_->queue.retired(device);
 }
+bool executor::work_waits_above(int device, int priority) const {
+  check_priority(priority, "priority");
+  return device >= 0 && static_cast<std::size_t>(device) < impl_->devices.size() &&
+         impl_->queue.waits_above(device, priority);
+}
 int executor::lanes_per_device() const noexcept {
   return impl_->lanes_per_device;
 }

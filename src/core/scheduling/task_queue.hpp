@@ -103,6 +103,9 @@ class task_queue {
   /// (its first ones, as many as lanes are on their way): those count as taken, so that work a
   /// lane was dispatched to is not cancelled in the moment before the lane reaches it.
   std::vector<std::pair<work_item_ptr, std::optional<int>>> drain(bool spare_woken = false);
+  /// Whether an item of a higher priority than `priority` is queued that a lane of `device` may
+  /// take (its own items, or shared items of another device in service).
+  [[nodiscard]] bool waits_above(int device, int priority) const;
   /// Items queued and not taken. Exact when no push or pop runs at the same time.
   [[nodiscard]] std::size_t size() const;
   [[nodiscard]] bool closed() const;

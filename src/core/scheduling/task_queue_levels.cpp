@@ -9,7 +9,6 @@
 #include <string>
 #include <utility>
 
-#include "core/scheduling/aging.hpp"
 #include "core/scheduling/task_queue.hpp"
 
 namespace gpupool::detail {
@@ -91,10 +90,24 @@ bool task_queue::higher_elsewhere_locked(device_queue& q, int device) {
   const unsigned mask = q.pinned_mask | q.shared_mask;
   const int own = mask == 0 ? -1 : static_cast<int>(top_level(mask));
   // This device's oldest item is due (aging): it is taken rather than work stolen past it.
-  if (own >= 0 && !may_pass_oldest(q.passed)) return false;
+  if (own >= 0 && q.passed >= aging_takes) return false;
   if (best_elsewhere(device) <= own) return false;
   if (own >= 0) ++q.passed;  // passing over this device's own items
   return true;
+}
+
+bool task_queue::waits_above(int device, int priority) const {
+  device_queue& q = at(device);
+  const auto level = static_cast<int>(level_of(priority));
+  if (q.pinned_count.load() + q.shared_count.load() != 0) {
+    unsigned own = 0;
+    {
+      std::lock_guard lock(q.mutex);
+      own = q.pinned_mask | q.shared_mask;
+    }
+    if ((own >> static_cast<unsigned>(level + 1)) != 0) return true;
+  }
+  return count_ > 1 && best_elsewhere(device) > level;
 }
 
 work_item_ptr task_queue::take_shared_locked(device_queue& q) {
