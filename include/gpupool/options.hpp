@@ -46,6 +46,8 @@ inline constexpr int most_lanes_per_device = 256;
 /// Lanes over all of an executor's devices together.
 inline constexpr int most_lanes_per_executor = 4096;
 inline constexpr int most_slots_per_lane = 64;
+/// Devices the CPU backend stands in for (executor_options::cpu_devices, GPUPOOL_CPU_DEVICES).
+inline constexpr int most_cpu_devices = 1024;
 /// Priorities of work (executor_options::priority, task_options::priority): integers from
 /// lowest_priority to highest_priority; a higher number is more urgent, and 0 is the default.
 inline constexpr int lowest_priority = -3;
