@@ -26,6 +26,7 @@
 #include "kernel_map.hpp"
 #include "kernels.hpp"
 #include "lane.hpp"
+#include "python_calls.hpp"
 
 namespace gpupool_python {
 namespace {

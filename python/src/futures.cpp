@@ -1,21 +1,16 @@
-// Over the usual size by a few lines: a future's completion paths read best together.
 // Completing the Python future of each task from C++ (see futures.hpp).
 #include "futures.hpp"
 
-#include <algorithm>
-#include <array>
-#include <chrono>
-#include <cstdint>
-#include <deque>
+#include <cstddef>
 #include <exception>
+#include <memory>
 #include <mutex>
 #include <optional>
-#include <thread>
 #include <utility>
+#include <vector>
 
 #include "completions.hpp"
 #include "errors.hpp"
-#include "lane.hpp"
 
 namespace gpupool_python {
 namespace {
@@ -62,122 +57,40 @@ void call_method_and_drop(PyObject* future, PyObject* method, PyObject* argument
   Py_XDECREF(call_method(future, method, argument));
 }
 
-// Ends a future whose task was cancelled before it ran, as ThreadPoolExecutor's shutdown does,
-// and notifies the waiters of wait() and as_completed() too.
+}  // namespace
+
+bool set_future_running(PyObject* future) {
+  PyObject* running = call_method(future, names().set_running_or_notify_cancel);
+  const bool go = running == Py_True;
+  Py_XDECREF(running);
+  return go;
+}
+
+void set_future_outcome(PyObject* future, PyObject* value, bool failed) {
+  call_method_and_drop(future, failed ? names().set_exception : names().set_result, value);
+}
+
+void set_future_failure(PyObject* future, const std::exception_ptr& failure) {
+  nb::object error = python_exception(failure);
+  call_method_and_drop(future, names().set_exception, error.ptr());
+}
+
 void end_cancelled(PyObject* future) {
   call_method_and_drop(future, names().cancel);
   call_method_and_drop(future, names().set_running_or_notify_cancel);
 }
 
-// Makes the lane's device current, holding the GIL: it asks the runtime only (a Python call that
-// let the GIL go to ask it would wait for the GIL again). If the device cannot be made current,
-// the lane's next operation on its stream reports the failure.
-void make_lane_device_current(gpupool::lane& l) noexcept {
+std::pair<bool, std::exception_ptr> ending_of(gpupool::future<void>& done) {
+  if (done.status() == gpupool::task_status::cancelled) return {true, nullptr};
   try {
-    l.make_device_current();
+    done.get();
   } catch (...) {
+    return {false, std::current_exception()};
   }
+  return {false, nullptr};
 }
 
-// One Python call queued for a lane, shared by the lane's task and its completion callback.
-// Holds strong references, taken and dropped with the GIL; a call dropped unrun on a thread
-// without the GIL takes it to let them go (or leaks them once the interpreter is finalizing).
-class python_call {
- public:
-  python_call(nb::handle fn, nb::handle args, nb::handle kwargs, nb::handle future,
-              nb::handle runner)
-      : fn_(fn.inc_ref().ptr()),
-        args_(args.inc_ref().ptr()),
-        kwargs_(kwargs.is_valid() && !kwargs.is_none() && PyDict_GET_SIZE(kwargs.ptr()) > 0
-                    ? kwargs.inc_ref().ptr()
-                    : nullptr),
-        future_(future.inc_ref().ptr()),
-        runner_(runner.is_valid() && !runner.is_none() ? runner.inc_ref().ptr() : nullptr) {}
-  python_call(const python_call&) = delete;
-  python_call& operator=(const python_call&) = delete;
-  ~python_call() {
-    if (future_ == nullptr || !interpreter_alive()) return;
-    nb::gil_scoped_acquire gil;
-    clear();
-  }
-
-  enum class ran { skipped, handed_over, later };
-
-  // On lane `l`, with the GIL. Runs the call unless its future was cancelled (skipped, counted
-  // in `ended`). Hands the outcome over in this same hold of the GIL when nothing the call
-  // enqueued on the lane's stream is still running (always on the CPU backend; on CUDA when the
-  // call waited for its work, as code that returns host results does), counting it in `ended`
-  // first; else keeps it for finish(), once the stream is done (later).
-  ran run(gpupool::lane& l, std::atomic<int>& ended) {
-    PyObject* running = call_method(future_, names().set_running_or_notify_cancel);
-    const bool go = running == Py_True;
-    Py_XDECREF(running);
-    if (!go) {
-      ended.fetch_add(1, std::memory_order_relaxed);  // it ended when it was cancelled
-      clear();
-      return ran::skipped;
-    }
-    // The lane's device, also after code that ran on this thread since the last call (a done
-    // callback handed an outcome over, say) switched devices.
-    make_lane_device_current(l);
-    PyObject* r = runner_ != nullptr
-                      ? PyObject_CallFunctionObjArgs(
-                            runner_, fn_, args_, kwargs_ != nullptr ? kwargs_ : Py_None, nullptr)
-                      : PyObject_Call(fn_, args_, kwargs_);
-    failed_ = r == nullptr;
-    value_ = failed_ ? fetch_raised_exception().release().ptr() : r;
-    // A call that switched devices (CuPy's or PyTorch's Device(n).use()) does not leave the
-    // lane's next work elsewhere.
-    make_lane_device_current(l);
-    // Like the standard library's workers, let go of the call once it has run.
-    Py_CLEAR(fn_);
-    Py_CLEAR(args_);
-    Py_CLEAR(kwargs_);
-    Py_CLEAR(runner_);
-    if (!l.stream_idle()) return ran::later;
-    ended.fetch_add(1, std::memory_order_relaxed);  // before the future can say done
-    hand_over();
-    return ran::handed_over;
-  }
-
-  // With the GIL, once the task has ended: the outcome of the call, or the task's `failure`
-  // after it (a CUDA error), or the cancellation of a call that never ran.
-  void finish(bool cancelled, const std::exception_ptr& failure) {
-    if (future_ == nullptr) return;
-    if (cancelled && value_ == nullptr) {
-      end_cancelled(future_);
-    } else if (failure) {
-      nb::object error = python_exception(failure);
-      call_method_and_drop(future_, names().set_exception, error.ptr());
-    } else {
-      hand_over();
-      return;
-    }
-    clear();
-  }
-
- private:
-  void hand_over() {
-    call_method_and_drop(future_, failed_ ? names().set_exception : names().set_result, value_);
-    clear();
-  }
-  void clear() {
-    Py_CLEAR(fn_);
-    Py_CLEAR(args_);
-    Py_CLEAR(kwargs_);
-    Py_CLEAR(runner_);
-    Py_CLEAR(value_);
-    Py_CLEAR(future_);
-  }
-
-  PyObject* fn_;
-  PyObject* args_;
-  PyObject* kwargs_;
-  PyObject* future_;
-  PyObject* runner_;
-  PyObject* value_ = nullptr;
-  bool failed_ = false;
-};
+namespace {
 
 // What a kernel task hands over once it has ended, shared by its completion callback.
 class kernel_outcome {
@@ -214,13 +127,12 @@ class kernel_outcome {
       if (cancelled) {
         call_method_and_drop(future_, names().notify_cancelled);
       } else if (failure) {
-        nb::object error = python_exception(failure);
-        call_method_and_drop(future_, names().set_exception, error.ptr());
+        set_future_failure(future_, failure);
       } else {
         nb::object value =
             pinned_ ? pinned_array(std::move(pinned_->block), pinned_->shape, pinned_->type)
                     : result_;
-        call_method_and_drop(future_, names().set_result, value.ptr());
+        set_future_outcome(future_, value.ptr(), /*failed=*/false);
       }
     }
     release();
@@ -275,228 +187,7 @@ struct joint_ending {
   std::exception_ptr failure;
 };
 
-// How task `done` ended: cancelled, or failed with what.
-std::pair<bool, std::exception_ptr> ending_of(gpupool::future<void>& done) {
-  if (done.status() == gpupool::task_status::cancelled) return {true, nullptr};
-  try {
-    done.get();
-  } catch (...) {
-    return {false, std::current_exception()};
-  }
-  return {false, nullptr};
-}
-
 }  // namespace
-
-// The Python calls of one executor waiting for a lane (see submit_python_call).
-class python_calls {
- public:
-  // Calls one lane runs in one hold of the GIL at most: enough that a lane rarely lets the GIL go
-  // between calls, few enough that other work queued for the lane is not held back for long.
-  static constexpr int chain_length = 64;
-
-  explicit python_calls(std::size_t devices) {
-    for (std::size_t d = 0; d < devices; ++d) per_device_.push_back(std::make_unique<fifo>());
-  }
-
-  // A FIFO of calls per priority, safe from any thread with or without the GIL (it only moves
-  // pointers). pop() orders calls as gpupool's queue orders tasks: the oldest call of the highest
-  // priority, with the same aging (gpupool::oldest_is_due): a lane that took an urgent call's
-  // task runs the urgent call, not an older one queued before it, and low-priority calls still
-  // progress.
-  class fifo {
-   public:
-    // `priority` within gpupool::limits (checked by the caller).
-    void push(std::shared_ptr<python_call> call, int priority) {
-      std::lock_guard lock(mutex_);
-      level(priority).push_back({next_++, std::move(call)});
-      ++size_;
-    }
-    std::shared_ptr<python_call> pop() {
-      std::lock_guard lock(mutex_);
-      if (size_ == 0) return nullptr;
-      std::size_t top = 0, oldest = 0, levels_queued = 0;
-      for (std::size_t l = 0; l < levels; ++l) {
-        if (calls_[l].empty()) continue;
-        if (levels_queued++ == 0 || calls_[l].front().first < calls_[oldest].front().first)
-          oldest = l;
-        top = l;
-      }
-      const std::size_t from =
-          gpupool::oldest_is_due(levels_queued == 1 || oldest == top, passed_) ? oldest : top;
-      auto call = std::move(calls_[from].front().second);
-      calls_[from].pop_front();
-      --size_;
-      return call;
-    }
-    [[nodiscard]] bool empty() {
-      std::lock_guard lock(mutex_);
-      return size_ == 0;
-    }
-    // The highest priority of a queued call, or nothing if none is queued.
-    [[nodiscard]] std::optional<int> top_priority() {
-      std::lock_guard lock(mutex_);
-      for (std::size_t l = levels; l-- > 0;)
-        if (!calls_[l].empty()) return static_cast<int>(l) + gpupool::limits::lowest_priority;
-      return std::nullopt;
-    }
-    // Takes `call` out if it is still queued.
-    bool remove(const std::shared_ptr<python_call>& call) {
-      std::lock_guard lock(mutex_);
-      for (auto& calls : calls_) {
-        const auto it = std::find_if(calls.begin(), calls.end(),
-                                     [&](const entry& e) { return e.second == call; });
-        if (it == calls.end()) continue;
-        calls.erase(it);
-        --size_;
-        return true;
-      }
-      return false;
-    }
-
-   private:
-    static constexpr std::size_t levels = static_cast<std::size_t>(
-        gpupool::limits::highest_priority - gpupool::limits::lowest_priority + 1);
-    using entry = std::pair<std::uint64_t, std::shared_ptr<python_call>>;  // arrival, call
-    std::deque<entry>& level(int priority) {
-      return calls_[static_cast<std::size_t>(priority - gpupool::limits::lowest_priority)];
-    }
-    std::mutex mutex_;
-    std::array<std::deque<entry>, levels> calls_;  // lowest priority first
-    std::size_t size_ = 0;
-    std::uint64_t next_ = 0;
-    unsigned passed_ = 0;  // pops in a row that passed over the oldest call
-  };
-
-  fifo& of(std::optional<int> device) {
-    return device ? *per_device_.at(static_cast<std::size_t>(*device)) : any_;
-  }
-  // Tasks still to end beyond the calls still to end (tasks whose call another lane ran): each
-  // task counts -1 as it ends, each call +1 as it ends (counted before its future can say so).
-  std::atomic<int>& surplus() noexcept { return surplus_; }
-  // Set before a shutdown that cancels what has not started: a task then runs only the first
-  // call it takes (each call still queued ends with a task of its own: cancelled in the queue,
-  // or run by a task that had started).
-  void stop_chaining() noexcept { stopped_.store(true); }
-  // Off while tracing, so that each task's record is one call's.
-  void set_chaining(bool on) noexcept { chaining_.store(on); }
-  // Whether a task goes on to the calls queued behind the one it took.
-  [[nodiscard]] bool chaining() const noexcept { return chaining_.load() && !stopped_.load(); }
-
- private:
-  std::atomic<bool> stopped_{false};
-  std::atomic<bool> chaining_{true};
-  fifo any_;
-  std::vector<std::unique_ptr<fifo>> per_device_;
-  std::atomic<int> surplus_{0};
-};
-
-std::shared_ptr<python_calls> make_python_calls(std::size_t devices) {
-  return std::make_shared<python_calls>(devices);
-}
-
-void stop_running_python_calls(python_calls& calls) noexcept {
-  calls.stop_chaining();
-}
-
-void chain_python_calls(python_calls& calls, bool on) noexcept {
-  calls.set_chaining(on);
-}
-
-namespace {
-
-// What one task in gpupool's queue did with the calls of its FIFO. Written by the task on its
-// lane and read by its completion callback, which runs after it.
-struct python_task {
-  bool started = false;
-  // The call it ran last if that one's outcome waits for the stream (a chain stops after it):
-  // handed over once the task has ended.
-  std::shared_ptr<python_call> later;
-};
-
-}  // namespace
-
-void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::handle fn,
-                        nb::handle args, nb::handle kwargs, nb::handle future, nb::handle runner,
-                        const std::shared_ptr<python_calls>& calls,
-                        const gpupool::task_options& options) {
-  python_calls::fifo& fifo = calls->of(device);  // checks the device first
-  const int priority = options.priority.value_or(exec.priority());
-  gpupool::check_priority(priority, "priority");
-  // Queued before its task, which may start at once.
-  auto submitted = std::make_shared<python_call>(fn, args, kwargs, future, runner);
-  fifo.push(submitted, priority);
-  auto state = std::make_shared<python_task>();
-  auto task = [calls, &fifo, state, &exec](gpupool::lane& l) {
-    state->started = true;
-    if (!interpreter_alive() || fifo.empty()) return;  // the call already ran on another lane
-    keep_python_thread_state();
-    nb::gil_scoped_acquire gil;
-    lane_scope scope(&l);
-    for (int n = 0; n < python_calls::chain_length; ++n) {
-      // Looked at before each further call: a chain stops at once when tracing starts or a
-      // cancelling shutdown begins, and when work of a higher priority than the next call's (a
-      // kernel task, say) waits for this lane, which then takes it; the calls left run in their
-      // own tasks.
-      if (n > 0) {
-        if (!calls->chaining()) break;
-        const std::optional<int> next = fifo.top_priority();
-        if (!next || exec.work_waits_above(l.device(), *next)) break;
-      }
-      std::shared_ptr<python_call> call = fifo.pop();
-      if (!call) break;
-      if (call->run(l, calls->surplus()) == python_call::ran::later) {
-        // Its outcome waits for this task's end: a call chained behind it might wait for that
-        // outcome, and never let the task end. The calls behind it go to other tasks.
-        state->later = std::move(call);
-        break;
-      }
-    }
-  };
-  std::optional<gpupool::future<void>> queued;
-  try {
-    const gpupool::task_options task_options{priority};
-    queued.emplace(device ? exec.submit_to(*device, task_options, std::move(task))
-                          : exec.submit(task_options, std::move(task)));
-  } catch (...) {
-    // The task was refused (a device out of service, say): the call must not wait in the FIFO
-    // for a task that never comes, and the caller gets the error. Unless a lane running the
-    // task of an earlier call took it meanwhile: then it runs, and its future is the outcome.
-    if (fifo.remove(submitted)) throw;
-    calls->surplus().fetch_sub(1, std::memory_order_relaxed);  // the task it will not have
-    return;
-  }
-  submitted.reset();
-  queued->on_complete([calls, &fifo, state](gpupool::future<void>& done) {
-    auto [cancelled, failure] = ending_of(done);
-    std::shared_ptr<python_call> unstarted;
-    // Never ran (cancelled in the queue, or failed before it started): one call of the FIFO
-    // ends as the task did.
-    if (!state->started) unstarted = fifo.pop();
-    const int ending = (state->later ? 1 : 0) + (unstarted ? 1 : 0);
-    calls->surplus().fetch_add(ending - 1, std::memory_order_acq_rel);
-    if (unstarted)
-      post_handover([unstarted, cancelled, failure] { unstarted->finish(cancelled, failure); });
-    if (state->later)
-      post_handover([later = std::move(state->later), failure] { later->finish(false, failure); });
-  });
-}
-
-void wait_for_surplus_python_tasks(python_calls& calls) {
-  // Such a task ends at once (it finds its FIFO empty), once a lane takes it; a lane may first
-  // run what it already holds (a long call, say): after a short spin, sleep between looks
-  // rather than keep a core busy. Bounded: a lane held by a call that never returns would
-  // otherwise hold the caller too; a trace taken then may miss those tasks' records.
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(2);
-  for (int spins = 0; calls.surplus().load(std::memory_order_acquire) > 0 &&
-                      std::chrono::steady_clock::now() < deadline;
-       ++spins) {
-    if (spins < 1000)
-      std::this_thread::yield();
-    else
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-  }
-}
 
 nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
                              std::vector<input_array> inputs, std::optional<pinned_result> pinned,
