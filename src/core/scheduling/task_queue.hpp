@@ -155,6 +155,25 @@ class task_queue {
     std::atomic<bool> retired{false};
   };
 
+  // Locks device queues' mutexes in index order (every path that holds more than one lock takes
+  // them so, and no other holds two at once) and unlocks them on scope exit.
+  class ordered_locks {
+   public:
+    explicit ordered_locks(std::size_t most) { held_.reserve(most); }  // may throw: before locking
+    ordered_locks(const ordered_locks&) = delete;
+    ordered_locks& operator=(const ordered_locks&) = delete;
+    ~ordered_locks() {
+      for (auto it = held_.rbegin(); it != held_.rend(); ++it) (*it)->mutex.unlock();
+    }
+    void lock(device_queue& q) {
+      q.mutex.lock();
+      held_.push_back(&q);  // within the reserved capacity: cannot throw
+    }
+
+   private:
+    std::vector<device_queue*> held_;
+  };
+
   device_queue& at(int device) const;
   // push, leaving `item` with the caller if the queue is closed.
   bool push_one(work_item_ptr& item, std::optional<int> device);

@@ -1,7 +1,7 @@
 // The task queue's priority levels: which level an item goes to, what a lane of a device takes
 // first when several levels are queued (aging included), and whether a higher level waits on
-// another device. The rest of the queue (pushing, waking, stealing, retiring) is in
-// task_queue.cpp; the levels are described in task_queue.hpp.
+// another device. The rest of the queue is in task_queue.cpp (pushing, waking, stealing) and
+// task_queue_drain.cpp (closing, retiring, draining); the levels are described in task_queue.hpp.
 #include <algorithm>
 #include <bit>
 #include <iterator>
