@@ -40,7 +40,7 @@ def probe(ex: gpupool.Executor, tiny: np.ndarray, expected: np.ndarray,
           priority: Optional[int]) -> Tuple[bool, float]:
     """One tiny task, submitted and waited for: whether work was queued (not yet taken by a
     lane) when it was submitted, and its latency in seconds (its result checked)."""
-    backlog = ex._core.queued > 0  # the extension's count of queued entries
+    backlog = ex.queued > 0
     start = time.perf_counter()
     out = ex.submit(gpupool.kernels.square, tiny, priority=priority).result()
     latency = time.perf_counter() - start
@@ -115,7 +115,7 @@ def main() -> int:
     if args.chunk_bytes:
         options["chunk_bytes"] = args.chunk_bytes
     with gpupool.Executor(threads_per_gpu=threads, backend=args.backend, **options) as ex:
-        print(f"backend {ex.backend}, {ex.lane_count} lanes, {ex._core.slots_per_lane} slots "
+        print(f"backend {ex.backend}, {ex.lane_count} lanes, {ex.slots_per_lane} slots "
               f"each, chunk {ex.chunk_bytes} bytes; map "
               f"{args.chunks} x {args.elements} float64, tiny {args.tiny} float64, probes every "
               f">= {args.interval_ms} ms")

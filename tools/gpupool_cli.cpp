@@ -46,10 +46,11 @@ struct pool_flags {
                    "that GPU (default: GPUPOOL_DEVICES, else every visible device)")
         ->delimiter(',');
     cmd.add_option("--lanes", lanes, "lanes (threads) per device (default 0: as --tuning says)")
-        ->check(CLI::Range(0, 256));
-    cmd.add_option("--slots", slots, "tasks in flight per lane")->check(CLI::Range(1, 64));
+        ->check(CLI::Range(0, gpupool::limits::most_lanes_per_device));
+    cmd.add_option("--slots", slots, "tasks in flight per lane")
+        ->check(CLI::Range(1, gpupool::limits::most_slots_per_lane));
     cmd.add_option("--cpu-devices", cpu_devices, "devices the CPU backend stands in for")
-        ->check(CLI::Range(0, 1024));
+        ->check(CLI::Range(0, gpupool::limits::most_cpu_devices));
     cmd.add_option("--chunk-bytes", chunk_bytes,
                    "largest piece moved through a staging slot (e.g. 65536, 64K, 8M; default 0: "
                    "as --tuning says)")
@@ -381,7 +382,7 @@ int main(int argc, char** argv) {
   flags.add_to(*bench_cmd);
   bench_cmd->add_option("--lanes-list", bench.lanes, "lane counts to sweep")
       ->delimiter(',')
-      ->check(CLI::Range(1, 256));
+      ->check(CLI::Range(1, gpupool::limits::most_lanes_per_device));
   bench_cmd->add_option("--sizes", bench.sizes, "chunk sizes to sweep (e.g. 64K,1M,64M; K = 1024)")
       ->delimiter(',')
       ->transform(CLI::AsSizeValue(false))

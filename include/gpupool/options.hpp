@@ -17,6 +17,11 @@ enum class when_full {
   raise,  ///< Throw gpupool::out_of_memory naming the sizes; nothing is queued.
 };
 
+/// The name of `w`: "block" or "raise".
+[[nodiscard]] const char* to_string(when_full w) noexcept;
+/// The mode a name of `to_string(when_full)` stands for; nothing for any other text.
+[[nodiscard]] std::optional<when_full> when_full_from_name(std::string_view name) noexcept;
+
 /// How `lanes_per_device` and `chunk_bytes` left at 0 (auto) are chosen. The `GPUPOOL_TUNING`
 /// environment variable (`auto`, `measured`, `remeasure`, `fixed`) overrides the option.
 enum class tuning {

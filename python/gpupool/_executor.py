@@ -257,8 +257,9 @@ class Executor(_futures.Executor):
             "chunk_bytes", chunk_bytes, 1, None, "a byte count of at least 1, or 'auto'")
         options.device_memory_budget = _count("device_memory_budget", device_memory_budget, 0,
                                               None, "a byte count, or 0 for no limit")
-        options.cpu_devices = _count("cpu_devices", cpu_devices, 0, 1024,
-                                     "a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to 1024")
+        options.cpu_devices = _count(
+            "cpu_devices", cpu_devices, 0, _ext.MOST_CPU_DEVICES,
+            f"a whole number from 0 (GPUPOOL_CPU_DEVICES, else 1) to {_ext.MOST_CPU_DEVICES}")
         options.cpu_copy_rate = _rate(
             "cpu_copy_rate", cpu_copy_rate, _ext.LEAST_CPU_COPY_RATE,
             f"bytes per second: 0 (no limit) or a finite number of at least "
@@ -266,8 +267,8 @@ class Executor(_futures.Executor):
         options.in_flight_budget = _count(
             "in_flight_budget", in_flight_budget, 0, 2**64 - 1,
             "a byte count per device: 0 for the default, 2**64 - 1 for no budget")
-        options.when_full = _choice("when_full", when_full, ("block", "raise"))
-        options.tuning = _choice("tuning", tuning, ("auto", "measured", "remeasure", "fixed"))
+        options.when_full = _choice("when_full", when_full, _ext.WHEN_FULL_MODES)
+        options.tuning = _choice("tuning", tuning, _ext.TUNING_MODES)
         if not isinstance(quiet, bool):
             raise TypeError(f"gpupool.Executor: quiet must be True or False, not {quiet!r} "
                             f"({type(quiet).__name__})")
@@ -322,8 +323,19 @@ class Executor(_futures.Executor):
         return self._core.lane_count
 
     @property
+    def slots_per_lane(self) -> int:
+        """Tasks one lane keeps in flight (the ``slots_per_lane`` option)."""
+        return self._core.slots_per_lane
+
+    @property
     def chunk_bytes(self) -> int:
         return self._core.chunk_bytes
+
+    @property
+    def queued(self) -> int:
+        """Work queued and not yet taken by a lane, now: each task, piece of a map or batch of
+        small tasks coalesced together counts once (Python calls as one task each)."""
+        return self._core.queued
 
     @property
     def settings(self) -> dict[str, Any]:

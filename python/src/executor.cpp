@@ -340,13 +340,11 @@ void bind_executor(nb::module_& m) {
       .def_prop_rw(
           "when_full",
           [](const gpupool::executor_options& o) -> std::string {
-            return o.when_full == gpupool::when_full::raise ? "raise" : "block";
+            return gpupool::to_string(o.when_full);
           },
           [](gpupool::executor_options& o, const std::string& mode) {
-            if (mode == "block")
-              o.when_full = gpupool::when_full::block;
-            else if (mode == "raise")
-              o.when_full = gpupool::when_full::raise;
+            if (auto w = gpupool::when_full_from_name(mode))
+              o.when_full = *w;
             else
               throw nb::value_error(
                   ("gpupool: when_full must be 'block' or 'raise', not '" + mode + "'").c_str());

@@ -32,10 +32,18 @@ NB_MODULE(_ext, m) {
   m.attr("MOST_LANES_PER_DEVICE") = gpupool::limits::most_lanes_per_device;
   m.attr("MOST_LANES_PER_EXECUTOR") = gpupool::limits::most_lanes_per_executor;
   m.attr("MOST_SLOTS_PER_LANE") = gpupool::limits::most_slots_per_lane;
+  m.attr("MOST_CPU_DEVICES") = gpupool::limits::most_cpu_devices;
   m.attr("LEAST_CPU_COPY_RATE") = gpupool::limits::least_cpu_copy_rate;
   m.attr("LOWEST_PRIORITY") = gpupool::limits::lowest_priority;
   m.attr("HIGHEST_PRIORITY") = gpupool::limits::highest_priority;
   nb::list backends;
   for (const auto& b : gpupool::backend_names) backends.append(b.name);
   m.attr("BACKENDS") = nb::tuple(backends);
+  m.attr("WHEN_FULL_MODES") = nb::make_tuple(gpupool::to_string(gpupool::when_full::block),
+                                             gpupool::to_string(gpupool::when_full::raise));
+  nb::list tunings;
+  for (auto t : {gpupool::tuning::automatic, gpupool::tuning::measured, gpupool::tuning::remeasure,
+                 gpupool::tuning::fixed})
+    tunings.append(gpupool::to_string(t));
+  m.attr("TUNING_MODES") = nb::tuple(tunings);
 }

@@ -227,6 +227,46 @@ def test_the_limits_python_checks_are_the_cores():
     assert set(_ext.BACKENDS) == {"cpu", "cuda"}
     with pytest.raises(ValueError, match="'cpu', 'cuda'"):
         options.backend = "tpu"
+    most_cpu = _ext.MOST_CPU_DEVICES
+    with pytest.raises(ValueError, match=f"to {most_cpu}, not {most_cpu + 1}"):
+        gpupool.Executor(1, backend="cpu", cpu_devices=most_cpu + 1)
+    options = _ext.ExecutorOptions()
+    options.backend = "cpu"
+    options.cpu_devices = most_cpu + 1
+    with pytest.raises(Exception, match=str(most_cpu)):
+        _ext.Executor(options)
+    # The mode names the Python checks accept are the core's, both ways.
+    for mode in _ext.WHEN_FULL_MODES:
+        options.when_full = mode
+        assert options.when_full == mode
+    for mode in _ext.TUNING_MODES:
+        options.tuning = mode
+        assert options.tuning == mode
+    assert set(_ext.WHEN_FULL_MODES) == {"block", "raise"}
+    assert set(_ext.TUNING_MODES) == {"auto", "measured", "remeasure", "fixed"}
+    with pytest.raises(ValueError, match="'block' or 'raise'"):
+        gpupool.Executor(1, backend="cpu", cpu_devices=1, when_full="wait")
+
+
+def test_slots_and_queued_work_are_public():
+    with gpupool.Executor(1, backend="cpu", cpu_devices=1, slots_per_lane=3, quiet=True) as ex:
+        assert ex.slots_per_lane == 3
+        assert ex.queued == 0
+        release = threading.Event()
+        started = threading.Event()
+
+        def hold():
+            started.set()
+            release.wait(30)
+
+        holder = ex.submit(hold)
+        assert started.wait(10)
+        waiting = [ex.submit(abs, -i) for i in range(5)]
+        assert ex.queued >= 1  # queued behind the held lane (calls may share one entry)
+        release.set()
+        assert [f.result(timeout=30) for f in waiting] == [0, 1, 2, 3, 4]
+        holder.result(timeout=30)
+        assert ex.queued == 0
 
 
 # -- Ctrl-C -----------------------------------------------------------------------------------

@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstddef>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 #include "core/backend.hpp"
 #include "core/environment.hpp"
@@ -97,6 +99,16 @@ executor_settings checked_settings(const executor_options& options, backend& b,
 }  // namespace gpupool::detail
 
 namespace gpupool {
+
+const char* to_string(when_full w) noexcept {
+  return w == when_full::raise ? "raise" : "block";
+}
+
+std::optional<when_full> when_full_from_name(std::string_view name) noexcept {
+  for (when_full w : {when_full::block, when_full::raise})
+    if (name == to_string(w)) return w;
+  return std::nullopt;
+}
 
 void check_priority(int priority, const char* what) {
   if (priority < limits::lowest_priority || priority > limits::highest_priority)
