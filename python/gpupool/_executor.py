@@ -323,6 +323,12 @@ class Executor(_futures.Executor):
         return self._core.lane_count
 
     @property
+    def takes_cuda_arrays(self) -> bool:
+        """Whether this executor's devices are GPUs that take CUDA device arrays (CuPy, PyTorch,
+        the CUDA Array Interface) in place: true on the CUDA backend."""
+        return bool(self._core.takes_cuda_arrays)
+
+    @property
     def slots_per_lane(self) -> int:
         """Tasks one lane keeps in flight (the ``slots_per_lane`` option)."""
         return self._core.slots_per_lane

@@ -27,6 +27,7 @@ __all__ = ["main", "parse_args", "run"]
 
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
+    from .._ext import BACKENDS
     from ._workloads import WORKLOADS
 
     parser = argparse.ArgumentParser(
@@ -52,7 +53,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="gpupool lanes per GPU to sweep (default 4,8,16; tiny 1,2,4)")
     parser.add_argument("--chunk-list", default="",
                         help="gpupool chunk_bytes to sweep, e.g. 1M,2M,8M (the default)")
-    parser.add_argument("--backend", choices=("cuda", "cpu"), default=None,
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="gpupool backend (default: CUDA when a GPU is usable)")
     parser.add_argument("--bench-dir", default=None,
                         help="folder holding gpupool_bench_compare and gpupool_baseline_pipeline "

@@ -152,7 +152,8 @@ class Comparison:
         self.backend: str = args.backend
         with gpupool.Executor(backend=args.backend) as probe:
             self.backend = probe.backend
-            self.gpus = len(probe.devices) if probe.backend == "cuda" else 0
+            self.on_gpus = probe.takes_cuda_arrays
+            self.gpus = len(probe.devices) if self.on_gpus else 0
             self.default_lanes, self.default_chunk = probe.threads_per_gpu, probe.chunk_bytes
             # "measured" or "cached" on CUDA (docs/configuration.md, "Tuning"), else "fixed".
             self.default_source = probe.settings["threads_per_gpu_from"]
@@ -473,7 +474,7 @@ class Comparison:
         kernel = gpupool.elementwise("float32 x, float32 a, float32 b", "float32 y",
                                      fw.fma_body(fmas), f"compare_w5_{fmas}")
         cp: Optional[ModuleType] = None
-        if self.backend == "cuda":
+        if self.on_gpus:
             try:
                 cp = fw.need_cupy()
             except Skip:
@@ -657,7 +658,7 @@ class Comparison:
         for size_of, data_name in (("W2", "w2_data"), ("W4", "w4_data")):
             name = f"W8@{size_of}"
             unit = "GB/s" if size_of == "W2" else "tasks/s"
-            if self.backend != "cuda":
+            if not self.on_gpus:
                 self.add(skipped(name, "every variant", GPUPOOL,
                                  "the user's CuPy function needs CuPy and the CUDA backend", unit))
                 continue
@@ -730,7 +731,7 @@ class Comparison:
             if workload == "limits":
                 self.cupy_limits()
             return
-        if self.backend != "cuda" or self.gpus == 0:
+        if self.gpus == 0:
             self.add(skipped(table, label, ALTERNATIVE if workload != "limits" else LIMIT,
                              "runs only beside gpupool's CUDA backend (a GPU)"))
             return
