@@ -17,6 +17,7 @@
 #include "gpupool/availability.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/fork.hpp"
+#include "gpupool/options.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -31,15 +32,8 @@ std::optional<backend_kind> backend_from_environment() {
 
 int cpu_devices_from_environment() {
   return static_cast<int>(
-      count_from_environment({"GPUPOOL_CPU_DEVICES", "a count", 1, 1024}).value_or(1));
-}
-
-// GPUPOOL_QUIET=1 silences the CPU-backend notice, as executor_options::quiet does.
-bool quiet_from_environment() {
-  const char* v = std::getenv("GPUPOOL_QUIET");
-  if (v == nullptr || *v == '\0' || std::string(v) == "0") return false;
-  if (std::string(v) == "1") return true;
-  throw std::invalid_argument(std::string("GPUPOOL_QUIET must be 0 or 1, not '") + v + "'");
+      count_from_environment({"GPUPOOL_CPU_DEVICES", "a count", 1, limits::most_cpu_devices})
+          .value_or(1));
 }
 
 // The variables read elsewhere only when their feature is used (GPUPOOL_EVENT_WAIT by the CUDA
@@ -97,7 +91,8 @@ host_memory& choose_host_memory() noexcept {
 // The choice, made at the first use, and the fork generation it was made under: a fork()ed child
 // chooses again (the parent's backend may not run there: CUDA does not survive fork(); its probe
 // then says so and the CPU's memory is chosen). The generation is published after the choice, so
-// a thread that finds its own generation finds the choice made under it.
+// a thread that finds its own generation finds the choice made under it. Not a fork_fresh: there
+// is no lock to inherit held, and choosing probes backends, which a fork handler may not do.
 std::atomic<host_memory*> chosen_host_memory{nullptr};
 std::atomic<unsigned> chosen_generation{0};
 
@@ -125,10 +120,10 @@ host_memory& process_host_memory() noexcept {
 }
 
 std::shared_ptr<backend> select_backend(const executor_options& options) {
-  if (options.cpu_devices < 0 || options.cpu_devices > 1024)
-    throw std::invalid_argument("gpupool: cpu_devices must be from 1 to 1024 (0: " +
-                                std::string("GPUPOOL_CPU_DEVICES, else 1), not ") +
-                                std::to_string(options.cpu_devices));
+  if (options.cpu_devices < 0 || options.cpu_devices > limits::most_cpu_devices)
+    throw std::invalid_argument(
+        "gpupool: cpu_devices must be from 0 (GPUPOOL_CPU_DEVICES, else 1) to " +
+        std::to_string(limits::most_cpu_devices) + ", not " + std::to_string(options.cpu_devices));
   // 0, or finite and not below the floor; the largest double is far beyond any bus, so no upper
   // bound.
   const double rate = options.cpu_copy_rate;

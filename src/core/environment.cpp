@@ -5,6 +5,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 
 #include "gpupool/options.hpp"
@@ -63,6 +64,13 @@ std::optional<std::vector<int>> devices_from_environment() {
     if (comma == text.size()) return ordinals;
     start = comma + 1;
   }
+}
+
+bool quiet_from_environment() {
+  const char* v = std::getenv("GPUPOOL_QUIET");
+  if (v == nullptr || *v == '\0' || std::string_view(v) == "0") return false;
+  if (std::string_view(v) == "1") return true;
+  throw std::invalid_argument(std::string("GPUPOOL_QUIET must be 0 or 1, not '") + v + "'");
 }
 
 }  // namespace gpupool::detail

@@ -1,6 +1,6 @@
-// Whole numbers read from environment variables, one grammar for all of them: digits only (no
-// sign, space or base prefix, all of which strtol takes), within the variable's range. Anything
-// else is refused by the variable's name, with the value.
+// Environment variables read in more than one place, each with one grammar wherever it is read.
+// Whole numbers: digits only (no sign, space or base prefix, all of which strtol takes), within
+// the variable's range. Anything else is refused by the variable's name, with the value.
 #pragma once
 
 #include <optional>
@@ -30,5 +30,10 @@ std::optional<unsigned long long> count_from_environment(const count_variable& v
 /// needs a lane); unset or empty: nullopt. Whether each exists is the executor's to check.
 /// Throws std::invalid_argument naming the variable and its value otherwise.
 std::optional<std::vector<int>> devices_from_environment();
+
+/// GPUPOOL_QUIET as read now: "1" silences the library's notices on stderr (the CPU-backend
+/// notice, as executor_options::quiet does, and the kernel cache's); "0", empty or unset: not
+/// quiet. Throws std::invalid_argument naming the variable and its value otherwise.
+bool quiet_from_environment();
 
 }  // namespace gpupool::detail
