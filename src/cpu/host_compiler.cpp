@@ -23,6 +23,7 @@
 #include "core/kernels/kernel_cache.hpp"
 #include "core/kernels/kernel_source.hpp"
 #include "cpu/host_source.hpp"
+#include "gpupool/fork.hpp"
 
 extern char** environ;
 
@@ -81,6 +82,21 @@ int run(const std::vector<std::string>& argv, std::string& output) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
+// What the host compiler keeps for the whole process. Made at the first use, never destroyed
+// (kernels may be compiled during exit); a forked child starts with a fresh one, since fork() may
+// have copied a mutex locked, or a compilation left in flight, by a thread that is not in the
+// child, which would then wait for ever.
+struct host_compiler_state {
+  host_compiler_state() noexcept {}  // compile_once allocates nothing until it is used
+
+  std::mutex found_mutex;
+  std::optional<std::string> found;  // the first of c++, g++, clang++ that runs
+  std::mutex identities_mutex;
+  std::map<std::vector<std::string>, std::string> identities;  // by compiler command
+  compile_once<std::shared_ptr<const host_kernel>> compiled;
+};
+constinit fork_fresh<host_compiler_state> state;
+
 // GPUPOOL_CXX, else CXX, else the first of c++, g++, clang++ that runs. A variable's value is
 // split at spaces into the program and its first arguments ("ccache g++"); no shell reads it.
 std::vector<std::string> compiler() {
@@ -92,18 +108,23 @@ std::vector<std::string> compiler() {
       if (!words.empty()) return words;
     }
   }
-  static const std::string found = [] {
+  host_compiler_state& s = state.get();
+  std::lock_guard lock(s.found_mutex);
+  if (!s.found) {
+    s.found = "c++";
     for (const char* candidate : {"c++", "g++", "clang++"}) {
       std::string ignored;
       try {
-        if (run({candidate, "--version"}, ignored) == 0) return std::string(candidate);
+        if (run({candidate, "--version"}, ignored) == 0) {
+          s.found = candidate;
+          break;
+        }
       } catch (const error&) {
         // not installed: try the next
       }
     }
-    return std::string("c++");
-  }();
-  return {found};
+  }
+  return {*s.found};
 }
 
 std::string joined(const std::vector<std::string>& words) {
@@ -114,11 +135,10 @@ std::string joined(const std::vector<std::string>& words) {
 
 // The first line of `compiler --version`: part of the cache key, so a new compiler recompiles.
 const std::string& compiler_identity(const std::vector<std::string>& cxx) {
-  static std::mutex m;
-  static std::map<std::vector<std::string>, std::string> known;
-  std::lock_guard lock(m);
-  auto it = known.find(cxx);
-  if (it != known.end()) return it->second;
+  host_compiler_state& s = state.get();
+  std::lock_guard lock(s.identities_mutex);
+  auto it = s.identities.find(cxx);
+  if (it != s.identities.end()) return it->second;
   std::string out;
   std::vector<std::string> argv = cxx;
   argv.push_back("--version");
@@ -131,7 +151,7 @@ const std::string& compiler_identity(const std::vector<std::string>& cxx) {
   if (status != 0)
     throw error("gpupool: the host C++ compiler '" + joined(cxx) + "' does not run (" + out +
                 "); set GPUPOOL_CXX to one that does");
-  return known[cxx] = out.substr(0, out.find('\n'));
+  return s.identities[cxx] = out.substr(0, out.find('\n'));
 }
 
 std::string machine() {
@@ -272,10 +292,10 @@ std::shared_ptr<const host_kernel> compile_for_host(const elementwise_kernel& k,
   std::string key = source + '\n';
   for (const auto& f : host_flags) key += f + ' ';
   key += '\n' + compiler_identity(cxx) + '\n' + machine();
-  const std::string directory = cache_folder("host");
-
-  static compile_once<std::shared_ptr<const host_kernel>> compiled;
-  return compiled.get(directory + "/" + key, [&] { return build(k, source, cxx, directory, key); });
+  // A compiler needs files to write even where the cache cannot be used.
+  const std::string directory = cache_folder("host", if_cache_unusable::use_scratch);
+  return state.get().compiled.get(directory + "/" + key,
+                                  [&] { return build(k, source, cxx, directory, key); });
 }
 
 }  // namespace gpupool::detail

@@ -586,7 +586,8 @@ class cuda_host_memory final : public host_memory {
 
 // What the probe found, and the fork generation it asked CUDA under: in a child forked after that,
 // the driver the parent started is not the child's, and every CUDA call there fails (CUDA does not
-// survive fork()).
+// survive fork()). Not a fork_fresh: a child must not probe afresh (that would call into the
+// parent's driver) but learn that CUDA was started before the fork, which the generation tells.
 struct probed {
   backend_probe probe;
   unsigned generation;

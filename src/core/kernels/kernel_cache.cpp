@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <mutex>
 #include <sstream>
@@ -25,8 +26,10 @@
 #include <openssl/evp.h>
 #endif
 
+#include "core/environment.hpp"
 #include "gpupool/elementwise.hpp"
 #include "gpupool/error.hpp"
+#include "gpupool/fork.hpp"
 
 namespace gpupool {
 
@@ -85,31 +88,38 @@ void require_writable_folder(const std::string& path) {
                 system_message(errno));
 }
 
-bool quiet_from_environment() noexcept {
-  const char* v = std::getenv("GPUPOOL_QUIET");
-  return v != nullptr && std::string_view(v) == "1";
+// GPUPOOL_QUIET as everywhere else, but never thrown from here (the warning is given from inside
+// a compile, where the variable's error would replace the kernel's result): a bad value counts
+// as not quiet, since making the executor that compiles already refused it.
+bool quiet_for_warning() noexcept {
+  try {
+    return quiet_from_environment();
+  } catch (const std::exception&) {
+    return false;
+  }
 }
 
 std::atomic<bool> cache_warning_given{false};
 
-// The process's own folder for compilers that need files when the cache cannot be used. Leaked:
-// it is read by the exit handler, after static destructors may have run.
+// The process's own folder for compilers that need files when the cache cannot be used. Never
+// destroyed: it is read by the exit handler, after static destructors may have run. A fork()ed
+// child starts with a fresh one (fork() may have copied the mutex locked by a thread that is not
+// in the child), so it makes a folder of its own and never removes its parent's.
 struct scratch_state {
   std::mutex mutex;
-  pid_t owner = 0;  // the process that made `path` (a fork()ed child makes its own)
+  pid_t owner = 0;  // the process that made `path`
   std::string path;
-  bool removal_registered = false;
 };
+constinit fork_fresh<scratch_state> scratch;
 
-scratch_state& scratch() {
-  static auto* const state = new scratch_state;
-  return *state;
-}
+// Whether remove_scratch_folder is registered to run at exit. Not part of scratch_state: a
+// fork()ed child inherits the registration, and a second one would only run the same removal.
+std::atomic<bool> removal_registered{false};
 
 // Runs at exit in the process that registered it and in its fork()ed children, which inherit
 // the handler: each removes only a folder it made itself.
 void remove_scratch_folder() noexcept {
-  scratch_state& s = scratch();
+  scratch_state& s = scratch.get();  // made before this was registered: does not throw
   if (s.path.empty() || s.owner != ::getpid()) return;
   std::error_code ignored;
   std::filesystem::remove_all(s.path, ignored);
@@ -129,7 +139,7 @@ bool safe_parent(const std::string& parent) {
 
 // The process's scratch folder (mode 0700), made at the first call in $TMPDIR, else /tmp.
 std::string scratch_folder() {
-  scratch_state& s = scratch();
+  scratch_state& s = scratch.get();
   std::lock_guard lock(s.mutex);
   if (s.owner == ::getpid() && !s.path.empty()) {
     try {
@@ -153,7 +163,8 @@ std::string scratch_folder() {
     }
     s.owner = ::getpid();
     s.path = std::move(pattern);
-    if (!s.removal_registered) s.removal_registered = std::atexit(remove_scratch_folder) == 0;
+    if (!removal_registered.exchange(true) && std::atexit(remove_scratch_folder) != 0)
+      removal_registered.store(false);
     return s.path;
   }
   throw error("gpupool: no folder to compile kernels in (the kernel cache cannot be used, and " +
@@ -257,7 +268,7 @@ std::string persistent_cache_folder(const std::string& kind) {
 
 void warn_cache_unusable_once(const std::string& why) noexcept {
   if (cache_warning_given.exchange(true)) return;
-  if (quiet_from_environment()) return;
+  if (quiet_for_warning()) return;
   constexpr std::string_view prefix = "gpupool: ";
   const std::string_view reason =
       std::string_view(why).substr(why.rfind(prefix, 0) == 0 ? prefix.size() : 0);
@@ -280,8 +291,8 @@ std::optional<std::string> kernel_cache_folder(const std::string& kind) {
   }
 }
 
-std::string cache_folder(const std::string& kind) {
-  if (kind != "host" && kind != "cuda") return persistent_cache_folder(kind);
+std::string cache_folder(const std::string& kind, if_cache_unusable fallback) {
+  if (fallback == if_cache_unusable::fail) return persistent_cache_folder(kind);
   if (auto folder = kernel_cache_folder(kind)) return *folder;
   const std::string path = scratch_folder() + "/" + kind;
   if (::mkdir(path.c_str(), 0700) != 0 && errno != EEXIST)

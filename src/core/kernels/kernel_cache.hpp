@@ -23,12 +23,32 @@ std::string persistent_cache_folder(const std::string& kind);
 /// to a folder that fails the checks.
 std::optional<std::string> kernel_cache_folder(const std::string& kind);
 
-/// The folder `kind`'s entries go to. For compiled kernels ("host", "cuda"): kernel_cache_folder,
-/// else `kind` inside a private folder of this process (mode 0700, made in $TMPDIR or /tmp and
-/// removed when the process exits), where a compiler that needs files writes them. For anything
-/// else (tuning results): persistent_cache_folder, whose error the caller reports.
+/// What cache_folder gives where the persistent folder cannot be used: the caller says, since
+/// only it knows whether it can do without one.
+enum class if_cache_unusable {
+  /// A folder of this process's own: for a compiler that needs files to write (a kernel is never
+  /// refused for want of a cache).
+  use_scratch,
+  /// None: persistent_cache_folder's error is thrown, for the caller to report (tuning results,
+  /// which are worth keeping only between processes).
+  fail,
+};
+
+/// The folder `kind`'s entries go to: persistent_cache_folder(kind) where it can be used. Where
+/// it cannot, with use_scratch: after kernel_cache_folder's warning, `kind` inside a private
+/// folder of this process (mode 0700, made in $TMPDIR or /tmp and removed when the process exits;
+/// a fork()ed child makes its own), where a compiler that needs files writes them; with fail:
+/// persistent_cache_folder's error, and no warning.
 /// @throw gpupool::error where no folder can be had.
-std::string cache_folder(const std::string& kind);
+std::string cache_folder(const std::string& kind, if_cache_unusable fallback);
+
+/// The one-argument form older tests call: compiled kernels ("host", "cuda") use_scratch, any
+/// other kind fail. The library itself always says which it needs; remove this once no test
+/// calls it.
+inline std::string cache_folder(const std::string& kind) {
+  return cache_folder(kind, kind == "host" || kind == "cuda" ? if_cache_unusable::use_scratch
+                                                             : if_cache_unusable::fail);
+}
 
 /// Prints, once per process, why the kernel cache is not used (`why`); later calls print nothing.
 /// Silent when GPUPOOL_QUIET is 1.

@@ -472,7 +472,7 @@ executor_settings choose_settings(const executor_options& o, backend& b,
   std::string file;
   std::string folder_note;
   try {
-    folder = cache_folder("tuning");
+    folder = cache_folder("tuning", if_cache_unusable::fail);
     file = folder + "/" + entry_file_name(key, ".json");
   } catch (const std::exception& e) {
     folder_note = std::string("not cached: ") + e.what();
