@@ -115,15 +115,16 @@ TEST(KernelCacheFallback, TheProcessFolderIsPrivateAndOnlyKernelsFallBack) {
   const std::string base = temporary_folder("fallback-kinds");
   write_file(base + "/file");
   scoped_cache_dir cache(base + "/file/cache");
-  const std::string host = detail::cache_folder("host");
+  const std::string host = detail::cache_folder("host", detail::if_cache_unusable::use_scratch);
   struct stat st {};
   ASSERT_EQ(::stat(fs::path(host).parent_path().c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 07777, 0700u);
   EXPECT_EQ(st.st_uid, ::geteuid());
-  EXPECT_EQ(detail::cache_folder("host"), host) << "one folder per process";
+  EXPECT_EQ(detail::cache_folder("host", detail::if_cache_unusable::use_scratch), host)
+      << "one folder per process";
   EXPECT_FALSE(detail::kernel_cache_folder("cuda"));
   // Tuning results are not kernels: their caller is told why nothing is kept.
-  EXPECT_THROW((void)detail::cache_folder("tuning"), error);
+  EXPECT_THROW((void)detail::cache_folder("tuning", detail::if_cache_unusable::fail), error);
 }
 
 TEST(KernelCacheFallback, AUsableFolderIsStillTheCache) {

@@ -42,14 +42,6 @@ enum class if_cache_unusable {
 /// @throw gpupool::error where no folder can be had.
 std::string cache_folder(const std::string& kind, if_cache_unusable fallback);
 
-/// The one-argument form older tests call: compiled kernels ("host", "cuda") use_scratch, any
-/// other kind fail. The library itself always says which it needs; remove this once no test
-/// calls it.
-inline std::string cache_folder(const std::string& kind) {
-  return cache_folder(kind, kind == "host" || kind == "cuda" ? if_cache_unusable::use_scratch
-                                                             : if_cache_unusable::fail);
-}
-
 /// Prints, once per process, why the kernel cache is not used (`why`); later calls print nothing.
 /// Silent when GPUPOOL_QUIET is 1.
 void warn_cache_unusable_once(const std::string& why) noexcept;
