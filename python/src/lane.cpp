@@ -195,10 +195,9 @@ nb::object on_lane_stream(nb::handle cupy, nb::handle lane_object, gpupool::lane
 // A new NumPy array in pinned memory from gpupool's cache with `like`'s shape and dtype.
 nb::object empty_pinned_like(nb::handle like) {
   const auto bytes = nb::cast<std::size_t>(like.attr("nbytes"));
-  void* p = gpupool::allocate_pinned(std::max<std::size_t>(bytes, 1));
-  nb::capsule owner(p, [](void* q) noexcept { gpupool::deallocate_pinned(q, 0); });
-  std::size_t shape[1] = {bytes};
-  nb::object raw = nb::cast(nb::ndarray<nb::numpy, std::uint8_t>(p, 1, shape, owner));
+  // Bytes, viewed as `like`'s dtype after: it may be one gpupool does not compute with.
+  nb::object raw = pinned_array(std::make_unique<pinned_block>(std::max<std::size_t>(bytes, 1)),
+                                {bytes}, nb::dtype<std::uint8_t>());
   return raw.attr("view")(like.attr("dtype")).attr("reshape")(like.attr("shape"));
 }
 
