@@ -7,7 +7,7 @@ source scripts/lib/gpu-common.sh
 usage() {
   cat <<'EOF'
 usage: scripts/gpu measure [--out DIR] [--workloads LIST] [--lanes LIST] [--chunks LIST]
-                           [--images] [--small-tasks] [--shared] [--dask] [--profile]
+                           [--images] [--small-tasks] [--shared] [--priority] [--dask] [--profile]
                            [--step-seconds N] [-- COMPARE_ARGS...]
 
 Builds in build-measure (no tests, no NVTX ranges), pip installs the package, then:
@@ -26,6 +26,9 @@ Optional steps, each bounded by --step-seconds:
                   without the in-flight budget, and on GPU 0 as 1 and as 2 devices
   --shared        GPU 0 as two devices against one: W2 and W4 from Python
                   (bench/shared_devices.py)
+  --priority      a tiny urgent task behind a W2 map against its latency on an idle
+                  executor, and the map's throughput with urgent tasks every
+                  millisecond (bench/priority_latency.py, W2's sizes)
   --dask          where dask and distributed import: bench/dask_gpus.py over every
                   GPU (two or more), and on GPU 0 alone with one worker against one
                   process and two sharing it against two processes sharing it (W2
@@ -55,6 +58,7 @@ writes to $OUT:
     --images:        w2_trace.json, bench.json, bench.csv
     --small-tasks:   small_tasks.txt
     --shared:        shared_devices.txt, shared_devices.json
+    --priority:      priority.txt
     --dask:          dask.txt, dask_cluster_model.json
     --profile:       w4.prof, w4.bin, submit.prof, python.bin, the extension module,
                      libpython and libc of this machine, profile.txt
@@ -65,7 +69,7 @@ workloads=""
 lanes=${COMPARE_LANES:-8,16}
 chunks=${COMPARE_CHUNKS:-2M,4M}
 step=${STEP_SECONDS:-150}
-images=0 small_tasks=0 shared=0 dask=0 profile=0
+images=0 small_tasks=0 shared=0 priority=0 dask=0 profile=0
 compare_args=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -78,6 +82,7 @@ while [ $# -gt 0 ]; do
     --images) images=1 ;;
     --small-tasks) small_tasks=1 ;;
     --shared) shared=1 ;;
+    --priority) priority=1 ;;
     --dask) dask=1 ;;
     --profile) profile=1 ;;
     --) shift; compare_args=("$@"); break ;;
@@ -174,6 +179,13 @@ if [ $shared = 1 ]; then
   timeout "$step" python3 bench/shared_devices.py --json "$OUT/shared_devices.json" 2>&1 |
     tee "$OUT/shared_devices.txt" | tee -a "$log"
   step_done "${PIPESTATUS[0]}" "bench/shared_devices.py"
+fi
+
+if [ $priority = 1 ]; then
+  say "== A tiny urgent task behind a W2 map (bench/priority_latency.py)"
+  timeout "$step" python3 bench/priority_latency.py 2>&1 | tee "$OUT/priority.txt" |
+    tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "bench/priority_latency.py"
 fi
 
 # dask_step WHAT ARGS...: one run of bench/dask_gpus.py, its JSON into dask.txt.
