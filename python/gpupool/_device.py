@@ -3,7 +3,6 @@ DLPack): built-in kernels run on them in place on the device, with no host round
 
 from __future__ import annotations
 
-import math
 import sys
 from concurrent.futures import Future
 from typing import (Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set,
@@ -16,7 +15,6 @@ from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 
 #: The dtypes the C++ library computes with (its one dtype table), by NumPy's names.
 SUPPORTED = tuple(_ext.dtypes())
-_EXPECTED = "expected " + ", ".join(SUPPORTED[:-1]) + " or " + SUPPORTED[-1]
 _DLPACK_CUDA = 2  # kDLCUDA
 
 # CuPy and PyTorch carry no type annotations: their modules, arrays and streams are Any here.
@@ -48,17 +46,6 @@ def is_device_array(obj: object) -> bool:
         return False
 
 
-def _as_cuda_array_interface(obj: object, where: str) -> _CudaArray:
-    """The object itself if it speaks the CUDA Array Interface, else a CuPy view of it."""
-    if hasattr(obj, "__cuda_array_interface__"):
-        return cast(_CudaArray, obj)
-    cupy = sys.modules.get("cupy")
-    if cupy is None:
-        raise TypeError(f"gpupool: {where} is a DLPack device array; import cupy to pass it")
-    view: _CudaArray = cupy.from_dlpack(obj)
-    return view
-
-
 class DeviceArray:
     """What gpupool needs to know of one device array, checked at the call."""
 
@@ -76,28 +63,12 @@ class DeviceArray:
         if not is_device_array(obj):
             raise TypeError(f"gpupool: {where} is not a device array while the first array is; "
                             "pass host arrays and device arrays in separate calls")
-        self.obj = _as_cuda_array_interface(obj, where)
-        cai = self.obj.__cuda_array_interface__
-        self.pointer = int(cai["data"][0])
-        self.shape = tuple(int(n) for n in cai["shape"])
-        self.dtype = np.dtype(cai["typestr"])
-        self.stream = cai.get("stream")
-        self.count = math.prod(self.shape)
-        if self.dtype.name not in SUPPORTED:
-            raise TypeError(f"gpupool: {where} has unsupported dtype {self.dtype}; "
-                            + _EXPECTED)
-        strides = cai.get("strides")
-        if strides is not None and self.count > 1:
-            expected: List[int] = []
-            step = self.dtype.itemsize
-            for n in reversed(self.shape):
-                expected.append(step)
-                step *= n
-            if any(s != e for s, e, n in zip(strides, reversed(expected), self.shape) if n != 1):
-                raise ValueError(f"gpupool: {where} is not C-contiguous; make a contiguous copy")
-        kind, self.device = _ext.describe_pointer(self.pointer) if self.count else ("device", -1)
-        if self.count and kind not in ("device", "managed"):
-            raise TypeError(f"gpupool: {where} claims to be on a GPU, but its memory is {kind}")
+        # Read by the extension, as a map over device arrays reads them (one reading of the
+        # CUDA Array Interface): a DLPack array becomes CuPy's view of it.
+        self.pointer, self.count, name, self.device, self.shape, self.stream, read = \
+            _ext.describe_device_array(obj, where)
+        self.obj = cast(_CudaArray, read)
+        self.dtype = np.dtype(name)
 
     def empty_like(self) -> object:
         """A new array of the same kind, shape and dtype on the same device."""

@@ -19,6 +19,7 @@
 
 #include "arrays.hpp"
 #include "common.hpp"
+#include "device_arrays.hpp"
 #include "device_map.hpp"
 #include "errors.hpp"
 #include "futures.hpp"
@@ -369,6 +370,7 @@ void bind_executor(nb::module_& m) {
       .def_rw("priority", &gpupool::executor_options::priority)
       .def_rw("quiet", &gpupool::executor_options::quiet);
 
+  bind_device_arrays(m);  // describe_device_array, which _device.DeviceArray reads with
   nb::class_<py_executor>(m, "Executor")
       .def(nb::init<const gpupool::executor_options&>(), "options"_a)
       .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),

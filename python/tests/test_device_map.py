@@ -4,12 +4,15 @@ array. On the CPU backend host memory stands in for device memory, so the C++ si
 NumPy arrays described as device arrays; python/tests/test_gpu_frameworks.py runs it on CuPy."""
 
 import concurrent.futures as cf
+import sys
 import threading
 import time
+import types
 
 import gpupool
 import numpy as np
 import pytest
+from gpupool import _device, _ext
 from gpupool._executor import _Future
 
 SCALE = gpupool.elementwise("float64 x, float64 a", "float64 y", "y = x * a", "device_map_scale")
@@ -45,6 +48,50 @@ class FakeCupyArrayWithFlag(FakeCupyArray):
         super().__init__(host, device_id)
         self._c_contiguous = host.flags.c_contiguous
         del self.flags  # must not be needed
+
+
+class CudaArray:
+    """A NumPy array behind the CUDA Array Interface (v3), as PyTorch or Numba would offer one:
+    the extension reads its dict."""
+
+    def __init__(self, host, stream=None, typestr=None):
+        self.host = host
+        strides = None if host.flags.c_contiguous else host.strides
+        self.__cuda_array_interface__ = {
+            "data": (host.ctypes.data, False), "shape": host.shape,
+            "typestr": typestr or host.dtype.str, "strides": strides, "version": 3,
+            "stream": stream}
+
+
+class DLPackOnly:
+    """An array offering only DLPack, on a CUDA device."""
+
+    def __init__(self, host):
+        self.host = host
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+
+@pytest.fixture(autouse=True)
+def host_memory_as_device():
+    """Host memory (which describe_pointer does not know without a GPU) read as GPU 0's."""
+    before = _ext._take_host_memory_as_device(True)
+    yield
+    _ext._take_host_memory_as_device(before)
+
+
+@pytest.fixture
+def fake_cupy(monkeypatch):
+    """A stand-in for the cupy module, as the extension and _device use it: its ndarray type,
+    from_dlpack and the current stream's handle."""
+    module = types.ModuleType("cupy")
+    module.ndarray = FakeCupyArray
+    module.from_dlpack = lambda a: CudaArray(a.host)
+    stream = types.SimpleNamespace(ptr=0)
+    module.cuda = types.SimpleNamespace(get_current_stream=lambda: stream)
+    monkeypatch.setitem(sys.modules, "cupy", module)
+    return module
 
 
 def split_host(flat, ends):
@@ -488,6 +535,110 @@ def test_a_hazard_between_calls_of_different_blocks_is_refused_after_the_earlier
         assert (outs[i] == xs[i] * 2.0).all() or (outs[i] == -1.0).all(), i
     np.testing.assert_array_equal(xs[5], np.arange(4, dtype=np.float64) + 5)
     assert all((o == -1.0).all() for o in outs[64:100] + outs[101:])
+
+
+# Reading device arrays (the CUDA Array Interface, DLPack) ---------------------------------------
+
+
+@pytest.mark.parametrize("typestr, name", [
+    ("<f4", "float32"), ("<f8", "float64"), ("<i4", "int32"), ("<i8", "int64"),
+    ("=f8", "float64"), ("|i4", "int32"), ("f4", "float32"),  # the last as NumPy reads it
+])
+def test_the_interfaces_type_string_gives_the_dtype(typestr, name):
+    host = np.zeros((2, 3), np.dtype(name))
+    address, count, dtype, ordinal, shape, stream, read = _ext.describe_device_array(
+        CudaArray(host, typestr=typestr), "x")
+    assert (address, count, dtype, ordinal, shape) == (host.ctypes.data, 6, name, 0, (2, 3))
+    assert stream is None
+
+
+@pytest.mark.parametrize("typestr, shown", [
+    ("<f2", "float16"), ("<c16", "complex128"), ("|b1", "bool"), ("<u4", "uint32"),
+    (">f4", ">f4"),  # another byte order: the kernels would read the bytes as this machine's
+])
+def test_a_type_gpupool_does_not_compute_with_is_refused(typestr, shown):
+    with pytest.raises(TypeError, match=f"gpupool: x has unsupported dtype {shown}; expected "
+                       "float32, float64, int32 or int64"):
+        _ext.describe_device_array(CudaArray(np.zeros(4, np.float32), typestr=typestr), "x")
+
+
+def test_a_type_string_numpy_cannot_read_is_refused_as_numpy_refuses_it():
+    with pytest.raises(TypeError):
+        _ext.describe_device_array(CudaArray(np.zeros(4), typestr="<q9"), "x")
+
+
+def test_strides_must_be_those_of_a_c_contiguous_array():
+    with pytest.raises(ValueError, match="x is not C-contiguous; make a contiguous copy"):
+        _ext.describe_device_array(CudaArray(np.zeros((4, 4))[:, ::2]), "x")
+    with pytest.raises(ValueError, match="not C-contiguous"):
+        _ext.describe_device_array(CudaArray(np.zeros((3, 4)).T), "x")
+    # Explicit C strides, the stride of a dimension of one, and the layout of one element or
+    # none mean nothing.
+    a = CudaArray(np.zeros((3, 4)))
+    a.__cuda_array_interface__["strides"] = (32, 8)
+    assert _ext.describe_device_array(a, "x")[1] == 12
+    for host, strides in ((np.zeros((3, 1)), (8, 999)), (np.zeros((1, 1)), (5, 7)),
+                          (np.zeros((0, 4)), (1, 1))):
+        a = CudaArray(host)
+        a.__cuda_array_interface__["strides"] = strides
+        assert _ext.describe_device_array(a, "x")[1] == host.size
+
+
+def test_the_producers_stream_is_noted_and_none_or_zero_is_no_stream():
+    assert _ext.describe_device_array(CudaArray(np.zeros(3), stream=7), "x")[5] == 7
+    assert _ext.describe_device_array(CudaArray(np.zeros(3), stream=0), "x")[5] is None
+    a = CudaArray(np.zeros(3))
+    del a.__cuda_array_interface__["stream"]  # before v3
+    assert _ext.describe_device_array(a, "x")[5] is None
+
+
+def test_memory_that_is_not_a_gpus_is_refused(host_memory_as_device):
+    _ext._take_host_memory_as_device(False)
+    with pytest.raises(TypeError, match="gpupool: x claims to be on a GPU, but its memory is "
+                       "unknown"):
+        _ext.describe_device_array(CudaArray(np.zeros(3)), "x")
+    pinned = np.frombuffer(_ext.allocate_pinned(32), np.float64)
+    with pytest.raises(TypeError, match="its memory is pinned_host"):
+        _ext.describe_device_array(CudaArray(pinned), "x")
+    # An empty array's memory says nothing: it is on no GPU in particular.
+    assert _ext.describe_device_array(CudaArray(np.zeros(0)), "x")[3] == -1
+
+
+def test_objects_that_are_not_device_arrays_are_refused():
+    class BrokenDLPack:
+        def __dlpack_device__(self):
+            raise RuntimeError("broken")
+
+    for obj in (np.zeros(3), "x", 1.5, BrokenDLPack()):
+        with pytest.raises(TypeError, match="gpupool: y is not a device array"):
+            _ext.describe_device_array(obj, "y")
+
+
+def test_an_array_offering_only_dlpack_needs_cupy(monkeypatch):
+    monkeypatch.delitem(sys.modules, "cupy", raising=False)
+    with pytest.raises(TypeError, match="gpupool: x is a DLPack device array; import cupy to "
+                       "pass it"):
+        _ext.describe_device_array(DLPackOnly(np.zeros(3)), "x")
+    with pytest.raises(TypeError, match="import cupy"):
+        _device.DeviceArray(DLPackOnly(np.zeros(3)), "x")
+
+
+def test_an_array_offering_only_dlpack_is_read_through_cupys_view(fake_cupy):
+    host = np.arange(6, dtype=np.float32)
+    address, count, dtype, _, _, _, read = _ext.describe_device_array(DLPackOnly(host), "x")
+    assert (address, count, dtype) == (host.ctypes.data, 6, "float32")
+    assert isinstance(read, CudaArray) and read.host is host
+    view = _device.DeviceArray(DLPackOnly(host), "x")
+    assert view.obj.host is host and view.dtype == np.float32 and view.shape == (6,)
+
+
+def test_device_array_is_the_extensions_reading():
+    host = np.arange(12, dtype=np.int32).reshape(3, 4)
+    view = _device.DeviceArray(CudaArray(host, stream=9), "x")
+    assert (view.pointer, view.count, view.device, view.shape) == (host.ctypes.data, 12, 0, (3, 4))
+    assert view.dtype == np.int32 and view.stream == 9 and view.obj.host is host
+    with pytest.raises(TypeError, match="x is not a device array while the first array is"):
+        _device.DeviceArray(host, "x")
 
 
 def test_a_map_into_given_outputs_that_times_out_waits_for_the_batches_that_had_started():
