@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import sys
 from concurrent.futures import Future
-from typing import (Any, Dict, Iterable, Iterator, List, Optional, Protocol, Sequence, Set,
-                    Tuple, Type, Union, cast)
+from typing import (Any, Dict, Iterator, List, Optional, Protocol, Sequence, Tuple, Type, Union,
+                    cast)
 
 import numpy as np
 
@@ -16,12 +16,6 @@ from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 #: The dtypes the C++ library computes with (its one dtype table), by NumPy's names.
 SUPPORTED = tuple(_ext.dtypes())
 _DLPACK_CUDA = 2  # kDLCUDA
-
-# CuPy and PyTorch carry no type annotations: their modules, arrays and streams are Any here.
-#: A CuPy stream to synchronize ("cupy", stream), or a stream handle a producer named ("cai", n).
-_Streams = Set[Tuple[str, Any]]
-#: What _describe tells of one device array: address, element count, dtype name, ordinal, shape.
-_Description = Tuple[int, int, str, int, Tuple[int, ...]]
 
 
 class _CudaArray(Protocol):
@@ -120,37 +114,21 @@ def launch(core: _ext.Executor, kernel: BuiltinKernel, xs: Sequence[object],
     return futures
 
 
-def _describe(obj: object, where: str, streams: _Streams) -> _Description:
-    """(address, element count, dtype name, ordinal, shape) of one device array other than a
-    CuPy array (the extension reads those itself); notes the stream its producer may still be
-    writing on in `streams` (CuPy's current stream is the caller's to note, once for all
-    arrays)."""
-    view = DeviceArray(obj, where)
-    if view.stream not in (None, 0):
-        streams.add(("cai", view.stream))
-    return view.pointer, view.count, view.dtype.name, view.device, view.shape
-
-
-def _wait_for(streams: Iterable[Tuple[str, Any]]) -> None:
-    for kind, stream in streams:
-        if kind == "cupy":
-            stream.synchronize()
-        else:
-            _ext.wait_for_stream(stream)
-
-
-def _allocate_flat(kind_of: object, ordinal: int, count: int, dtype: str) -> Any:
-    """One device buffer of `count` elements, of the same kind (CuPy or PyTorch) as `kind_of`."""
+def _allocate_flat(kind_of: object, ordinal: int, count: int, dtype: str) -> Tuple[Any, int]:
+    """One device buffer of `count` elements, of the same kind (CuPy or PyTorch) as `kind_of`,
+    and its address."""
     module = type(kind_of).__module__.split(".")[0]
     if module == "torch":
         torch = sys.modules["torch"]
-        return torch.empty(count, dtype=getattr(torch, dtype), device=f"cuda:{ordinal}")
+        tensor = torch.empty(count, dtype=getattr(torch, dtype), device=f"cuda:{ordinal}")
+        return tensor, int(tensor.data_ptr())
     cupy = sys.modules.get("cupy")
     if cupy is None:
         raise TypeError("gpupool: results for this kind of device array are made with CuPy; "
                         "import cupy")
     with cupy.cuda.Device(ordinal):
-        return cupy.empty(count, dtype)
+        flat = cupy.empty(count, dtype)
+    return flat, int(flat.data.ptr)
 
 
 def _split_flat(flat: Any, ends: List[int]) -> Sequence[Any]:
@@ -197,6 +175,11 @@ class CompiledMap:
         yield from self.outputs
 
 
+def _cut(run: _ext.DeviceMapRun) -> List[Sequence[Any]]:
+    """The views of each of the run's buffers not cut yet."""
+    return [_split_flat(flat, ends) for flat, ends in run.cuts()]
+
+
 def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel],
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
                  single: bool = False, out: Optional[Sequence[object]] = None,
@@ -208,31 +191,43 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
     bad call raises before this returns, once the blocks queued before it have stopped. Outputs
     are new arrays of the first array's kind, shape and device (views into one buffer per
     device and block), or with `out` the arrays given there, one per call, written in place
-    (checked first: each of its call's length, device and the kernel's output type, C-contiguous,
-    and none written by one call while another reads or writes it). The per-array work is done by the extension in one call
-    (core.map_device_calls); this module only lends it what needs CuPy or PyTorch. Its one
-    future (of `future_type`) gives the outputs, or with `single` (one call) that call's
-    output."""
+    (checked first: each of its call's length, device and the kernel's output type,
+    C-contiguous, and none written by one call while another reads or writes it).
+
+    The extension reads every call and array into plain data and queues the work (an
+    _ext.DeviceMapRun, see python/src/device_map.hpp); this function drives it block by block
+    and makes what only CuPy or PyTorch can make: each block's output buffers and, once
+    everything is queued, their views. Its one future (of `future_type`) gives the outputs, or
+    with `single` (one call) that call's output."""
     cupy = sys.modules.get("cupy")
-    # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream.
-    streams: _Streams = {("cupy", cupy.cuda.get_current_stream())} if cupy is not None else set()
-
-    def describe_other(obj: object, where: str) -> _Description:
-        if not is_device_array(obj):
-            raise TypeError(f"gpupool: {where} is not a device array; a map over device arrays "
-                            "takes device arrays and numbers only (host arrays go in a map of "
-                            "their own)")
-        address, count, name, ordinal, shape = _describe(obj, where, streams)
-        return address, count, name, ordinal, shape
-
-    def allocate_flat(anchor: object, ordinal: int, count: int, dtype: str) -> Tuple[Any, int]:
-        flat = _allocate_flat(anchor, ordinal, count, dtype)
-        base = flat.data.ptr if hasattr(flat, "data") and hasattr(flat.data, "ptr") \
-            else flat.data_ptr()
-        return flat, base
-
-    outputs, futures = core.map_device_calls(
-        kernel, calls, cupy.ndarray if cupy is not None else None, describe_other,
-        allocate_flat, _split_flat, lambda: _wait_for(streams), tuple(calls), future_type,
-        single, out, priority)
-    return CompiledMap(futures, outputs, given=out is not None)
+    # CuPy work, and the outputs allocated for the calls, are ordered on CuPy's current stream:
+    # the extension waits for it before each block (its handle is 0 for the legacy default
+    # stream, which is waited for too), with the streams the arrays' producers name.
+    wait_streams = [int(cupy.cuda.get_current_stream().ptr)] if cupy is not None else []
+    run = core.map_device_calls(kernel, calls, cupy.ndarray if cupy is not None else None, out,
+                                single, priority, tuple(calls), future_type, wait_streams)
+    try:
+        pieces: List[Sequence[Any]] = []
+        while True:
+            needed = run.read_block()
+            if needed is None:
+                break
+            if out is None:
+                run.give_buffers([_allocate_flat(anchor, ordinal, count, dtype)
+                                  for anchor, ordinal, count, dtype in needed])
+            if single:
+                # One call leaves nothing to read while the GPU runs it, so its view is made
+                # first: a failure to make it then stops the call before anything runs.
+                pieces += _cut(run)
+            run.queue_block()
+        # Everything is queued before the views are made (CuPy takes microseconds for each), so
+        # that the GPUs compute meanwhile.
+        pieces += _cut(run)
+        outputs, futures = run.finish(pieces)
+    except BaseException:
+        # Nothing of this map runs on once it has raised: what was queued and has not started
+        # is cancelled, and what started is waited for (it writes into the buffers).
+        run.abandon()
+        raise
+    # The extension makes the future with future_type (its stub says only "object").
+    return CompiledMap(cast(List[Future[Any]], futures), outputs, given=out is not None)

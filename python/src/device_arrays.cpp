@@ -1,13 +1,18 @@
-// Device arrays read into plain data (see device_arrays.hpp).
+// Device arrays and a device map's calls read into plain data (see device_arrays.hpp).
 #include "device_arrays.hpp"
 
+#include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cctype>
+#include <span>
 #include <string_view>
+#include <tuple>
 #include <utility>
 #include <vector>
 
 #include "arrays.hpp"
+#include "cupy_arrays.hpp"
 
 namespace gpupool_python {
 namespace {
@@ -196,6 +201,205 @@ std::optional<device_array_reading> read_device_array(nb::handle a,
     }
   }
   return r;
+}
+
+namespace {
+
+// `message` with " (call c)" after it, unless it already names call c.
+std::string numbered(const std::string& message, std::size_t c) {
+  const std::string name = "call " + std::to_string(c);
+  const auto at = message.find(name);
+  const bool names_it = at != std::string::npos &&
+                        (at + name.size() == message.size() ||
+                         !std::isdigit(static_cast<unsigned char>(message[at + name.size()])));
+  return names_it ? message : message + " (" + name + ")";
+}
+
+gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
+                                         gpupool::dtype t) {
+  return gpupool::visit_dtype(t, [&]<class T>() {
+    return gpupool::kernel_argument(std::span<const T>(reinterpret_cast<const T*>(address), count));
+  });
+}
+
+}  // namespace
+
+void rethrow_reworded(const std::exception_ptr& failure,
+                      const std::function<std::string(const std::string&)>& message_for) {
+  try {
+    std::rethrow_exception(failure);
+  } catch (const nb::builtin_exception& e) {
+    throw nb::builtin_exception(e.type(), message_for(e.what()).c_str());
+  } catch (const gpupool::argument_range_error& e) {
+    throw gpupool::argument_range_error(message_for(e.what()));
+  } catch (const gpupool::argument_kind_error& e) {
+    throw gpupool::argument_kind_error(message_for(e.what()));
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument(message_for(e.what()));
+  } catch (const nb::python_error& e) {
+    // gpupool's own refusals raised as Python errors (a number out of range, say): the same
+    // error with the new message; anything else as it came.
+    const nb::handle type = e.type();
+    if (type.is(PyExc_TypeError) || type.is(PyExc_ValueError) || type.is(PyExc_OverflowError)) {
+      nb::object args = e.value().attr("args");
+      if (nb::len(args) == 1 && PyUnicode_Check(nb::handle(args[0]).ptr())) {
+        const std::string message = nb::cast<std::string>(args[0]);
+        const std::string reworded = message_for(message);
+        if (reworded != message) throw_python(type.ptr(), reworded);
+      }
+    }
+    throw;
+  }
+}
+
+call_reader::call_reader(const std::string& kernel_name,
+                         const std::vector<gpupool::kernel_parameter>& inputs,
+                         const gpupool::kernel_parameter& output, nb::sequence calls,
+                         nb::handle cupy_ndarray, nb::object out, reading_notes& notes)
+    : name_(kernel_name),
+      inputs_(inputs),
+      output_(output),
+      calls_(std::move(calls)),
+      cupy_ndarray_(cupy_ndarray.is_valid() && !cupy_ndarray.is_none() ? cupy_ndarray
+                                                                       : nb::handle()),
+      out_(std::move(out)),
+      notes_(notes),
+      given_outputs_(out_.is_valid() && !out_.is_none()),
+      last_number_(inputs.size()),
+      last_number_argument_(inputs.size()) {}
+
+void call_reader::read(std::size_t c, described_call& d) {
+  try {
+    describe(c, d);
+  } catch (...) {
+    rethrow_reworded(std::current_exception(),
+                     [c](const std::string& message) { return numbered(message, c); });
+  }
+}
+
+call_reader::array_reading call_reader::read_other(nb::handle a,
+                                                   const std::function<std::string()>& where) {
+  std::optional<device_array_reading> r = read_device_array(a, where);
+  if (!r)
+    throw nb::type_error(("gpupool: " + where() +
+                          " is not a device array; a map over device arrays takes device arrays "
+                          "and numbers only (host arrays go in a map of their own)")
+                             .c_str());
+  if (r->stream &&
+      std::find(notes_.streams.begin(), notes_.streams.end(), *r->stream) == notes_.streams.end())
+    notes_.streams.push_back(*r->stream);
+  if (!r->read.is(a)) notes_.views.append(r->read);
+  return {r->address, r->count, r->type, r->ordinal, std::move(r->shape)};
+}
+
+void call_reader::read_output(std::size_t c, described_call& d) {
+  const auto where = [&] { return "call " + std::to_string(c) + "'s output"; };
+  nb::object o = out_[c];
+  std::uintptr_t address = 0;
+  std::size_t count = 0;
+  gpupool::dtype type{};
+  int ordinal = -1;
+  if (is_cupy(o)) {
+    const cupy_array_view view = describe_cupy(o, where);
+    std::tie(address, count, type, ordinal) =
+        std::make_tuple(view.address, view.count, view.type, view.ordinal);
+  } else {
+    std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where);
+  }
+  if (type != output_.type)
+    throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) + "; kernel '" +
+                          name_ + "' writes " + gpupool::to_string(output_.type))
+                             .c_str());
+  if (count != d.work.count)
+    throw nb::value_error(("gpupool: " + where() + " has " + std::to_string(count) +
+                           " element(s), the call " + std::to_string(d.work.count))
+                              .c_str());
+  if (count != 0 && ordinal != d.ordinal)
+    throw nb::value_error(("gpupool: " + where() + " is on GPU " + std::to_string(ordinal) +
+                           ", the call's arrays on GPU " + std::to_string(d.ordinal))
+                              .c_str());
+  for (const gpupool::kernel_argument& in : d.work.inputs) {
+    if (!in.is_array()) continue;
+    const auto begin = reinterpret_cast<std::uintptr_t>(in.data());
+    if (auto problem =
+            hazards_.add_input(begin, begin + in.size() * gpupool::size_of(in.type()), c))
+      throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
+  }
+  if (auto problem = hazards_.add_output(address, address + count * gpupool::size_of(type), c))
+    throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
+  d.work.out = reinterpret_cast<void*>(address);
+  d.output = std::move(o);
+}
+
+std::optional<call_reader::array_reading> call_reader::read_argument(std::size_t c, std::size_t i,
+                                                                     nb::handle a,
+                                                                     described_call& d) {
+  // Named only in a refusal: thousands of arrays pass through here per map.
+  const auto where = [&] { return "call " + std::to_string(c) + " argument " + std::to_string(i); };
+  if (is_cupy(a)) {
+    const cupy_array_view view = describe_cupy(a, where);
+    // A 0-d array is a number (as_number below), as in a submit.
+    if (view.ndim != 0)
+      return array_reading{view.address, view.count, view.type, view.ordinal, view.shape};
+  }
+  if (last_number_[i].is(a)) {
+    // A number broadcast to every call is the same object in each: checked and converted once.
+    d.work.inputs.push_back(*last_number_argument_[i]);
+    return std::nullopt;
+  }
+  if (auto number = as_number(a)) {
+    d.work.inputs.push_back(scalar_argument(*number, inputs_[i].type,
+                                            "argument[" + std::to_string(i) + "] ('" +
+                                                inputs_[i].name + "') of kernel '" + name_ + "'"));
+    last_number_[i] = nb::borrow(a);
+    last_number_argument_[i] = d.work.inputs.back();
+    return std::nullopt;
+  }
+  return read_other(a, where);
+}
+
+void call_reader::describe(std::size_t c, described_call& d) {
+  const std::size_t arity = inputs_.size();
+  nb::object args = calls_[c];
+  const std::size_t given = nb::len(args);
+  if (given != arity)
+    throw nb::type_error(("gpupool: kernel '" + name_ + "' takes " + std::to_string(arity) +
+                          " argument(s), " + std::to_string(given) + " given")
+                             .c_str());
+  d.work.inputs.reserve(arity);
+  for (std::size_t i = 0; i < arity; ++i) {
+    nb::object a = args[i];
+    auto reading = read_argument(c, i, a, d);
+    if (!reading) continue;
+    auto& [address, count, type, ordinal, shape] = *reading;
+    d.work.inputs.push_back(device_argument(address, count, type));
+    if (!d.anchor.is_valid()) {
+      d.anchor = a;
+      d.ordinal = ordinal;
+      d.shape = std::move(shape);
+      d.work.count = count;
+    } else if (count != 0 && ordinal != d.ordinal) {
+      throw nb::value_error(("gpupool: call " + std::to_string(c) + " has arrays on GPUs " +
+                             std::to_string(d.ordinal) + " and " + std::to_string(ordinal))
+                                .c_str());
+    }
+  }
+  if (!d.anchor.is_valid())
+    throw nb::type_error(
+        ("gpupool: call " + std::to_string(c) + " of kernel '" + name_ + "' has no array").c_str());
+  if (given_outputs_) read_output(c, d);
+  // One compiled kernel serves the whole map, as in map_on_device, across blocks too.
+  if (c == 0) {
+    for (const auto& in : d.work.inputs) first_pattern_.push_back(in.is_array());
+    return;
+  }
+  for (std::size_t i = 0; i < arity; ++i)
+    if (d.work.inputs[i].is_array() != first_pattern_[i])
+      throw nb::value_error(("gpupool: kernel '" + name_ +
+                             "': the call mixes arrays and scalars differently from the "
+                             "first call; pass each pattern in its own map (call " +
+                             std::to_string(c) + ")")
+                                .c_str());
 }
 
 void bind_device_arrays(nb::module_& m) {

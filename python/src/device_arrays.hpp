@@ -1,18 +1,22 @@
-// Device arrays read in C++ into plain data. Device arrays other than CuPy's (which
-// cupy_arrays.hpp reads) are anything speaking the CUDA Array Interface (PyTorch tensors, Numba
-// arrays, ...), read through its dict, and arrays offering only DLPack, read through CuPy's view
-// of them: one reading for every caller, a device map's arguments and outputs and
-// _device.DeviceArray (a built-in kernel over device arrays, through describe_device_array).
+// Device arrays, and a device map's calls, read in C++ into plain data. Device arrays other than
+// CuPy's (which cupy_arrays.hpp reads) are anything speaking the CUDA Array Interface (PyTorch
+// tensors, Numba arrays, ...), read through its dict, and arrays offering only DLPack, read
+// through CuPy's view of them: one reading for every caller, a device map's arguments and outputs
+// and _device.DeviceArray (a built-in kernel over device arrays, through describe_device_array).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "common.hpp"
 #include "gpupool/gpupool.hpp"
+#include "write_hazards.hpp"
 
 namespace gpupool_python {
 
@@ -38,6 +42,78 @@ struct device_array_reading {
 // layout that is not C-contiguous. Whatever reading the interface itself raises comes as it is.
 std::optional<device_array_reading> read_device_array(nb::handle a,
                                                       const std::function<std::string()>& where);
+
+// `failure` again, of the same kind (TypeError, ValueError, OverflowError, ...), with
+// `message_for(its message)` as its message; a failure of any other kind as it came.
+[[noreturn]] void rethrow_reworded(
+    const std::exception_ptr& failure,
+    const std::function<std::string(const std::string&)>& message_for);
+
+// One call of a device map as read: the work queued for it, and what its output is made from.
+struct described_call {
+  gpupool::device_call work;
+  nb::object anchor;  // the call's first array
+  int ordinal = -1;
+  nb::object shape;   // invalid where the reading does not say: one dimension
+  nb::object output;  // the array given for it in `out`
+};
+
+// What reading a map's arrays leaves to do: the streams to wait for before queueing (the
+// caller's, then those the producers name, each once), and CuPy's views of DLPack arrays, held
+// with the map (they hold the capsules).
+struct reading_notes {
+  std::vector<std::uintptr_t> streams;
+  nb::list views;
+};
+
+// Reads a map's calls one at a time into described_calls, checking each against the kernel
+// (named `kernel_name`, taking `inputs` and writing `output`, all outliving the reader), against
+// the first call's pattern of arrays and numbers and, with `out`, against what the other calls
+// read and write. CuPy arrays (of type `cupy_ndarray`, invalid or None where CuPy is not
+// imported), the common case, are read through CuPy's own attributes, any other device array by
+// read_device_array, noting in `notes` what it leaves to do.
+class call_reader {
+ public:
+  call_reader(const std::string& kernel_name, const std::vector<gpupool::kernel_parameter>& inputs,
+              const gpupool::kernel_parameter& output, nb::sequence calls, nb::handle cupy_ndarray,
+              nb::object out, reading_notes& notes);
+
+  // Reads call `c` into `d`. Its refusals all name the call (some say only which argument was
+  // wrong): by the time a later block is read, earlier ones run, so the number is what tells.
+  void read(std::size_t c, described_call& d);
+
+ private:
+  // One device array as read: address, element count, type, ordinal, shape (invalid where the
+  // reading does not say: one dimension).
+  using array_reading = std::tuple<std::uintptr_t, std::size_t, gpupool::dtype, int, nb::object>;
+
+  bool is_cupy(nb::handle a) const {
+    return cupy_ndarray_.is_valid() && a.type().is(cupy_ndarray_);
+  }
+  // A device array other than a CuPy array, noting what it leaves to do.
+  array_reading read_other(nb::handle a, const std::function<std::string()>& where);
+  // Call `c`'s array in `out`, checked against the call (whose inputs `d` holds) and against
+  // what the map's other calls read and write.
+  void read_output(std::size_t c, described_call& d);
+  // Argument `i` of call `c`: a number (pushed to `d`'s inputs; nothing returned) or a device
+  // array (its reading).
+  std::optional<array_reading> read_argument(std::size_t c, std::size_t i, nb::handle a,
+                                             described_call& d);
+  void describe(std::size_t c, described_call& d);
+
+  const std::string& name_;
+  const std::vector<gpupool::kernel_parameter>& inputs_;
+  const gpupool::kernel_parameter& output_;
+  nb::sequence calls_;
+  nb::handle cupy_ndarray_;  // invalid where CuPy is not imported
+  nb::object out_;
+  reading_notes& notes_;
+  bool given_outputs_;
+  write_hazards hazards_;  // with `out`: what the calls read and write so far
+  std::vector<nb::object> last_number_;
+  std::vector<std::optional<gpupool::kernel_argument>> last_number_argument_;
+  std::vector<bool> first_pattern_;  // which of call 0's arguments are arrays
+};
 
 // Registers describe_device_array (the reading for Python) and its test switch.
 void bind_device_arrays(nb::module_& m);

@@ -3,21 +3,18 @@
 
 #include <algorithm>
 #include <atomic>
-#include <cctype>
 #include <cstdint>
 #include <exception>
-#include <optional>
-#include <span>
+#include <initializer_list>
+#include <memory>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "arrays.hpp"
-#include "cupy_arrays.hpp"
-#include "errors.hpp"
+#include "device_arrays.hpp"
 #include "futures.hpp"
-#include "write_hazards.hpp"
 
 namespace gpupool_python {
 namespace {
@@ -31,266 +28,13 @@ constexpr std::size_t first_device_block = 64;
 // extra blocks (a stream check and a buffer each) cost microseconds.
 constexpr std::size_t largest_device_block = 256;
 
-// `message` with " (call c)" after it, unless it already names call c.
-std::string numbered(const std::string& message, std::size_t c) {
-  const std::string name = "call " + std::to_string(c);
-  const auto at = message.find(name);
-  const bool names_it = at != std::string::npos &&
-                        (at + name.size() == message.size() ||
-                         !std::isdigit(static_cast<unsigned char>(message[at + name.size()])));
-  return names_it ? message : message + " (" + name + ")";
-}
-
-// `failure` again, of the same kind (TypeError, ValueError, OverflowError, ...), with
-// `message_for(its message)` as its message; a failure of any other kind as it came.
-template <class Message>
-[[noreturn]] void rethrow_reworded(const std::exception_ptr& failure, const Message& message_for) {
-  try {
-    std::rethrow_exception(failure);
-  } catch (const nb::builtin_exception& e) {
-    throw nb::builtin_exception(e.type(), message_for(e.what()).c_str());
-  } catch (const gpupool::argument_range_error& e) {
-    throw gpupool::argument_range_error(message_for(e.what()));
-  } catch (const gpupool::argument_kind_error& e) {
-    throw gpupool::argument_kind_error(message_for(e.what()));
-  } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(message_for(e.what()));
-  } catch (const nb::python_error& e) {
-    // gpupool's own refusals raised as Python errors (a number out of range, say): the same
-    // error with the new message; anything else as it came.
-    const nb::handle type = e.type();
-    if (type.is(PyExc_TypeError) || type.is(PyExc_ValueError) || type.is(PyExc_OverflowError)) {
-      nb::object args = e.value().attr("args");
-      if (nb::len(args) == 1 && PyUnicode_Check(nb::handle(args[0]).ptr())) {
-        const std::string message = nb::cast<std::string>(args[0]);
-        const std::string reworded = message_for(message);
-        if (reworded != message) throw_python(type.ptr(), reworded);
-      }
-    }
-    throw;
-  }
-}
-
-gpupool::kernel_argument device_argument(std::uintptr_t address, std::size_t count,
-                                         gpupool::dtype t) {
-  return gpupool::visit_dtype(t, [&]<class T>() {
-    return gpupool::kernel_argument(std::span<const T>(reinterpret_cast<const T*>(address), count));
-  });
-}
-
-// One call as read: the work queued for it, and what its output is made from.
-struct described_call {
-  gpupool::device_call work;
-  nb::object anchor;  // the call's first array
-  int ordinal = -1;
-  nb::object shape;
-  nb::object output;  // the array given for it in `out`
-};
-
-// One device array as read: address, element count, type, ordinal, shape (invalid where the
-// reading does not say: one dimension).
-using array_reading = std::tuple<std::uintptr_t, std::size_t, gpupool::dtype, int, nb::object>;
-
-// Reads a map's calls one at a time into described_calls, checking each against the kernel,
-// against the first call's pattern of arrays and numbers and, with `out`, against what the
-// other calls read and write.
-template <class K>
-class call_reader {
- public:
-  call_reader(const K& k, nb::sequence calls, nb::handle cupy_ndarray, nb::callable describe_other,
-              nb::object out)
-      : k_(k),
-        calls_(std::move(calls)),
-        cupy_ndarray_(cupy_ndarray.is_valid() && !cupy_ndarray.is_none() ? cupy_ndarray
-                                                                         : nb::handle()),
-        describe_other_(std::move(describe_other)),
-        out_(std::move(out)),
-        given_outputs_(out_.is_valid() && !out_.is_none()),
-        last_number_(k.inputs().size()),
-        last_number_argument_(k.inputs().size()) {}
-
-  [[nodiscard]] bool given_outputs() const { return given_outputs_; }
-
-  // Reads call `c` into `d`. Its refusals all name the call (some say only which argument was
-  // wrong): by the time a later block is read, earlier ones run, so the number is what tells.
-  void read(std::size_t c, described_call& d) {
-    try {
-      describe(c, d);
-    } catch (...) {
-      rethrow_reworded(std::current_exception(),
-                       [c](const std::string& message) { return numbered(message, c); });
-    }
-  }
-
- private:
-  // CuPy arrays, the common case, are read through CuPy's own attributes (describe_cupy).
-  bool is_cupy(nb::handle a) const {
-    return cupy_ndarray_.is_valid() && a.type().is(cupy_ndarray_);
-  }
-
-  // A device array other than a CuPy array, through describe_other.
-  array_reading read_other(nb::handle a, const std::string& where) const {
-    auto [address, count, name, ordinal, shape] =
-        nb::cast<std::tuple<std::uintptr_t, std::size_t, std::string, int, nb::object>>(
-            describe_other_(a, where));
-    return {address, count, dtype_from_name(name), ordinal, std::move(shape)};
-  }
-
-  // Call `c`'s array in `out`, checked against the call (whose inputs `d` holds) and against
-  // what the map's other calls read and write.
-  void read_output(std::size_t c, described_call& d) {
-    const auto where = [&] { return "call " + std::to_string(c) + "'s output"; };
-    nb::object o = out_[c];
-    std::uintptr_t address = 0;
-    std::size_t count = 0;
-    gpupool::dtype type{};
-    int ordinal = -1;
-    if (is_cupy(o)) {
-      const cupy_array_view view = describe_cupy(o, where);
-      std::tie(address, count, type, ordinal) =
-          std::make_tuple(view.address, view.count, view.type, view.ordinal);
-    } else {
-      std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where());
-    }
-    if (type != k_.output().type)
-      throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) +
-                            "; kernel '" + k_.name() + "' writes " +
-                            gpupool::to_string(k_.output().type))
-                               .c_str());
-    if (count != d.work.count)
-      throw nb::value_error(("gpupool: " + where() + " has " + std::to_string(count) +
-                             " element(s), the call " + std::to_string(d.work.count))
-                                .c_str());
-    if (count != 0 && ordinal != d.ordinal)
-      throw nb::value_error(("gpupool: " + where() + " is on GPU " + std::to_string(ordinal) +
-                             ", the call's arrays on GPU " + std::to_string(d.ordinal))
-                                .c_str());
-    for (const gpupool::kernel_argument& in : d.work.inputs) {
-      if (!in.is_array()) continue;
-      const auto begin = reinterpret_cast<std::uintptr_t>(in.data());
-      if (auto problem =
-              hazards_.add_input(begin, begin + in.size() * gpupool::size_of(in.type()), c))
-        throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
-    }
-    if (auto problem = hazards_.add_output(address, address + count * gpupool::size_of(type), c))
-      throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
-    d.work.out = reinterpret_cast<void*>(address);
-    d.output = std::move(o);
-  }
-
-  // Argument `i` of call `c`: a number (pushed to `d`'s inputs; nothing returned) or a device
-  // array (its reading).
-  std::optional<array_reading> read_argument(std::size_t c, std::size_t i, nb::handle a,
-                                             described_call& d) {
-    // Named only in a refusal: thousands of arrays pass through here per map.
-    const auto where = [&] {
-      return "call " + std::to_string(c) + " argument " + std::to_string(i);
-    };
-    if (is_cupy(a)) {
-      const cupy_array_view view = describe_cupy(a, where);
-      // A 0-d array is a number (as_number below), as in a submit.
-      if (view.ndim != 0)
-        return array_reading{view.address, view.count, view.type, view.ordinal, view.shape};
-    }
-    if (last_number_[i].is(a)) {
-      // A number broadcast to every call is the same object in each: checked and converted once.
-      d.work.inputs.push_back(*last_number_argument_[i]);
-      return std::nullopt;
-    }
-    if (auto number = as_number(a)) {
-      d.work.inputs.push_back(scalar_argument(*number, k_.inputs()[i].type,
-                                              "argument[" + std::to_string(i) + "] ('" +
-                                                  k_.inputs()[i].name + "') of kernel '" +
-                                                  k_.name() + "'"));
-      last_number_[i] = nb::borrow(a);
-      last_number_argument_[i] = d.work.inputs.back();
-      return std::nullopt;
-    }
-    return read_other(a, where());
-  }
-
-  void describe(std::size_t c, described_call& d) {
-    const std::size_t arity = k_.inputs().size();
-    nb::object args = calls_[c];
-    const std::size_t given = nb::len(args);
-    if (given != arity)
-      throw nb::type_error(("gpupool: kernel '" + k_.name() + "' takes " + std::to_string(arity) +
-                            " argument(s), " + std::to_string(given) + " given")
-                               .c_str());
-    d.work.inputs.reserve(arity);
-    for (std::size_t i = 0; i < arity; ++i) {
-      nb::object a = args[i];
-      auto reading = read_argument(c, i, a, d);
-      if (!reading) continue;
-      auto& [address, count, type, ordinal, shape] = *reading;
-      d.work.inputs.push_back(device_argument(address, count, type));
-      if (!d.anchor.is_valid()) {
-        d.anchor = a;
-        d.ordinal = ordinal;
-        d.shape = std::move(shape);
-        d.work.count = count;
-      } else if (count != 0 && ordinal != d.ordinal) {
-        throw nb::value_error(("gpupool: call " + std::to_string(c) + " has arrays on GPUs " +
-                               std::to_string(d.ordinal) + " and " + std::to_string(ordinal))
-                                  .c_str());
-      }
-    }
-    if (!d.anchor.is_valid())
-      throw nb::type_error(
-          ("gpupool: call " + std::to_string(c) + " of kernel '" + k_.name() + "' has no array")
-              .c_str());
-    if (given_outputs_) read_output(c, d);
-    // One compiled kernel serves the whole map, as in map_on_device, across blocks too.
-    if (c == 0) {
-      for (const auto& in : d.work.inputs) first_pattern_.push_back(in.is_array());
-      return;
-    }
-    for (std::size_t i = 0; i < arity; ++i)
-      if (d.work.inputs[i].is_array() != first_pattern_[i])
-        throw nb::value_error(("gpupool: kernel '" + k_.name() +
-                               "': the call mixes arrays and scalars differently from the "
-                               "first call; pass each pattern in its own map (call " +
-                               std::to_string(c) + ")")
-                                  .c_str());
-  }
-
-  const K& k_;
-  nb::sequence calls_;
-  nb::handle cupy_ndarray_;  // invalid where CuPy is not imported
-  nb::callable describe_other_;
-  nb::object out_;
-  bool given_outputs_;
-  write_hazards hazards_;  // with `out`: what the calls read and write so far
-  std::vector<nb::object> last_number_;
-  std::vector<std::optional<gpupool::kernel_argument>> last_number_argument_;
-  std::vector<bool> first_pattern_;  // which of call 0's arguments are arrays
-};
-
-// One device's calls of one block: their outputs are consecutive in one flat buffer.
+// One device's calls of one block: their outputs are consecutive in one buffer.
 struct group {
   int ordinal = 0;
   std::vector<std::size_t> members;  // call indices, in call order
   nb::object flat;
   std::vector<std::size_t> ends;  // each member's end in `flat`, in elements
 };
-
-// The views of group `g`'s calls, in member order, made by one call of `split_flat` (CuPy's
-// array_split makes each in a fraction of what a slice through __getitem__ takes).
-std::vector<nb::object> views_of(const group& g, const std::vector<described_call>& described,
-                                 const nb::callable& split_flat) {
-  nb::list ends;
-  for (std::size_t end : g.ends) ends.append(end);
-  nb::object pieces = split_flat(g.flat, ends);
-  if (nb::len(pieces) < g.members.size())
-    throw std::runtime_error("gpupool: split_flat gave fewer views than calls");
-  std::vector<nb::object> views(g.members.size());
-  for (std::size_t m = 0; m < views.size(); ++m) {
-    views[m] = pieces[m];
-    const nb::object& shape = described[g.members[m]].shape;  // invalid: one dimension
-    if (shape.is_valid() && nb::len(shape) > 1) views[m] = views[m].attr("reshape")(shape);
-  }
-  return views;
-}
 
 // Adds calls [begin, end) to new groups by device (empty arrays may not know theirs: they join
 // GPU 0), in first-seen order.
@@ -308,6 +52,271 @@ void group_by_device(std::size_t begin, std::size_t end,
     it->members.push_back(c);
   }
 }
+
+// A run's steps, in the order Python takes them (see device_map.hpp).
+enum class stage {
+  between_blocks,  // the next block may be read
+  block_read,      // its groups wait for their buffers (with `out`: for queueing)
+  buffers_given,   // it waits for queueing
+  all_queued,      // every call is read and queued: the outputs wait for finish()
+  ended,           // finished, abandoned, or failed (abandon() is all that is left)
+};
+
+template <class K>
+class device_map_run_of final : public device_map_run {
+ public:
+  device_map_run_of(gpupool::executor& ex, const K& k, nb::sequence calls, nb::handle cupy_ndarray,
+                    nb::object out, bool single, const gpupool::task_options& options,
+                    nb::object keep_alive, nb::handle future_type,
+                    std::vector<std::uintptr_t> wait_streams)
+      : ex_(ex),
+        k_(k),
+        n_(nb::len(calls)),
+        single_(single),
+        given_outputs_(out.is_valid() && !out.is_none()),
+        options_(options),
+        future_type_(nb::borrow(future_type)),
+        notes_{std::move(wait_streams), {}},
+        reader_(k.name(), k.inputs(), k.output(), calls, cupy_ndarray, out, notes_),
+        described_(n_),
+        outputs_(n_),
+        held_(nb::make_tuple(std::move(keep_alive), held_flats_, out, notes_.views)) {
+    if (single && n_ != 1) throw nb::value_error("gpupool: single needs exactly one call");
+    if (given_outputs_ && single) throw nb::value_error("gpupool: out is for maps, not single");
+    if (given_outputs_ && nb::len(out) != n_)
+      throw nb::value_error(("gpupool: out has " + std::to_string(nb::len(out)) + " array(s) for " +
+                             std::to_string(n_) + " call(s)")
+                                .c_str());
+  }
+
+  // Nothing of a run that Python let go of unfinished runs on: its buffers go with it.
+  ~device_map_run_of() override { stop(); }
+
+  nb::object read_block() override {
+    return step({stage::between_blocks, stage::all_queued}, [&]() -> nb::object {
+      if (begin_ >= n_) {
+        stage_ = stage::all_queued;
+        return nb::none();
+      }
+      end_ = std::min(n_, begin_ + size_);
+      for (std::size_t c = begin_; c < end_; ++c) reader_.read(c, described_[c]);
+      first_group_ = groups_.size();
+      group_by_device(begin_, end_, described_, groups_);
+      work_.clear();
+      nb::list needs;
+      for (std::size_t g = first_group_; g < groups_.size(); ++g) {
+        const group& gr = groups_[g];
+        std::size_t total = 0;
+        for (std::size_t c : gr.members) total += described_[c].work.count;
+        if (given_outputs_) {
+          work_.push_back(given_work(gr));
+        } else {
+          needs.append(nb::make_tuple(described_[gr.members.front()].anchor, gr.ordinal,
+                                      std::max<std::size_t>(total, 1),
+                                      gpupool::to_string(k_.output().type)));
+        }
+      }
+      stage_ = given_outputs_ ? stage::buffers_given : stage::block_read;
+      return needs;
+    });
+  }
+
+  void give_buffers(nb::sequence buffers) override {
+    step({stage::block_read}, [&] {
+      const std::size_t fresh = groups_.size() - first_group_;
+      if (nb::len(buffers) != fresh)
+        throw nb::value_error(("gpupool: the block's " + std::to_string(fresh) +
+                               " group(s) need a buffer each; " + std::to_string(nb::len(buffers)) +
+                               " given")
+                                  .c_str());
+      for (std::size_t g = first_group_; g < groups_.size(); ++g) {
+        auto [flat, base] =
+            nb::cast<std::tuple<nb::object, std::uintptr_t>>(buffers[g - first_group_]);
+        work_.push_back(placed_work(groups_[g], std::move(flat), base));
+      }
+      stage_ = stage::buffers_given;
+    });
+  }
+
+  void queue_block() override {
+    step({stage::buffers_given}, [&] {
+      {
+        nb::gil_scoped_release nogil;
+        for (std::uintptr_t s : notes_.streams) gpupool::wait_for_stream(s);
+      }
+      queued_.reserve(queued_.size() + work_.size());  // no throw once queued
+      for (std::size_t g = first_group_; g < groups_.size(); ++g)
+        queue_group(groups_[g], work_[g - first_group_]);
+      work_.clear();
+      begin_ = end_;
+      size_ = std::min(size_ * 2, largest_device_block);
+      stage_ = stage::between_blocks;
+    });
+  }
+
+  nb::list cuts() override {
+    return step({stage::between_blocks, stage::block_read, stage::buffers_given, stage::all_queued},
+                [&] {
+                  nb::list out;
+                  for (; cut_ < groups_.size() && groups_[cut_].flat.is_valid(); ++cut_) {
+                    nb::list ends;
+                    for (std::size_t end : groups_[cut_].ends) ends.append(end);
+                    out.append(nb::make_tuple(groups_[cut_].flat, ends));
+                  }
+                  return out;
+                });
+  }
+
+  nb::tuple finish(nb::sequence pieces) override {
+    return step({stage::all_queued}, [&] {
+      if (!given_outputs_) place_views(pieces);
+      nb::list all;
+      for (auto& o : outputs_) all.append(o);
+      nb::object result = single_ ? outputs_.front() : nb::object(all);
+      nb::list futures;
+      futures.append(adopt_kernel_tasks(queued_, future_type_, std::move(result), held_));
+      queued_.clear();  // the future's from now on
+      stage_ = stage::ended;
+      return nb::make_tuple(all, futures);
+    });
+  }
+
+  void abandon() override {
+    if (busy_) throw std::runtime_error("gpupool: this device map is in use by another thread");
+    stop();
+    stage_ = stage::ended;
+  }
+
+ private:
+  // Runs `body` if the run is at one of `allowed`; a failure ends the run (the caller abandons
+  // it).
+  template <class Body>
+  auto step(std::initializer_list<stage> allowed, const Body& body) {
+    if (busy_) throw std::runtime_error("gpupool: this device map is in use by another thread");
+    if (std::find(allowed.begin(), allowed.end(), stage_) == allowed.end())
+      throw std::runtime_error(stage_ == stage::ended
+                                   ? "gpupool: this device map has ended"
+                                   : "gpupool: device map steps taken out of order");
+    struct busy_while {
+      bool& busy;
+      explicit busy_while(bool& b) : busy(b) { busy = true; }
+      busy_while(const busy_while&) = delete;
+      busy_while& operator=(const busy_while&) = delete;
+      ~busy_while() { busy = false; }
+    } hold(busy_);
+    try {
+      return body();
+    } catch (...) {
+      stage_ = stage::ended;
+      throw;
+    }
+  }
+
+  // Group `gr`'s calls writing into the arrays of `out`.
+  std::vector<gpupool::device_call> given_work(const group& gr) {
+    std::vector<gpupool::device_call> work;
+    work.reserve(gr.members.size());
+    for (std::size_t c : gr.members) {
+      outputs_[c] = std::move(described_[c].output);
+      work.push_back(std::move(described_[c].work));
+    }
+    return work;
+  }
+
+  // Group `gr`'s calls writing consecutive pieces of `flat` (at `base`).
+  std::vector<gpupool::device_call> placed_work(group& gr, nb::object flat, std::uintptr_t base) {
+    const std::size_t itemsize = gpupool::size_of(k_.output().type);
+    held_flats_.append(flat);
+    gr.flat = std::move(flat);
+    gr.ends.reserve(gr.members.size());
+    std::vector<gpupool::device_call> work;
+    work.reserve(gr.members.size());
+    std::size_t offset = 0;
+    for (std::size_t c : gr.members) {
+      auto& d = described_[c];
+      d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
+      offset += d.work.count;
+      gr.ends.push_back(offset);
+      work.push_back(std::move(d.work));
+    }
+    return work;
+  }
+
+  // Queues group `g`'s work on its device; a refusal names the call by its place among all.
+  void queue_group(const group& g, const std::vector<gpupool::device_call>& work) {
+    const int device = device_of_ordinal(ex_, g.ordinal);
+    try {
+      nb::gil_scoped_release nogil;
+      queued_.push_back(ex_.map_on_device(device, k_, work, options_));
+    } catch (const gpupool::call_error& e) {
+      // Numbered within its group: named here by its place among all the calls, as the error
+      // the check made (a number out of range stays an OverflowError, say).
+      const std::string message =
+          e.reason() + " (call " + std::to_string(g.members.at(e.call())) + ")";
+      const auto* nested = dynamic_cast<const std::nested_exception*>(&e);
+      rethrow_reworded(nested != nullptr && nested->nested_ptr() ? nested->nested_ptr()
+                                                                 : std::current_exception(),
+                       [&](const std::string&) { return message; });
+    }
+  }
+
+  // The outputs: `pieces[g]` holds group g's views (and maybe the rest of its buffer after
+  // them), each reshaped to its call's shape.
+  void place_views(nb::sequence pieces) {
+    if (cut_ != groups_.size() || nb::len(pieces) != groups_.size())
+      throw nb::value_error(("gpupool: finish takes the views of " +
+                             std::to_string(groups_.size()) + " buffer(s); " +
+                             std::to_string(nb::len(pieces)) + " given")
+                                .c_str());
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const group& gr = groups_[g];
+      nb::object views = pieces[g];
+      if (nb::len(views) < gr.members.size())
+        throw std::runtime_error("gpupool: a buffer was cut into fewer views than calls");
+      for (std::size_t m = 0; m < gr.members.size(); ++m) {
+        nb::object view = views[m];
+        const nb::object& shape = described_[gr.members[m]].shape;  // invalid: one dimension
+        if (shape.is_valid() && nb::len(shape) > 1) view = view.attr("reshape")(shape);
+        outputs_[gr.members[m]] = std::move(view);
+      }
+    }
+  }
+
+  // Cancels what was queued and has not started, and waits for what started (it writes into
+  // the buffers this run holds).
+  void stop() noexcept {
+    for (auto& f : queued_) (void)f.cancel();
+    if (interpreter_alive() && PyGILState_Check() != 0) {
+      nb::gil_scoped_release nogil;
+      for (auto& f : queued_) f.wait();
+    } else {
+      for (auto& f : queued_) f.wait();
+    }
+    queued_.clear();
+  }
+
+  gpupool::executor& ex_;
+  const K& k_;
+  std::size_t n_;
+  bool single_;
+  bool given_outputs_;
+  gpupool::task_options options_;
+  nb::object future_type_;
+  reading_notes notes_;
+  call_reader reader_;
+  std::vector<described_call> described_;
+  std::vector<nb::object> outputs_;
+  nb::list held_flats_;  // held with `keep_alive`, `out` and notes_.views until the map ends
+  nb::object held_;
+  std::vector<group> groups_;
+  std::vector<std::vector<gpupool::device_call>> work_;  // the block's, one per new group
+  std::vector<gpupool::future<void>> queued_;            // one per group, until finish()
+  stage stage_ = stage::between_blocks;
+  bool busy_ = false;  // a step is under way (it may have let the GIL go)
+  std::size_t begin_ = 0, end_ = 0, size_ = first_device_block;
+  std::size_t first_group_ = 0;  // the block's first group
+  std::size_t cut_ = 0;          // groups given to cuts() so far
+};
 
 }  // namespace
 
@@ -337,132 +346,50 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal) {
 }
 
 template <class K>
-nb::tuple map_device_calls(gpupool::executor& ex, const K& k, nb::sequence calls,
-                           nb::handle cupy_ndarray, nb::callable describe_other,
-                           nb::callable allocate_flat, nb::callable split_flat,
-                           nb::callable before_launch, nb::object keep_alive,
-                           nb::handle future_type, bool single, nb::object out,
-                           const gpupool::task_options& options) {
-  const std::size_t n = nb::len(calls);
-  if (single && n != 1) throw nb::value_error("gpupool: single needs exactly one call");
-  const bool given_outputs = out.is_valid() && !out.is_none();
-  if (given_outputs && single) throw nb::value_error("gpupool: out is for maps, not single");
-  if (given_outputs && nb::len(out) != n)
-    throw nb::value_error(("gpupool: out has " + std::to_string(nb::len(out)) + " array(s) for " +
-                           std::to_string(n) + " call(s)")
-                              .c_str());
-  call_reader<K> reader(k, calls, cupy_ndarray, std::move(describe_other), out);
-  std::vector<described_call> described(n);
-
-  const auto out_type = k.output().type;
-  const std::string out_name = gpupool::to_string(out_type);
-  const std::size_t itemsize = gpupool::size_of(out_type);
-  std::vector<group> groups;
-  nb::list held_flats;  // kept with `keep_alive` until the batches end
-  nb::object held = nb::make_tuple(keep_alive, held_flats, out);
-  std::vector<gpupool::future<void>> queued;  // one per group
-  std::vector<nb::object> outputs(n);
-  // Group `gr`'s calls, given their outputs: the arrays of `out`, or consecutive pieces of one
-  // new buffer.
-  const auto work_of = [&](group& gr) {
-    std::vector<gpupool::device_call> work;
-    work.reserve(gr.members.size());
-    if (given_outputs) {
-      for (std::size_t c : gr.members) {
-        outputs[c] = std::move(described[c].output);
-        work.push_back(std::move(described[c].work));
-      }
-      return work;
-    }
-    std::size_t total = 0;
-    for (std::size_t c : gr.members) total += described[c].work.count;
-    auto [flat, base] = nb::cast<std::tuple<nb::object, std::uintptr_t>>(
-        allocate_flat(described[gr.members.front()].anchor, gr.ordinal,
-                      std::max<std::size_t>(total, 1), out_name));
-    held_flats.append(flat);
-    gr.flat = std::move(flat);
-    gr.ends.reserve(gr.members.size());
-    std::size_t offset = 0;
-    for (std::size_t c : gr.members) {
-      auto& d = described[c];
-      d.work.out = reinterpret_cast<void*>(base + offset * itemsize);
-      offset += d.work.count;
-      gr.ends.push_back(offset);
-      work.push_back(std::move(d.work));
-    }
-    return work;
-  };
-  // Queues group `g`'s work on its device; a refusal names the call by its place among all.
-  const auto queue_group = [&](const group& g, const std::vector<gpupool::device_call>& work) {
-    const int device = device_of_ordinal(ex, g.ordinal);
-    try {
-      nb::gil_scoped_release nogil;
-      queued.push_back(ex.map_on_device(device, k, work, options));
-    } catch (const gpupool::call_error& e) {
-      // Numbered within its group: named here by its place among all the calls, as the error
-      // the check made (a number out of range stays an OverflowError, say).
-      const std::string message =
-          e.reason() + " (call " + std::to_string(g.members.at(e.call())) + ")";
-      const auto* nested = dynamic_cast<const std::nested_exception*>(&e);
-      rethrow_reworded(nested != nullptr && nested->nested_ptr() ? nested->nested_ptr()
-                                                                 : std::current_exception(),
-                       [&](const std::string&) { return message; });
-    }
-  };
-
-  try {
-    for (std::size_t begin = 0, size = first_device_block; begin < n;
-         begin += size, size = std::min(size * 2, largest_device_block)) {
-      const std::size_t end = std::min(n, begin + size);
-      for (std::size_t c = begin; c < end; ++c) reader.read(c, described[c]);
-      const std::size_t first_group = groups.size();
-      group_by_device(begin, end, described, groups);
-      std::vector<std::vector<gpupool::device_call>> work;
-      work.reserve(groups.size() - first_group);
-      for (std::size_t g = first_group; g < groups.size(); ++g) work.push_back(work_of(groups[g]));
-      if (single)
-        outputs.front() =
-            views_of(groups.front(), described, split_flat).front();  // before it ends
-      before_launch();
-      queued.reserve(queued.size() + (groups.size() - first_group));  // no throw once queued
-      for (std::size_t g = first_group; g < groups.size(); ++g)
-        queue_group(groups[g], work[g - first_group]);
-    }
-    // Everything is queued before the output views are made (CuPy takes microseconds for
-    // each), so that the GPUs compute meanwhile.
-    if (!single && !given_outputs)
-      for (const group& g : groups) {
-        std::vector<nb::object> views = views_of(g, described, split_flat);
-        for (std::size_t m = 0; m < views.size(); ++m) outputs[g.members[m]] = std::move(views[m]);
-      }
-    nb::list all;
-    for (auto& o : outputs) all.append(o);
-    nb::object result = single ? outputs.front() : nb::object(all);
-    nb::list futures;
-    futures.append(adopt_kernel_tasks(queued, future_type, std::move(result), held));
-    return nb::make_tuple(all, futures);
-  } catch (...) {
-    // Nothing of this map runs on once it has raised: what was queued is cancelled where it
-    // has not started, and what started is waited for here (it writes into `held`'s
-    // buffers). Only the error path waits.
-    for (auto& f : queued) (void)f.cancel();
-    {
-      nb::gil_scoped_release nogil;
-      for (auto& f : queued) f.wait();
-    }
-    throw;
-  }
+std::unique_ptr<device_map_run> map_device_calls(gpupool::executor& ex, const K& k,
+                                                 nb::sequence calls, nb::handle cupy_ndarray,
+                                                 nb::object out, bool single,
+                                                 const gpupool::task_options& options,
+                                                 nb::object keep_alive, nb::handle future_type,
+                                                 std::vector<std::uintptr_t> wait_streams) {
+  return std::make_unique<device_map_run_of<K>>(
+      ex, k, std::move(calls), cupy_ndarray, std::move(out), single, options, std::move(keep_alive),
+      future_type, std::move(wait_streams));
 }
 
-template nb::tuple map_device_calls<gpupool::elementwise_kernel>(
-    gpupool::executor&, const gpupool::elementwise_kernel&, nb::sequence, nb::handle, nb::callable,
-    nb::callable, nb::callable, nb::callable, nb::object, nb::handle, bool, nb::object,
-    const gpupool::task_options&);
-template nb::tuple map_device_calls<gpupool::raw_kernel>(gpupool::executor&,
-                                                         const gpupool::raw_kernel&, nb::sequence,
-                                                         nb::handle, nb::callable, nb::callable,
-                                                         nb::callable, nb::callable, nb::object,
-                                                         nb::handle, bool, nb::object,
-                                                         const gpupool::task_options&);
+template std::unique_ptr<device_map_run> map_device_calls<gpupool::elementwise_kernel>(
+    gpupool::executor&, const gpupool::elementwise_kernel&, nb::sequence, nb::handle, nb::object,
+    bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
+template std::unique_ptr<device_map_run> map_device_calls<gpupool::raw_kernel>(
+    gpupool::executor&, const gpupool::raw_kernel&, nb::sequence, nb::handle, nb::object, bool,
+    const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
+
+void bind_device_map(nb::module_& m) {
+  using namespace nb::literals;
+  bind_device_arrays(m);
+  nb::class_<device_map_run>(
+      m, "DeviceMapRun",
+      "One map of a compiled kernel over device-array calls, driven step by step by "
+      "_device.map_compiled (see device_map.hpp).")
+      .def("read_block", &device_map_run::read_block,
+           nb::sig("def read_block(self) -> list[tuple[object, int, int, str]] | None"),
+           "Reads the next block of calls: None at the end, else the buffers its new groups "
+           "need, as (anchor array, ordinal, element count, dtype name).")
+      .def("give_buffers", &device_map_run::give_buffers, "buffers"_a,
+           nb::sig("def give_buffers(self, buffers: collections.abc.Sequence[tuple[object, int]]) "
+                   "-> None"),
+           "The block's buffers, as (buffer, address), one per group in order.")
+      .def("queue_block", &device_map_run::queue_block,
+           "Waits for the producers' streams, then queues the block.")
+      .def("cuts", &device_map_run::cuts,
+           nb::sig("def cuts(self) -> list[tuple[object, list[int]]]"),
+           "(buffer, ends) of each group not cut yet.")
+      .def("finish", &device_map_run::finish, "pieces"_a,
+           nb::sig("def finish(self, pieces: collections.abc.Sequence[collections.abc.Sequence["
+                   "object]]) -> tuple[list[object], list[object]]"),
+           "Takes each group's views; returns (outputs, [the map's future]).")
+      .def("abandon", &device_map_run::abandon,
+           "Cancels what was queued and not started, and waits for what started.");
+}
 
 }  // namespace gpupool_python

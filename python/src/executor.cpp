@@ -19,7 +19,6 @@
 
 #include "arrays.hpp"
 #include "common.hpp"
-#include "device_arrays.hpp"
 #include "device_map.hpp"
 #include "errors.hpp"
 #include "futures.hpp"
@@ -210,18 +209,18 @@ class py_executor {
         pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
   }
 
-  // A compiled kernel over many calls whose arrays live on GPUs (see device_map.hpp).
+  // A compiled kernel over many calls whose arrays live on GPUs, as a run Python drives (see
+  // device_map.hpp).
   template <class K>
-  nb::tuple map_device_calls(const K& k, nb::sequence calls, nb::handle cupy_ndarray,
-                             nb::callable describe_other, nb::callable allocate_flat,
-                             nb::callable split_flat, nb::callable before_launch,
-                             nb::object keep_alive, nb::handle future_type, bool single,
-                             nb::object out, std::optional<int> priority) {
+  std::unique_ptr<device_map_run> map_device_calls(const K& k, nb::sequence calls,
+                                                   nb::handle cupy_ndarray, nb::object out,
+                                                   bool single, std::optional<int> priority,
+                                                   nb::object keep_alive, nb::handle future_type,
+                                                   std::vector<std::uintptr_t> wait_streams) {
     return gpupool_python::map_device_calls(get(), k, std::move(calls), cupy_ndarray,
-                                            std::move(describe_other), std::move(allocate_flat),
-                                            std::move(split_flat), std::move(before_launch),
-                                            std::move(keep_alive), future_type, single,
-                                            std::move(out), gpupool::task_options{priority});
+                                            std::move(out), single, gpupool::task_options{priority},
+                                            std::move(keep_alive), future_type,
+                                            std::move(wait_streams));
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -370,7 +369,7 @@ void bind_executor(nb::module_& m) {
       .def_rw("priority", &gpupool::executor_options::priority)
       .def_rw("quiet", &gpupool::executor_options::quiet);
 
-  bind_device_arrays(m);  // describe_device_array, which _device.DeviceArray reads with
+  bind_device_map(m);  // DeviceMapRun, which map_device_calls returns
   nb::class_<py_executor>(m, "Executor")
       .def(nb::init<const gpupool::executor_options&>(), "options"_a)
       .def("submit_call", &py_executor::submit_call, "fn"_a, "args"_a, "kwargs"_a.none(),
@@ -387,14 +386,15 @@ void bind_executor(nb::module_& m) {
            "kernel"_a, "args"_a, "future_type"_a, "priority"_a = nb::none())
       .def("launch_compiled", &py_executor::launch_compiled<gpupool::raw_kernel>, "kernel"_a,
            "args"_a, "future_type"_a, "priority"_a = nb::none())
+      // The run refers to the executor and the kernel: they live as long as it does.
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
-           "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false,
-           "out"_a = nb::none(), "priority"_a = nb::none())
+           "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "out"_a.none(), "single"_a,
+           "priority"_a.none(), "keep_alive"_a, "future_type"_a, "wait_streams"_a,
+           nb::keep_alive<0, 1>(), nb::keep_alive<0, 2>())
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
-           "calls"_a, "cupy_ndarray"_a.none(), "describe_other"_a, "allocate_flat"_a,
-           "split_flat"_a, "before_launch"_a, "keep_alive"_a, "future_type"_a, "single"_a = false,
-           "out"_a = nb::none(), "priority"_a = nb::none())
+           "calls"_a, "cupy_ndarray"_a.none(), "out"_a.none(), "single"_a, "priority"_a.none(),
+           "keep_alive"_a, "future_type"_a, "wait_streams"_a, nb::keep_alive<0, 1>(),
+           nb::keep_alive<0, 2>())
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a,
            "priority"_a = nb::none())

@@ -1,9 +1,13 @@
-"""The extension's one-call bookkeeping for compiled kernels over many device arrays
-(Executor.map over CuPy arrays): checked, grouped and launched without a Python loop per
-array. On the CPU backend host memory stands in for device memory, so the C++ side runs here with
-NumPy arrays described as device arrays; python/tests/test_gpu_frameworks.py runs it on CuPy."""
+"""The extension's bookkeeping for compiled kernels over many device arrays (Executor.map over
+CuPy arrays): C++ reads every call into plain data, checks, groups and queues it, block by block,
+as _device.map_compiled drives it (an _ext.DeviceMapRun); Python only makes the output buffers and
+their views. On the CPU backend host memory stands in for device memory: NumPy arrays are passed
+here as fake CuPy arrays and as objects speaking the CUDA Array Interface (which the extension
+takes as GPU 0's memory once _take_host_memory_as_device is set);
+python/tests/test_gpu_frameworks.py runs it on CuPy."""
 
 import concurrent.futures as cf
+import gc
 import sys
 import threading
 import time
@@ -94,19 +98,12 @@ def fake_cupy(monkeypatch):
     return module
 
 
-def split_host(flat, ends):
-    """split_flat for the extension: views of a NumPy buffer ending at each of `ends`."""
-    return np.split(flat, ends)
-
-
-def describe_host(obj, where):
-    if not isinstance(obj, np.ndarray):
-        raise TypeError(f"gpupool: {where} is not a device array while others are")
-    return obj.ctypes.data, obj.size, obj.dtype.name, 0, obj.shape
+def dev(x):
+    return CudaArray(x)
 
 
 class Flats:
-    """allocate_flat for the extension: one NumPy buffer per device, remembered."""
+    """Output buffers for a run: one NumPy buffer per group, remembered."""
 
     def __init__(self):
         self.made = []
@@ -125,24 +122,59 @@ def core():
         yield ex._core
 
 
+def start(core, calls, cupy_type=None, out=None, single=False, kernel=SCALE, priority=None,
+          wait_streams=()):
+    return core.map_device_calls(kernel, calls, cupy_type, out, single, priority, tuple(calls),
+                                 _Future, list(wait_streams))
+
+
+def drive(run, flats=None, split=np.split, before_queue=None, single=False, given=False):
+    """Steps a run as _device.map_compiled does, with NumPy buffers: (outputs, futures)."""
+    flats = flats if flats is not None else Flats()
+    pieces = []
+    try:
+        while (needed := run.read_block()) is not None:
+            if not given:
+                run.give_buffers([flats(*need) for need in needed])
+            if single:
+                pieces += [split(flat, ends) for flat, ends in run.cuts()]
+            if before_queue is not None:
+                before_queue()
+            run.queue_block()
+        pieces += [split(flat, ends) for flat, ends in run.cuts()]
+        return run.finish(pieces)
+    except BaseException:
+        run.abandon()
+        raise
+
+
 def run(core, calls, cupy_type=None, flats=None, out=None):
     flats = flats or Flats()
     launched = []
-    outputs, futures = core.map_device_calls(SCALE, calls, cupy_type, describe_host, flats,
-                                             split_host, lambda: launched.append(len(flats.made)),
-                                             (), _Future, out=out)
+    outputs, futures = drive(start(core, calls, cupy_type, out), flats,
+                             before_queue=lambda: launched.append(len(flats.made)),
+                             given=out is not None)
     assert all(isinstance(f, cf.Future) for f in futures)
     # One future for the whole map, whatever the blocks and devices: its result is the outputs.
     assert len(futures) == 1
-    given = futures[0].result(timeout=30)
-    assert len(given) == len(outputs) and all(a is b for a, b in zip(given, outputs))
+    done = futures[0].result(timeout=30)
+    assert len(done) == len(outputs) and all(a is b for a, b in zip(done, outputs))
     return outputs, futures, flats, launched
+
+
+def refused(core, calls, error, message, cupy_type=None, out=None, kernel=SCALE):
+    """Checks that the map raises `error` before anything is allocated or queued."""
+    flats = Flats()
+    with pytest.raises(error, match=message):
+        drive(start(core, calls, cupy_type, out, kernel=kernel), flats,
+              before_queue=lambda: pytest.fail("queued"), given=out is not None)
+    assert flats.made == []
 
 
 def test_many_arrays_in_one_call_each_output_a_view_of_one_buffer(core):
     xs = [np.arange(n, dtype=np.float64) for n in (3, 1, 0, 1000, 7)]
     xs.append(np.arange(12, dtype=np.float64).reshape(3, 4))
-    outputs, futures, flats, launched = run(core, [[x, 2.5] for x in xs])
+    outputs, futures, flats, launched = run(core, [[dev(x), 2.5] for x in xs])
     assert len(outputs) == len(xs)
     for x, out in zip(xs, outputs):
         assert out.shape == x.shape
@@ -156,23 +188,38 @@ def test_each_device_buffer_is_cut_into_views_by_one_call(core):
 
     def split(flat, ends):
         cuts.append(list(ends))
-        return split_host(flat, ends)
+        return np.split(flat, ends)
 
     xs = [np.arange(n, dtype=np.float64) for n in (2, 0, 5)]
-    outputs, futures = core.map_device_calls(SCALE, [[x, 3.0] for x in xs], None, describe_host,
-                                             Flats(), split, lambda: None, (), _Future)
+    outputs, futures = drive(start(core, [[dev(x), 3.0] for x in xs]), split=split)
     assert cuts == [[2, 2, 7]]  # once, with each call's end in the one buffer
     futures[0].result(timeout=30)  # the outputs are written once the map's future is done
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 3.0)
 
 
+def test_the_buffers_are_cut_only_once_everything_is_queued(core):
+    # Views take CuPy microseconds each: the GPUs compute meanwhile. A group is cut once.
+    run = start(core, [[dev(np.ones(3)), 1.0] for _ in range(100)])
+    flats = Flats()
+    run.give_buffers([flats(*need) for need in run.read_block()])
+    assert [(flat is flats.made_arrays[0], ends[-1]) for flat, ends in run.cuts()] == [(True, 192)]
+    assert run.cuts() == []
+    run.queue_block()
+    run.give_buffers([flats(*need) for need in run.read_block()])
+    run.queue_block()
+    assert run.read_block() is None
+    assert [len(ends) for _, ends in run.cuts()] == [36]
+    with pytest.raises(ValueError, match="views of 2 buffer"):
+        run.finish([np.split(flats.made_arrays[1], [3])])
+    run.abandon()
+
+
 def test_a_split_that_gives_too_few_views_is_an_error_and_the_executor_goes_on(core):
     xs = [np.arange(4, dtype=np.float64) for _ in range(3)]
     with pytest.raises(RuntimeError, match="fewer views than calls"):
-        core.map_device_calls(SCALE, [[x, 1.0] for x in xs], None, describe_host, Flats(),
-                              lambda flat, ends: [flat], lambda: None, (), _Future)
-    outputs, _, _, _ = run(core, [[x, 2.0] for x in xs])
+        drive(start(core, [[dev(x), 1.0] for x in xs]), split=lambda flat, ends: [flat])
+    outputs, _, _, _ = run(core, [[dev(x), 2.0] for x in xs])
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 2.0)
 
@@ -195,6 +242,7 @@ def test_the_views_of_a_pytorch_buffer_come_from_its_tensor_split():
     assert [p.host.tolist() for p in pieces] == [[0, 1, 2], [], [3, 4, 5, 6], [7, 8, 9]]
 
 
+
 @pytest.mark.parametrize("fake", [FakeCupyArray, FakeCupyArrayWithFlag])
 def test_cupy_arrays_are_read_through_their_own_attributes(core, fake):
     # CuPy's readonly _c_contiguous is read when there is one, flags.c_contiguous otherwise.
@@ -207,53 +255,54 @@ def test_cupy_arrays_are_read_through_their_own_attributes(core, fake):
 
 def test_cupys_contiguity_flag_refuses_a_strided_array(core):
     strided = FakeCupyArrayWithFlag(np.ones((4, 4))[:, 1])
-    with pytest.raises(ValueError, match="call 0 argument 0 is not C-contiguous"):
-        core.map_device_calls(SCALE, [[strided, 1.0]], FakeCupyArrayWithFlag, describe_host,
-                              Flats(), split_host, lambda: pytest.fail("launched"), (), _Future)
+    refused(core, [[strided, 1.0]], ValueError, "call 0 argument 0 is not C-contiguous",
+            cupy_type=FakeCupyArrayWithFlag)
 
 
 def test_a_number_given_to_every_call_is_checked_once_and_each_call_gets_its_own(core):
     xs = [np.arange(4, dtype=np.float64) + i for i in range(6)]
     broadcast = 2.0
-    calls = [[x, broadcast if i % 3 else float(i)] for i, x in enumerate(xs)]
+    calls = [[dev(x), broadcast if i % 3 else float(i)] for i, x in enumerate(xs)]
     outputs, _, _, _ = run(core, calls)
     for i, (x, out) in enumerate(zip(xs, outputs)):
         np.testing.assert_array_equal(out, x * (2.0 if i % 3 else float(i)))
-    with pytest.raises(OverflowError):  # the one check still refuses, in every call
-        core.map_device_calls(gpupool.elementwise("float64 x, int32 a", "float64 y", "y = x * a",
-                                                  "device_map_int"),
-                              [[x, 2**40] for x in xs], None, describe_host, Flats(), split_host,
-                              lambda: pytest.fail("launched"), (), _Future)
+    # The one check still refuses, in every call.
+    refused(core, [[dev(x), 2**40] for x in xs], OverflowError, r"\(call 0\)",
+            kernel=gpupool.elementwise("float64 x, int32 a", "float64 y", "y = x * a",
+                                       "device_map_int"))
 
 
 @pytest.mark.parametrize("calls, error, message", [
     (lambda x: [[x]], TypeError, "takes 2 argument"),
     (lambda x: [[x, 1.0], [2.0, 1.0]], TypeError, "call 1 of kernel 'device_map_scale' has no"),
     (lambda x: [[x, "two"]], TypeError, "call 0 argument 1 is not a device array"),
+    (lambda x: [[np.ones(4), 1.0]], TypeError,
+     r"call 0 argument 0 is not a device array; a map over device arrays takes device arrays "
+     r"and numbers only \(host arrays go in a map of their own\)"),
     (lambda x: [[x, 1j]], TypeError, "complex"),
-    (lambda x: [[FakeCupyArray(x.astype(np.float16)), 1.0]], TypeError, "unsupported dtype"),
+    (lambda x: [[FakeCupyArray(np.ones(4, np.float16)), 1.0]], TypeError, "unsupported dtype"),
     (lambda x: [[FakeCupyArray(np.ones((4, 4))[:, 1]), 1.0]], ValueError, "not C-contiguous"),
+    (lambda x: [[CudaArray(np.ones(4, np.float16)), 1.0]], TypeError,
+     "call 0 argument 0 has unsupported dtype float16"),
+    (lambda x: [[CudaArray(np.ones((4, 4))[:, 1]), 1.0]], ValueError,
+     "call 0 argument 0 is not C-contiguous; make a contiguous copy"),
 ])
 def test_a_bad_call_in_the_first_block_stops_the_map_before_anything_runs(core, calls, error,
                                                                           message):
-    flats = Flats()
-    with pytest.raises(error, match=message):
-        core.map_device_calls(SCALE, calls(np.ones(4)), FakeCupyArray, describe_host, flats,
-                              split_host, lambda: pytest.fail("launched"), (), _Future)
-    assert flats.made == []
+    refused(core, calls(dev(np.ones(4))), error, message, cupy_type=FakeCupyArray)
 
 
 def test_long_maps_are_queued_in_growing_blocks_while_later_calls_are_read(core):
     # 64 calls, then 128, then 256 at a time and the rest: each block is checked, given its
-    # buffer and queued (before_launch first) before the next one is read; the outputs are in
-    # call order.
+    # buffer and queued (after the streams are waited for) before the next one is read; the
+    # outputs are in call order.
     xs = [np.arange(i % 7 + 1, dtype=np.float64) + i for i in range(1000)]
-    outputs, futures, flats, launched = run(core, [[x, 0.5] for x in xs])
+    outputs, futures, flats, launched = run(core, [[dev(x), 0.5] for x in xs])
     blocks = [64, 128, 256, 256, 256, 40]
     assert sum(blocks) == len(xs)
     assert flats.made == [(0, sum(x.size for x in xs[sum(blocks[:b]):sum(blocks[:b + 1])]),
                            "float64") for b in range(len(blocks))]
-    assert launched == [1, 2, 3, 4, 5, 6]  # each block waits for the producers, then is queued
+    assert launched == [1, 2, 3, 4, 5, 6]  # each block is given its buffer, then queued
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 0.5)
 
@@ -274,15 +323,13 @@ def test_the_maps_one_future_cancels_every_block_that_has_not_started():
         started.wait()  # both lanes are inside a call before the map's blocks are queued
         xs = [np.arange(3, dtype=np.float64) for _ in range(300)]
         try:
-            _, futures = ex._core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None,
-                                                   describe_host, Flats(), split_host,
-                                                   lambda: None, (), _Future)
+            _, futures = drive(start(ex._core, [[dev(x), 2.0] for x in xs]))
             assert len(futures) == 1
             assert futures[0].cancel() and futures[0].cancelled()
         finally:
             release.set()
         assert all(h.result(timeout=30) for h in holders)
-        outputs, _, _, _ = run(ex._core, [[x, 4.0] for x in xs])
+        outputs, _, _, _ = run(ex._core, [[dev(x), 4.0] for x in xs])
         np.testing.assert_array_equal(outputs[-1], xs[-1] * 4.0)
 
 
@@ -300,7 +347,7 @@ def test_cancelling_a_map_whose_first_block_ran_cancels_the_rest_and_ends_it_can
         holding.set()
         return release.wait(30)
 
-    def before_launch():
+    def before_queue():
         if len(flats.made) == 2:  # the first block was queued before this
             first = flats.made_arrays[0]
             deadline = time.monotonic() + 30
@@ -314,9 +361,8 @@ def test_cancelling_a_map_whose_first_block_ran_cancels_the_rest_and_ends_it_can
 
     with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
         try:
-            outputs, futures = ex._core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None,
-                                                         describe_host, flats, split_host,
-                                                         before_launch, (), _Future)
+            outputs, futures = drive(start(ex._core, [[dev(x), 2.0] for x in xs]), flats,
+                                     before_queue=before_queue)
             assert futures[0].cancel() and futures[0].cancelled()
         finally:
             release.set()
@@ -325,7 +371,7 @@ def test_cancelling_a_map_whose_first_block_ran_cancels_the_rest_and_ends_it_can
         assert holder[0].result(timeout=30)
         for x, out in zip(xs[:64], outputs[:64]):  # the block that ran
             np.testing.assert_array_equal(out, x * 2.0)
-        again, _, _, _ = run(ex._core, [[x, 5.0] for x in xs])
+        again, _, _, _ = run(ex._core, [[dev(x), 5.0] for x in xs])
         np.testing.assert_array_equal(again[-1], xs[-1] * 5.0)
 
 
@@ -347,9 +393,11 @@ def test_calls_on_two_devices_are_named_by_their_place_in_the_whole_map():
 @pytest.mark.parametrize("bad, error, message, queued", [
     # Refused while its block is read: only the first block (calls 0-63) was queued.
     (lambda x: [x, "two"], TypeError, "call 150 argument 1 is not a device array", [1]),
-    (lambda x: [x[:2], x], ValueError, r"mixes arrays and scalars.*\(call 150\)", [1]),
+    (lambda x: [CudaArray(x.host[:2]), x], ValueError, r"mixes arrays and scalars.*\(call 150\)",
+     [1]),
     # Refused by map_on_device's own check of its block (calls 64-191), numbered within it.
-    (lambda x: [x.astype(np.float32), 1.0], ValueError, r"float32 array.*\(call 150\)", [1, 2]),
+    (lambda x: [CudaArray(x.host.astype(np.float32)), 1.0], ValueError,
+     r"float32 array.*\(call 150\)", [1, 2]),
     # Refusals that name only the argument get the call's number too.
     (lambda x: [x, 2**1100], OverflowError, r"\(call 150\)", [1]),
     (lambda x: [x], TypeError, r"takes 2 argument.*\(call 150\)", [1]),
@@ -359,15 +407,14 @@ def test_a_bad_call_in_a_later_block_stops_the_map_and_the_executor_goes_on(core
     # The blocks queued before it run into buffers nobody gets (or are cancelled); the error
     # names the call by its place in the whole map, and the next map runs as usual.
     xs = [np.arange(5, dtype=np.float64) + i for i in range(300)]
-    calls = [[x, 2.0] for x in xs]
-    calls[150] = bad(xs[150])
+    calls = [[dev(x), 2.0] for x in xs]
+    calls[150] = bad(dev(xs[150]))
     flats, launched = Flats(), []
     with pytest.raises(error, match=message):
-        core.map_device_calls(SCALE, calls, None, describe_host, flats, split_host,
-                              lambda: launched.append(len(flats.made)), (), _Future)
+        drive(start(core, calls), flats, before_queue=lambda: launched.append(len(flats.made)))
     assert launched == queued
     assert flats.made[0] == (0, 64 * 5, "float64")
-    outputs, _, _, _ = run(core, [[x, 3.0] for x in xs])
+    outputs, _, _, _ = run(core, [[dev(x), 3.0] for x in xs])
     for x, out in zip(xs, outputs):
         np.testing.assert_array_equal(out, x * 3.0)
 
@@ -375,20 +422,68 @@ def test_a_bad_call_in_a_later_block_stops_the_map_and_the_executor_goes_on(core
 def test_arrays_of_one_call_on_two_gpus_are_refused(core):
     two = gpupool.elementwise("float64 x, float64 z", "float64 y", "y = x + z", "device_map_add")
     calls = [[FakeCupyArray(np.ones(4), 0), FakeCupyArray(np.ones(4), 1)]]
-    with pytest.raises(ValueError, match="arrays on GPUs 0 and 1"):
-        core.map_device_calls(two, calls, FakeCupyArray, describe_host, Flats(), split_host,
-                              lambda: pytest.fail("launched"), (), _Future)
+    refused(core, calls, ValueError, "arrays on GPUs 0 and 1", cupy_type=FakeCupyArray,
+            kernel=two)
 
 
 def test_one_call_gives_one_future_whose_result_is_its_output(core):
     x = np.arange(6, dtype=np.float64).reshape(2, 3)
-    outputs, futures = core.map_device_calls(SCALE, [[x, 4.0]], None, describe_host, Flats(),
-                                             split_host, lambda: None, (), _Future, True)
+    cut_before_queued = []
+    run = start(core, [[dev(x), 4.0]], single=True)
+    outputs, futures = drive(run, single=True,
+                             before_queue=lambda: cut_before_queued.append(run.cuts() == []))
+    assert cut_before_queued == [True]  # its view was made before it was queued
     assert len(futures) == 1 and futures[0].result(timeout=30) is outputs[0]
     np.testing.assert_array_equal(outputs[0], x * 4.0)
     with pytest.raises(ValueError, match="exactly one call"):
-        core.map_device_calls(SCALE, [[x, 1.0], [x, 1.0]], None, describe_host, Flats(), split_host,
-                              lambda: pytest.fail("launched"), (), _Future, True)
+        start(core, [[dev(x), 1.0], [dev(x), 1.0]], single=True)
+
+
+def test_a_priority_is_taken_by_every_batch(core):
+    xs = [np.arange(4, dtype=np.float64) + i for i in range(100)]
+    outputs, futures = drive(start(core, [[dev(x), 2.0] for x in xs], priority=3))
+    futures[0].result(timeout=30)
+    np.testing.assert_array_equal(outputs[-1], xs[-1] * 2.0)
+
+
+def test_a_run_dropped_unfinished_leaves_nothing_running(hold_every_lane):
+    # Its blocks write into buffers only the run holds: a run Python lets go of without
+    # finishing or abandoning it cancels what has not started and waits for the rest.
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        holders, release = hold_every_lane(ex)
+        flats = Flats()
+        run = start(ex._core, [[dev(np.ones(3)), 2.0] for _ in range(100)])
+        run.give_buffers([flats(*need) for need in run.read_block()])
+        run.queue_block()
+        del run
+        gc.collect()
+        release.set()
+        for h in holders:
+            h.result(timeout=30)
+        ex.submit(len, []).result(timeout=30)  # the lane is free: nothing of the map ran
+        assert (flats.made_arrays[0] == -1.0).all()
+
+
+def test_a_runs_steps_are_taken_in_order_and_not_after_it_ended(core):
+    run = start(core, [[dev(np.ones(3)), 2.0]])
+    with pytest.raises(RuntimeError, match="out of order"):
+        run.queue_block()
+    needed = run.read_block()
+    with pytest.raises(RuntimeError, match="out of order"):
+        run.finish([])
+    with pytest.raises(ValueError, match="1 group\\(s\\) need a buffer each; 0 given"):
+        run.give_buffers([])
+    with pytest.raises(RuntimeError, match="has ended"):  # a failure ends the run
+        run.give_buffers([Flats()(*needed[0])])
+    run.abandon()
+    run.abandon()  # as often as the caller's error paths call it
+    run = start(core, [[dev(np.ones(3)), 2.0]])
+    outputs, futures = drive(run)
+    with pytest.raises(RuntimeError, match="has ended"):
+        run.read_block()
+    run.abandon()  # nothing to stop: the map's future has its batches
+    assert futures[0].result(timeout=30) == outputs
+    np.testing.assert_array_equal(outputs[0], np.full(3, 2.0))
 
 
 @pytest.mark.gpu
@@ -425,6 +520,7 @@ def test_w5_many_cupy_arrays_through_executor_map():
     cp.testing.assert_array_equal(cp.concatenate(out), cp.concatenate(chunks) * 2 + 1)
 
 
+
 # Given outputs (Executor.map(..., out=...)) ------------------------------------------------------
 
 
@@ -432,10 +528,10 @@ def test_w5_many_cupy_arrays_through_executor_map():
 def test_given_outputs_are_written_and_returned_and_nothing_is_allocated(core, fake):
     xs = [np.arange(n, dtype=np.float64) for n in (3, 0, 100, 7)]
     outs = [np.full(x.shape, -1.0) for x in xs]
-    given = [fake(o) for o in outs] if fake else outs
-    wrap = (lambda x: fake(x)) if fake else (lambda x: x)
+    wrap = fake or dev
+    given = [wrap(o) for o in outs]
     outputs, _, flats, launched = run(core, [[wrap(x), 2.5] for x in xs], cupy_type=fake,
-                                      out=given)
+                                          out=given)
     assert all(a is b for a, b in zip(outputs, given))
     for x, o in zip(xs, outs):
         np.testing.assert_array_equal(o, x * 2.5)
@@ -445,17 +541,18 @@ def test_given_outputs_are_written_and_returned_and_nothing_is_allocated(core, f
 def test_a_given_output_may_be_its_own_calls_input(core):
     xs = [np.arange(5, dtype=np.float64) + i for i in range(70)]  # two blocks
     expected = [x * 3.0 for x in xs]
-    outputs, _, _, _ = run(core, [[x, 3.0] for x in xs], out=xs)
-    for out, x, e in zip(outputs, xs, expected):
-        assert out is x
+    arrays = [dev(x) for x in xs]
+    outputs, _, _, _ = run(core, [[a, 3.0] for a in arrays], out=arrays)
+    for out, a, x, e in zip(outputs, arrays, xs, expected):
+        assert out is a
         np.testing.assert_array_equal(x, e)
 
 
 def test_outputs_in_one_buffer_side_by_side_are_not_a_hazard(core):
     flat = np.full(40, -1.0)
-    outs = np.split(flat, 4)
+    outs = [dev(o) for o in np.split(flat, 4)]
     xs = [np.arange(10, dtype=np.float64) * (i + 1) for i in range(4)]
-    run(core, [[x, 2.0] for x in xs], out=outs)
+    run(core, [[dev(x), 2.0] for x in xs], out=outs)
     np.testing.assert_array_equal(flat, np.concatenate(xs) * 2.0)
 
 
@@ -475,38 +572,42 @@ def test_a_call_writing_what_another_reads_or_writes_is_refused_before_anything_
     base = np.arange(20, dtype=np.float64)
     xs = [base[0:8], base[8:16]]
     spare = [np.full(8, -1.0), np.full(8, -1.0)]
-    flats = Flats()
-    with pytest.raises(ValueError, match=message):
-        core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None, describe_host, flats,
-                              split_host, lambda: pytest.fail("launched"), (), _Future,
-                              out=layout(base, spare))
+    refused(core, [[dev(x), 2.0] for x in xs], ValueError, message,
+            out=[dev(o) for o in layout(base, spare)])
     np.testing.assert_array_equal(base, np.arange(20, dtype=np.float64))
     assert all((s == -1.0).all() for s in spare)
 
 
 def test_an_input_several_calls_share_may_not_be_written(core):
-    x = np.arange(6, dtype=np.float64)
-    with pytest.raises(ValueError, match="call 1 writes memory that it or another call reads"):
-        core.map_device_calls(SCALE, [[x, 2.0], [x, 3.0]], None, describe_host, Flats(),
-                              split_host, lambda: pytest.fail("launched"), (), _Future,
-                              out=[np.empty(6), x])
+    x = dev(np.arange(6, dtype=np.float64))
+    refused(core, [[x, 2.0], [x, 3.0]], ValueError,
+            "call 1 writes memory that it or another call reads", out=[dev(np.empty(6)), x])
 
 
 @pytest.mark.parametrize("out, error, message", [
-    ([np.empty(4)], ValueError, "out has 1 array\\(s\\) for 2 call\\(s\\)"),
     ([np.empty(4), np.empty(5)], ValueError, "call 1's output has 5 element\\(s\\), the call 4"),
     ([np.empty(4), np.empty(4, np.float32)], TypeError, "call 1's output is float32; kernel "
      "'device_map_scale' writes float64"),
     ([np.empty(4), "nope"], TypeError, "call 1's output is not a device array"),
     ([np.empty(4), FakeCupyArrayWithFlag(np.ones((4, 2))[:, 0])], ValueError,
      "call 1's output is not C-contiguous"),
+    ([np.empty(4), np.ones((4, 2))[:, 0]], ValueError,
+     "call 1's output is not C-contiguous; make a contiguous copy"),
+    ([np.empty(4), FakeCupyArrayWithFlag(np.ones(4), 1)], ValueError,
+     "call 1's output is on GPU 1, the call's arrays on GPU 0"),
 ])
 def test_a_given_output_that_does_not_fit_its_call_is_refused(core, out, error, message):
     xs = [np.ones(4), np.ones(4)]
-    with pytest.raises(error, match=message):
-        core.map_device_calls(SCALE, [[x, 2.0] for x in xs], FakeCupyArrayWithFlag, describe_host,
-                              Flats(), split_host, lambda: pytest.fail("launched"), (), _Future,
-                              out=out)
+    given = [dev(o) if isinstance(o, np.ndarray) else o for o in out]
+    refused(core, [[dev(x), 2.0] for x in xs], error, message, out=given,
+            cupy_type=FakeCupyArrayWithFlag)
+
+
+def test_out_must_give_one_array_per_call(core):
+    with pytest.raises(ValueError, match="out has 1 array\\(s\\) for 2 call\\(s\\)"):
+        start(core, [[dev(np.ones(4)), 2.0]] * 2, out=[dev(np.empty(4))])
+    with pytest.raises(ValueError, match="out is for maps, not single"):
+        start(core, [[dev(np.ones(4)), 2.0]], out=[dev(np.empty(4))], single=True)
 
 
 def test_out_is_refused_where_it_does_not_apply():
@@ -519,6 +620,7 @@ def test_out_is_refused_where_it_does_not_apply():
             ex.map(SCALE, [np.ones(3)], 2.0, out=[np.empty(3)])
 
 
+
 def test_a_hazard_between_calls_of_different_blocks_is_refused_after_the_earlier_blocks(core):
     # Call 100 (the second block: calls 64-191) would write what call 5 (the first) reads; the
     # first block had already been queued: by the time the map raises, each of its batches has
@@ -528,8 +630,8 @@ def test_a_hazard_between_calls_of_different_blocks_is_refused_after_the_earlier
     outs[100] = xs[5]
     launched = []
     with pytest.raises(ValueError, match="call 100 writes memory that call 5 reads"):
-        core.map_device_calls(SCALE, [[x, 2.0] for x in xs], None, describe_host, Flats(),
-                              split_host, lambda: launched.append(1), (), _Future, out=outs)
+        drive(start(core, [[dev(x), 2.0] for x in xs], out=[dev(o) for o in outs]),
+              before_queue=lambda: launched.append(1), given=True)
     assert launched == [1]  # the first block only
     for i in range(64):
         assert (outs[i] == xs[i] * 2.0).all() or (outs[i] == -1.0).all(), i
@@ -592,6 +694,17 @@ def test_the_producers_stream_is_noted_and_none_or_zero_is_no_stream():
     assert _ext.describe_device_array(a, "x")[5] is None
 
 
+def test_a_map_takes_arrays_whose_producers_name_streams(core):
+    # Each stream is waited for before each block is queued (the CPU backend has no streams to
+    # wait for: this runs the path).
+    xs = [np.arange(4, dtype=np.float64) + i for i in range(100)]
+    calls = [[CudaArray(x, stream=1 + i % 3), 2.0] for i, x in enumerate(xs)]
+    outputs, futures = drive(start(core, calls, wait_streams=[0]))
+    futures[0].result(timeout=30)
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 2.0)
+
+
 def test_memory_that_is_not_a_gpus_is_refused(host_memory_as_device):
     _ext._take_host_memory_as_device(False)
     with pytest.raises(TypeError, match="gpupool: x claims to be on a GPU, but its memory is "
@@ -623,13 +736,18 @@ def test_an_array_offering_only_dlpack_needs_cupy(monkeypatch):
         _device.DeviceArray(DLPackOnly(np.zeros(3)), "x")
 
 
-def test_an_array_offering_only_dlpack_is_read_through_cupys_view(fake_cupy):
+def test_an_array_offering_only_dlpack_is_read_through_cupys_view(core, fake_cupy):
     host = np.arange(6, dtype=np.float32)
     address, count, dtype, _, _, _, read = _ext.describe_device_array(DLPackOnly(host), "x")
     assert (address, count, dtype) == (host.ctypes.data, 6, "float32")
     assert isinstance(read, CudaArray) and read.host is host
     view = _device.DeviceArray(DLPackOnly(host), "x")
     assert view.obj.host is host and view.dtype == np.float32 and view.shape == (6,)
+    xs = [np.arange(4, dtype=np.float64) + i for i in range(3)]
+    outputs, futures = drive(start(core, [[DLPackOnly(x), 2.0] for x in xs]))
+    futures[0].result(timeout=30)
+    for x, out in zip(xs, outputs):
+        np.testing.assert_array_equal(out, x * 2.0)
 
 
 def test_device_array_is_the_extensions_reading():
@@ -639,6 +757,61 @@ def test_device_array_is_the_extensions_reading():
     assert view.dtype == np.int32 and view.stream == 9 and view.obj.host is host
     with pytest.raises(TypeError, match="x is not a device array while the first array is"):
         _device.DeviceArray(host, "x")
+
+
+# The driver: _device.map_compiled --------------------------------------------------------------
+
+
+@pytest.fixture
+def numpy_buffers(monkeypatch):
+    """_device's buffers and views made with NumPy (CuPy's and PyTorch's need a GPU)."""
+    flats = Flats()
+    monkeypatch.setattr(_device, "_allocate_flat", flats)
+    monkeypatch.setattr(_device, "_split_flat", np.split)
+    return flats
+
+
+def test_map_compiled_drives_the_run_block_by_block(core, numpy_buffers, fake_cupy):
+    xs = [np.arange(i % 5, dtype=np.float64).reshape(-1, 1) + i for i in range(300)]
+    calls = [[FakeCupyArray(x) if i % 2 else dev(x), 3.0] for i, x in enumerate(xs)]
+    done = _device.map_compiled(core, SCALE, calls, _Future)
+    assert len(numpy_buffers.made) == 3  # 64, 128, then 108 calls
+    assert not done.given and len(done.futures) == 1
+    for x, out in zip(xs, done.results(None)):
+        assert out.shape == x.shape
+        np.testing.assert_array_equal(out, x * 3.0)
+
+
+def test_map_compiled_with_single_and_with_out(core, numpy_buffers):
+    x = np.arange(6, dtype=np.float64).reshape(2, 3)
+    one = _device.map_compiled(core, SCALE, [[dev(x), 2.0]], _Future, single=True, priority=1)
+    np.testing.assert_array_equal(one.futures[0].result(timeout=30), x * 2.0)
+    target = np.full(6, -1.0)
+    given = [dev(target)]
+    written = _device.map_compiled(core, SCALE, [[dev(x.ravel()), 2.0]], _Future, out=given)
+    assert written.given and list(written.results(None)) == given
+    np.testing.assert_array_equal(target, x.ravel() * 2.0)
+    assert len(numpy_buffers.made) == 1  # only the single call's
+
+
+def test_map_compiled_abandons_the_run_when_anything_fails(core, numpy_buffers, monkeypatch):
+    # A failure in Python's part (here making the second block's buffer) stops the map as a bad
+    # call does: what was queued is cancelled or waited for before the error comes out.
+    def allocate(*need):
+        if numpy_buffers.made:
+            raise MemoryError("no room")
+        return numpy_buffers(*need)
+
+    monkeypatch.setattr(_device, "_allocate_flat", allocate)
+    xs = [np.ones(3) for _ in range(100)]
+    with pytest.raises(MemoryError, match="no room"):
+        _device.map_compiled(core, SCALE, [[dev(x), 2.0] for x in xs], _Future)
+    first = numpy_buffers.made_arrays[0]
+    assert (first == 2.0).all() or (first == -1.0).all()  # ran before, or never
+    monkeypatch.setattr(_device, "_allocate_flat", numpy_buffers)
+    with pytest.raises(TypeError, match=r"call 70 argument 1 is not a device array"):
+        _device.map_compiled(core, SCALE, [[dev(x), "two" if i == 70 else 1.0]
+                                           for i, x in enumerate(xs)], _Future)
 
 
 def test_a_map_into_given_outputs_that_times_out_waits_for_the_batches_that_had_started():
@@ -663,3 +836,4 @@ def test_a_map_into_given_outputs_that_times_out_waits_for_the_batches_that_had_
         with pytest.raises(cf.TimeoutError):
             list(_device.CompiledMap([future], [object()], given=given).results(time.monotonic()))
         assert steps == expected
+
