@@ -464,6 +464,29 @@ def test_a_run_dropped_unfinished_leaves_nothing_running(hold_every_lane):
         assert (flats.made_arrays[0] == -1.0).all()
 
 
+def test_the_calls_and_buffers_are_held_until_the_batches_end(hold_every_lane):
+    # The batches read the calls' arrays and write the buffers after the run and its outputs
+    # are gone: the map's future holds them (keep_alive) until the last batch has ended.
+    import weakref
+
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        holders, release = hold_every_lane(ex)
+        x = dev(np.ones(3))
+        flats = Flats()
+        outputs, futures = drive(start(ex._core, [[x, 2.0]] * 100), flats)
+        held = [weakref.ref(x), weakref.ref(flats.made_arrays[0])]
+        del x, outputs, flats
+        gc.collect()
+        assert all(ref() is not None for ref in held)
+        release.set()
+        futures[0].result(timeout=30)
+        for h in holders:
+            h.result(timeout=30)
+        del futures
+        gc.collect()
+        assert all(ref() is None for ref in held)
+
+
 def test_a_runs_steps_are_taken_in_order_and_not_after_it_ended(core):
     run = start(core, [[dev(np.ones(3)), 2.0]])
     with pytest.raises(RuntimeError, match="out of order"):
