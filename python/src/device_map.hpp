@@ -44,7 +44,8 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal);
 // future over, so lanes never wait for the GIL the reading thread holds.
 //
 // A bad call raises from read_block naming the call by its index in `calls`, as does a refusal
-// of map_on_device's own check from queue_block. After any failure the caller calls abandon(),
+// of map_on_device's own check from queue_block. A step taken out of order is refused, and a
+// step that fails ends the run: after any failure the caller calls abandon(),
 // which cancels what was queued and has not started and waits for what started (it writes into
 // the buffers); the run's destructor does the same for a run neither finished nor abandoned, so
 // that no work is left running on buffers nobody holds.
@@ -54,6 +55,8 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal);
 // arrays on the host. Each must be C-contiguous, of the kernel's output type, of its call's
 // length and on its call's GPU, and no call may write memory another call of the map reads or
 // writes (see write_hazards).
+//
+// Abstract so that one Python type serves both kinds of compiled kernel.
 class device_map_run {
  public:
   device_map_run() = default;
