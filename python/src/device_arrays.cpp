@@ -260,8 +260,8 @@ call_reader::call_reader(const std::string& kernel_name,
       inputs_(inputs),
       output_(output),
       calls_(std::move(calls)),
-      cupy_ndarray_(cupy_ndarray.is_valid() && !cupy_ndarray.is_none() ? cupy_ndarray
-                                                                       : nb::handle()),
+      cupy_ndarray_(cupy_ndarray.is_valid() && !cupy_ndarray.is_none() ? nb::borrow(cupy_ndarray)
+                                                                       : nb::object()),
       out_(std::move(out)),
       notes_(notes),
       given_outputs_(out_.is_valid() && !out_.is_none()),

@@ -105,7 +105,9 @@ class call_reader {
   const std::vector<gpupool::kernel_parameter>& inputs_;
   const gpupool::kernel_parameter& output_;
   nb::sequence calls_;
-  nb::handle cupy_ndarray_;  // invalid where CuPy is not imported
+  // Held: a run reads blocks after the call that made it returned. Invalid where CuPy is not
+  // imported.
+  nb::object cupy_ndarray_;
   nb::object out_;
   reading_notes& notes_;
   bool given_outputs_;

@@ -286,7 +286,17 @@ class device_map_run_of final : public device_map_run {
   // the buffers this run holds).
   void stop() noexcept {
     for (auto& f : queued_) (void)f.cancel();
-    if (interpreter_alive() && PyGILState_Check() != 0) {
+    if (!interpreter_alive()) {
+      // At exit a lane may be waiting for the GIL this thread holds, so waiting could hang the
+      // exit: what started writes on into the buffers, which are therefore never let go of.
+      if (!std::all_of(queued_.begin(), queued_.end(), [](auto& f) { return f.ready(); })) {
+        (void)held_.release();
+        (void)held_flats_.release();
+      }
+      queued_.clear();
+      return;
+    }
+    if (PyGILState_Check() != 0) {
       nb::gil_scoped_release nogil;
       for (auto& f : queued_) f.wait();
     } else {

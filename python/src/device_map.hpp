@@ -17,8 +17,8 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal);
 
 // One map of a compiled kernel over calls whose arrays live on GPUs (_ext.DeviceMapRun), driven
 // by Python (_device.map_compiled) in a loop: C++ reads the calls into plain data and queues the
-// work, Python makes what only CuPy or PyTorch can make (output buffers and their views). C++
-// never calls back into the package's Python.
+// work, Python makes what only CuPy or PyTorch can make (output buffers and their views). No
+// callback of the package's drives the run.
 //
 // Numbers are checked against their parameter, CuPy arrays (of type `cupy_ndarray`) are read
 // through CuPy's attributes, any other device array through read_device_array (the CUDA Array

@@ -156,18 +156,10 @@ class python_calls {
     }
     std::shared_ptr<python_call> pop() {
       std::lock_guard lock(mutex_);
-      if (size_ == 0) return nullptr;
-      std::size_t top = 0, oldest = 0, levels_queued = 0;
-      for (std::size_t l = 0; l < levels; ++l) {
-        if (calls_[l].empty()) continue;
-        if (levels_queued++ == 0 || calls_[l].front().first < calls_[oldest].front().first)
-          oldest = l;
-        top = l;
-      }
-      const std::size_t from =
-          gpupool::oldest_is_due(levels_queued == 1 || oldest == top, passed_) ? oldest : top;
-      auto call = std::move(calls_[from].front().second);
-      calls_[from].pop_front();
+      const std::optional<std::size_t> from = next_level_locked(passed_);
+      if (!from) return nullptr;
+      auto call = std::move(calls_[*from].front().second);
+      calls_[*from].pop_front();
       --size_;
       return call;
     }
@@ -175,12 +167,14 @@ class python_calls {
       std::lock_guard lock(mutex_);
       return size_ == 0;
     }
-    // The highest priority of a queued call, or nothing if none is queued.
-    [[nodiscard]] std::optional<int> top_priority() {
+    // The priority of the call pop() would take now (aging included), or nothing if none is
+    // queued.
+    [[nodiscard]] std::optional<int> next_priority() {
       std::lock_guard lock(mutex_);
-      for (std::size_t l = levels; l-- > 0;)
-        if (!calls_[l].empty()) return static_cast<int>(l) + gpupool::limits::lowest_priority;
-      return std::nullopt;
+      unsigned passed = passed_;  // looked at, not taken: the count stays as it is
+      const std::optional<std::size_t> from = next_level_locked(passed);
+      if (!from) return std::nullopt;
+      return static_cast<int>(*from) + gpupool::limits::lowest_priority;
     }
     // Takes `call` out if it is still queued.
     bool remove(const std::shared_ptr<python_call>& call) {
@@ -200,6 +194,20 @@ class python_calls {
     static constexpr std::size_t levels = static_cast<std::size_t>(
         gpupool::limits::highest_priority - gpupool::limits::lowest_priority + 1);
     using entry = std::pair<std::uint64_t, std::shared_ptr<python_call>>;  // arrival, call
+    // Under mutex_: the level of the call to take next (the highest priority's oldest, aging
+    // applied with the count `passed`, which it updates), or nothing if none is queued.
+    std::optional<std::size_t> next_level_locked(unsigned& passed) const {
+      if (size_ == 0) return std::nullopt;
+      std::size_t top = 0, oldest = 0, levels_queued = 0;
+      for (std::size_t l = 0; l < levels; ++l) {
+        if (calls_[l].empty()) continue;
+        if (levels_queued++ == 0 || calls_[l].front().first < calls_[oldest].front().first)
+          oldest = l;
+        top = l;
+      }
+      return gpupool::oldest_is_due(levels_queued == 1 || oldest == top, passed) ? oldest : top;
+    }
+
     std::deque<entry>& level(int priority) {
       return calls_[static_cast<std::size_t>(priority - gpupool::limits::lowest_priority)];
     }
@@ -282,7 +290,7 @@ void submit_python_call(gpupool::executor& exec, std::optional<int> device, nb::
       // own tasks.
       if (n > 0) {
         if (!calls->chaining()) break;
-        const std::optional<int> next = fifo.top_priority();
+        const std::optional<int> next = fifo.next_priority();
         if (!next || exec.work_waits_above(l.device(), *next)) break;
       }
       std::shared_ptr<python_call> call = fifo.pop();

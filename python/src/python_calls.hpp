@@ -37,10 +37,11 @@ void chain_python_calls(python_calls& calls, bool on) noexcept;
 // behind it (up to python_calls::chain_length; one while tracing): consecutive Python calls then
 // cost one hold of the GIL, as a ThreadPoolExecutor worker takes its next call without letting
 // the GIL go. The chain stops after a call whose outcome waits for the stream (it is handed over
-// when the task ends, and a call behind it might wait for it). A task whose call another lane
-// already ran finds the FIFO empty and ends without the GIL; one that ends without running
-// (cancelled, or failed before it started) ends one call of its FIFO the same way. So every
-// call ends exactly once.
+// when the task ends, and a call behind it might wait for it), and before a call when work of a
+// higher priority than that call's waits for the lane (executor::work_waits_above). A task whose
+// call another lane already ran finds the FIFO empty and ends without the GIL; one that ends
+// without running (cancelled, or failed before it started) ends one call of its FIFO the same way.
+// So every call ends exactly once.
 //
 // `options.priority` (else the executor's) orders the call: its task in gpupool's queue, and the
 // call in its FIFO, which gives a lane the oldest call of the highest priority queued.
