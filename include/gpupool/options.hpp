@@ -151,7 +151,10 @@ struct executor_options {
   double cpu_copy_rate = 0;
 
   /// The priority of work submitted without one (see task_options::priority), from
-  /// limits::lowest_priority to limits::highest_priority; higher is more urgent.
+  /// limits::lowest_priority to limits::highest_priority; higher is more urgent. On CUDA it is
+  /// also the lanes' stream priority: above 0, that many levels above the device's least (its
+  /// default); a level the device lacks makes the executor's construction throw
+  /// std::invalid_argument naming the device's range.
   int priority = 0;
 
   /// Nothing on stderr from this executor: no notice when gpupool falls back to the CPU backend,

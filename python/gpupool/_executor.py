@@ -216,7 +216,9 @@ class Executor(_futures.Executor):
             (default 0); higher is more urgent. ``submit`` and ``map`` take their own
             ``priority=``. The next free lane takes queued work of the highest priority first,
             first come first served within a priority; aging keeps lower priorities moving.
-            Priorities order what lanes take, not copies already running.
+            Priorities order what lanes take, not copies already running. On CUDA a priority
+            p above 0 also puts this executor's lanes on streams p levels above the GPU's
+            default stream priority (ValueError on a GPU without that many levels).
         tuning: how ``"auto"`` values are chosen: ``"auto"`` (measured on CUDA, once per
             machine and device model and then read from the cache; the fixed defaults on the CPU
             backend), ``"measured"`` (on any backend), ``"remeasure"`` (measure now and replace
