@@ -173,7 +173,7 @@ def main() -> int:
     print(f"  map alone                          {gb / plain:10.2f} GB/s ({plain * 1e3:.1f} ms)")
     print(f"  map with urgent probes             {gb / probed:10.2f} GB/s ({probed * 1e3:.1f} ms)"
           f" = {plain / probed:.3f}x")
-    print(f"  map with the other executor's     {gb / own:10.2f} GB/s ({own * 1e3:.1f} ms)"
+    print(f"  map, probes to the other executor  {gb / own:10.2f} GB/s ({own * 1e3:.1f} ms)"
           f" = {plain / own:.3f}x")
     for name, latency, seconds in (("urgent probes", urgent_us, probed),
                                    (f"an executor of priority {URGENT}", own_us, own)):

@@ -183,7 +183,7 @@ fi
 
 if [ $priority = 1 ]; then
   say "== A tiny urgent task behind a W2 map (bench/priority_latency.py)"
-  timeout "$step" python3 bench/priority_latency.py 2>&1 | tee "$OUT/priority.txt" |
+  timeout "$step" python3 bench/priority_latency.py --backend cuda 2>&1 | tee "$OUT/priority.txt" |
     tee -a "$log"
   step_done "${PIPESTATUS[0]}" "bench/priority_latency.py"
 fi
