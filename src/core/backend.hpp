@@ -206,6 +206,10 @@ class backend {
   /// device cannot give rather than open a stream of another priority.
   [[nodiscard]] virtual std::unique_ptr<backend_stream> open_stream(int ordinal,
                                                                     int priority = 0) = 0;
+  /// Throws std::invalid_argument, as open_stream would, if `ordinal`'s streams cannot have
+  /// priority `priority`; for checking before an executor starts anything. Backends whose
+  /// streams have no priorities accept every one.
+  virtual void check_stream_priority(int /*ordinal*/, int /*priority*/) const {}
   /// Prepares the device for many streams and stream-ordered allocation (memory pool policy).
   virtual void prepare_device(int ordinal) = 0;
   /// Bytes of the device's memory free now (for the CPU backend: host memory available).

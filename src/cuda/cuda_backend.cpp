@@ -461,6 +461,11 @@ class cuda_backend final : public backend {
                            nullptr, k.shape());
   }
 
+  void check_stream_priority(int ordinal, int priority) const override {
+    device_scope scope(ordinal);
+    (void)cuda_stream_priority(ordinal, priority);
+  }
+
   std::unique_ptr<backend_stream> open_stream(int ordinal, int priority) override {
     device_scope scope(ordinal);
     const int cuda_priority = cuda_stream_priority(ordinal, priority);

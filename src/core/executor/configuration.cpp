@@ -84,6 +84,8 @@ std::vector<int> choose_ordinals(const executor_options& options, int available)
 executor_settings checked_settings(const executor_options& options, backend& b,
                                    const std::vector<int>& ordinals) {
   check_priority(options.priority, "executor_options::priority");
+  // Before any measuring: a priority the devices' streams cannot have refuses the executor.
+  for (int ordinal : ordinals) b.check_stream_priority(ordinal, options.priority);
   if (options.slots_per_lane < 1 || options.slots_per_lane > limits::most_slots_per_lane)
     throw std::invalid_argument("gpupool: slots_per_lane must be from 1 to " +
                                 std::to_string(limits::most_slots_per_lane));
