@@ -13,6 +13,9 @@ enum class memory_kind {
   managed,      ///< Managed (unified) memory.
 };
 
+/// The name of `kind`: "unknown", "pinned_host", "device" or "managed".
+[[nodiscard]] const char* to_string(memory_kind kind) noexcept;
+
 struct pointer_info {
   memory_kind kind = memory_kind::unknown;
   int device = -1;  ///< CUDA device ordinal for device and managed memory; -1 otherwise.

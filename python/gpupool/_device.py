@@ -15,7 +15,6 @@ from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel
 
 #: The dtypes the C++ library computes with (its one dtype table), by NumPy's names.
 SUPPORTED = tuple(_ext.dtypes())
-_DLPACK_CUDA = 2  # kDLCUDA
 
 
 class _CudaArray(Protocol):
@@ -26,18 +25,9 @@ class _CudaArray(Protocol):
 
 
 def is_device_array(obj: object) -> bool:
-    if type(obj) is np.ndarray:  # the common case, without a failed attribute lookup
+    if type(obj) is np.ndarray:  # the common case, without a call into the extension
         return False
-    if hasattr(obj, "__cuda_array_interface__"):
-        return True
-    dlpack_device = getattr(obj, "__dlpack_device__", None)
-    if dlpack_device is None or isinstance(obj, np.ndarray):
-        return False
-    try:
-        device_type: object = dlpack_device()[0]
-        return device_type == _DLPACK_CUDA
-    except Exception:  # noqa: BLE001 - a broken protocol means "not a device array"
-        return False
+    return _ext.is_device_array(obj)
 
 
 class DeviceArray:

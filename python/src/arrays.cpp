@@ -255,8 +255,7 @@ void bind_arrays(nb::module_& m) {
       "describe_pointer",
       [](std::uintptr_t address) {
         const auto info = gpupool::describe_pointer(reinterpret_cast<const void*>(address));
-        static const char* names[] = {"unknown", "pinned_host", "device", "managed"};
-        return nb::make_tuple(names[static_cast<int>(info.kind)], info.device);
+        return nb::make_tuple(gpupool::to_string(info.kind), info.device);
       },
       "address"_a);
   m.def(

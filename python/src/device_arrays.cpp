@@ -50,29 +50,32 @@ std::optional<nb::object> attribute_if_any(nb::handle o, PyObject* name) {
   return std::nullopt;
 }
 
+// Clears the Python error just raised where it is an Exception (a broken protocol says "not a
+// device array"); anything else (KeyboardInterrupt, say) propagates.
+void clear_exception() {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) throw nb::python_error();
+  PyErr_Clear();
+}
+
 // Whether `a.__dlpack_device__()` names a CUDA device; a protocol that fails says it does not.
 bool is_dlpack_cuda(nb::handle a) {
-  PyObject* method = PyObject_GetAttr(a.ptr(), names().dlpack_device);
-  if (method == nullptr) {
-    PyErr_Clear();
-    return false;
-  }
-  nb::object owned = nb::steal(method);
-  PyObject* device = PyObject_CallNoArgs(method);
+  std::optional<nb::object> method = attribute_if_any(a, names().dlpack_device);
+  if (!method || method->is_none()) return false;
+  PyObject* device = PyObject_CallNoArgs(method->ptr());
   if (device == nullptr) {
-    PyErr_Clear();
+    clear_exception();
     return false;
   }
   nb::object held = nb::steal(device);
   PyObject* type = PySequence_GetItem(device, 0);
   if (type == nullptr) {
-    PyErr_Clear();
+    clear_exception();
     return false;
   }
   nb::object cuda = nb::int_(dlpack_cuda);
   const int equal = PyObject_RichCompareBool(type, cuda.ptr(), Py_EQ);
   Py_DECREF(type);
-  if (equal < 0) PyErr_Clear();
+  if (equal < 0) clear_exception();
   return equal == 1;
 }
 
@@ -99,21 +102,11 @@ std::optional<gpupool::dtype> dtype_of_typestr(std::string_view typestr) {
   return std::nullopt;
 }
 
-const char* memory_kind_name(gpupool::memory_kind kind) {
-  switch (kind) {
-    case gpupool::memory_kind::pinned_host:
-      return "pinned_host";
-    case gpupool::memory_kind::device:
-      return "device";
-    case gpupool::memory_kind::managed:
-      return "managed";
-    case gpupool::memory_kind::unknown:
-      break;
-  }
-  return "unknown";
-}
-
 }  // namespace
+
+bool is_device_array(nb::handle a) {
+  return attribute_if_any(a, names().cai).has_value() || is_dlpack_cuda(a);
+}
 
 std::optional<device_array_reading> read_device_array(nb::handle a,
                                                       const std::function<std::string()>& where) {
@@ -196,7 +189,7 @@ std::optional<device_array_reading> read_device_array(nb::handle a,
       r.ordinal = info.device;
     } else {
       throw nb::type_error(("gpupool: " + where() + " claims to be on a GPU, but its memory is " +
-                            memory_kind_name(info.kind))
+                            gpupool::to_string(info.kind))
                                .c_str());
     }
   }
@@ -404,6 +397,9 @@ void call_reader::describe(std::size_t c, described_call& d) {
 
 void bind_device_arrays(nb::module_& m) {
   using namespace nb::literals;
+  m.def("is_device_array", &is_device_array, "obj"_a,
+        "Whether `obj` is an array on a GPU: it speaks the CUDA Array Interface, or its "
+        "__dlpack_device__ names a CUDA device (a protocol that fails says it is not).");
   m.def(
       "describe_device_array",
       [](nb::handle a, const std::string& where) {

@@ -35,6 +35,11 @@ struct device_array_reading {
   nb::object read;
 };
 
+// Whether `a` is an array on a GPU: it has a __cuda_array_interface__, or its __dlpack_device__
+// names a CUDA device (a protocol that fails says it is not; an error other than an Exception
+// propagates, as does one raised looking the attributes up other than AttributeError).
+bool is_device_array(nb::handle a);
+
 // Reads `a` for `where()` (which names it in refusals, and is made only for them). Nothing if `a`
 // is not a device array: neither a CUDA Array Interface nor a CUDA device behind __dlpack_device__
 // (callers word that refusal their way). Refuses (TypeError) a DLPack array while CuPy is not

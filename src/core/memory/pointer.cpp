@@ -16,6 +16,20 @@ pointer_info describe_pointer(const void* p, const pinned_cache& cache,
 
 }  // namespace detail
 
+const char* to_string(memory_kind kind) noexcept {
+  switch (kind) {
+    case memory_kind::pinned_host:
+      return "pinned_host";
+    case memory_kind::device:
+      return "device";
+    case memory_kind::managed:
+      return "managed";
+    case memory_kind::unknown:
+      break;
+  }
+  return "unknown";
+}
+
 pointer_info describe_pointer(const void* p) noexcept {
   return detail::describe_pointer(p, detail::process_pinned_cache(), detail::process_host_memory());
 }
