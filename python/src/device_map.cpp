@@ -289,10 +289,8 @@ class device_map_run_of final : public device_map_run {
     if (!interpreter_alive()) {
       // At exit a lane may be waiting for the GIL this thread holds, so waiting could hang the
       // exit: what started writes on into the buffers, which are therefore never let go of.
-      if (!std::all_of(queued_.begin(), queued_.end(), [](auto& f) { return f.ready(); })) {
-        (void)held_.release();
-        (void)held_flats_.release();
-      }
+      if (!std::all_of(queued_.begin(), queued_.end(), [](auto& f) { return f.ready(); }))
+        (void)held_.release();  // the buffers, in held_flats_, with it
       queued_.clear();
       return;
     }
