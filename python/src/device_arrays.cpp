@@ -397,7 +397,7 @@ void call_reader::describe(std::size_t c, described_call& d) {
 
 void bind_device_arrays(nb::module_& m) {
   using namespace nb::literals;
-  m.def("is_device_array", &is_device_array, "obj"_a,
+  m.def("is_device_array", &is_device_array, "obj"_a.none(),
         "Whether `obj` is an array on a GPU: it speaks the CUDA Array Interface, or its "
         "__dlpack_device__ names a CUDA device (a protocol that fails says it is not).");
   m.def(

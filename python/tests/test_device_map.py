@@ -748,6 +748,8 @@ def test_objects_that_are_not_device_arrays_are_refused():
     for obj in (np.zeros(3), "x", 1.5, BrokenDLPack()):
         with pytest.raises(TypeError, match="gpupool: y is not a device array"):
             _ext.describe_device_array(obj, "y")
+    for obj in (None, np.zeros(3), "x", 1.5, BrokenDLPack()):
+        assert not _device.is_device_array(obj)
 
 
 def test_an_array_offering_only_dlpack_needs_cupy(monkeypatch):
