@@ -7,8 +7,9 @@ source scripts/lib/gpu-common.sh
 usage() {
   cat <<'EOF'
 usage: scripts/gpu measure [--out DIR] [--workloads LIST] [--lanes LIST] [--chunks LIST]
-                           [--images] [--small-tasks] [--shared] [--priority] [--dask] [--profile]
-                           [--step-seconds N] [-- COMPARE_ARGS...]
+                           [--no-compare] [--images] [--small-tasks] [--shared] [--priority]
+                           [--dask] [--dask-model] [--profile] [--step-seconds N]
+                           [-- COMPARE_ARGS...]
 
 Builds in build-measure (no tests, no NVTX ranges), pip installs the package, then:
   1. `gpupool info --tuning remeasure`: the sweep the default lanes and chunk size
@@ -16,7 +17,7 @@ Builds in build-measure (no tests, no NVTX ranges), pip installs the package, th
   2. `gpupool compare` on every workload (or --workloads), sweeping lanes x chunk
      sizes beside the defaults: gpupool from Python and C++ against the motivating
      program, careful CuPy/PyTorch, NumPy and a hand-written CUDA pipeline
-     (docs/compare.md)
+     (docs/compare.md); --no-compare leaves it out, for the optional steps alone
 Optional steps, each bounded by --step-seconds:
   --images        the pictures of docs/images: W2's timelines with 1 and 4 lanes and
                   the cost of tracing (bench/timelines.py), and `gpupool bench` over
@@ -32,8 +33,10 @@ Optional steps, each bounded by --step-seconds:
   --dask          where dask and distributed import: bench/dask_gpus.py over every
                   GPU (two or more), and on GPU 0 alone with one worker against one
                   process and two sharing it against two processes sharing it (W2
-                  and W4 sizes); bench/dask_scaling.py and bench/dask_cluster_model.py
-                  (CPU backend)
+                  and W4 sizes)
+  --dask-model    where dask and distributed import: bench/dask_scaling.py and
+                  bench/dask_cluster_model.py (CPU backend; the model's step may take
+                  8 x --step-seconds)
   --profile       with .deps/profiler/ (scripts/stage-profiler): CPU profiles
                   (gperftools) of W4's shape from C++ and of the Python submit loop
                   of bench/python_task_cost.py, with the files bench/read_profile.py
@@ -59,7 +62,8 @@ writes to $OUT:
     --small-tasks:   small_tasks.txt
     --shared:        shared_devices.txt, shared_devices.json
     --priority:      priority.txt
-    --dask:          dask.txt, dask_cluster_model.json
+    --dask:          dask.txt
+    --dask-model:    dask.txt, dask_cluster_model.json
     --profile:       w4.prof, w4.bin, submit.prof, python.bin, the extension module,
                      libpython and libc of this machine, profile.txt
 EOF
@@ -69,7 +73,7 @@ workloads=""
 lanes=${COMPARE_LANES:-8,16}
 chunks=${COMPARE_CHUNKS:-2M,4M}
 step=${STEP_SECONDS:-150}
-images=0 small_tasks=0 shared=0 priority=0 dask=0 profile=0
+images=0 small_tasks=0 shared=0 priority=0 dask=0 dask_model=0 profile=0 compare=1
 compare_args=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -84,6 +88,8 @@ while [ $# -gt 0 ]; do
     --shared) shared=1 ;;
     --priority) priority=1 ;;
     --dask) dask=1 ;;
+    --dask-model) dask_model=1 ;;
+    --no-compare) compare=0 ;;
     --profile) profile=1 ;;
     --) shift; compare_args=("$@"); break ;;
     *) usage_error "measure: unknown option '$1'" ;;
@@ -135,15 +141,17 @@ build-measure/tools/gpupool info --tuning remeasure 2>&1 | tee "$OUT/tuning.txt"
 step_done "${PIPESTATUS[0]}" "gpupool info --tuning remeasure"
 say "gpupool info --tuning remeasure took $(seconds_since "$start") s" | tee -a "$OUT/tuning.txt"
 
-say "== 2. gpupool compare (lanes $lanes x chunks $chunks swept)"
-# Progress and table in compare.log; the table alone (from the machine's limits on) in
-# compare.txt.
-python3 -m gpupool.compare --bench-dir build-measure/bench --lanes-list "$lanes" \
-  --chunk-list "$chunks" --json "$OUT/compare.json" --plot "$OUT/compare.png" \
-  "${compare_args[@]}" 2>&1 | tee "$OUT/compare.log" | tee -a "$log"
-step_done "${PIPESTATUS[0]}" "gpupool compare"
-sed -n '/^limits:/,$p' "$OUT/compare.log" | grep -v '^wrote ' >"$OUT/compare.txt"
-[ -s "$OUT/compare.txt" ] || { say "FAIL: no table in compare.log"; status=1; }
+if [ $compare = 1 ]; then
+  say "== 2. gpupool compare (lanes $lanes x chunks $chunks swept)"
+  # Progress and table in compare.log; the table alone (from the machine's limits on) in
+  # compare.txt.
+  python3 -m gpupool.compare --bench-dir build-measure/bench --lanes-list "$lanes" \
+    --chunk-list "$chunks" --json "$OUT/compare.json" --plot "$OUT/compare.png" \
+    "${compare_args[@]}" 2>&1 | tee "$OUT/compare.log" | tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "gpupool compare"
+  sed -n '/^limits:/,$p' "$OUT/compare.log" | grep -v '^wrote ' >"$OUT/compare.txt"
+  [ -s "$OUT/compare.txt" ] || { say "FAIL: no table in compare.log"; status=1; }
+fi
 
 if [ $images = 1 ]; then
   say "== W2 timelines with 1 and 4 lanes, and the cost of tracing (bench/timelines.py)"
@@ -198,32 +206,36 @@ dask_step() {
   step_done "${PIPESTATUS[0]}" "bench/dask_gpus.py $*"
 }
 
-if [ $dask = 1 ]; then
-  if python3 -c 'import dask, distributed' >/dev/null 2>&1; then
-    if [ "$gpus" -ge 2 ]; then
-      dask_step "one worker per GPU against one executor per GPU" --gpus "$gpus"
-    else
-      say "(bench/dask_gpus.py over every GPU left out: it needs two or more GPUs)"
-    fi
-    w4=(--blocks 20000 --elements 1000 --blocks-per-task 100,1000 --executor-chunksize 1000)
-    dask_step "one worker against one process, GPU 0, W2 size" --gpus 1 --one-gpu
-    dask_step "one worker against one process, GPU 0, W4 size" --gpus 1 --one-gpu "${w4[@]}"
-    dask_step "two workers sharing GPU 0 against two processes, W2 size" --gpus 2 --one-gpu
-    dask_step "two workers sharing GPU 0 against two processes, W4 size" --gpus 2 --one-gpu \
-      "${w4[@]}"
-    say "== Dask's per-task cost with tiny blocks, CPU backend (bench/dask_scaling.py)"
-    GPUPOOL_BACKEND=cpu timeout "$step" python3 bench/dask_scaling.py --workers 1,2,4,8 \
-      --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
-    step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
-    say "== The cluster model against a simulated cluster (bench/dask_cluster_model.py)"
-    GPUPOOL_BACKEND=cpu timeout "$((step * 8))" python3 bench/dask_cluster_model.py \
-      --workers 1,2,4,8,16,32,64 --json "$OUT/dask_cluster_model.json" 2>&1 |
-      tee -a "$OUT/dask.txt" | tee -a "$log"
-    step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
-  else
-    say "FAIL: --dask, but dask and distributed do not import (pip install '.[dask]')"
+if [ $dask = 1 ] || [ $dask_model = 1 ]; then
+  if ! python3 -c 'import dask, distributed' >/dev/null 2>&1; then
+    say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]')"
     status=1
+    dask=0 dask_model=0
   fi
+fi
+if [ $dask = 1 ]; then
+  if [ "$gpus" -ge 2 ]; then
+    dask_step "one worker per GPU against one executor per GPU" --gpus "$gpus"
+  else
+    say "(bench/dask_gpus.py over every GPU left out: it needs two or more GPUs)"
+  fi
+  w4=(--blocks 20000 --elements 1000 --blocks-per-task 100,1000 --executor-chunksize 1000)
+  dask_step "one worker against one process, GPU 0, W2 size" --gpus 1 --one-gpu
+  dask_step "one worker against one process, GPU 0, W4 size" --gpus 1 --one-gpu "${w4[@]}"
+  dask_step "two workers sharing GPU 0 against two processes, W2 size" --gpus 2 --one-gpu
+  dask_step "two workers sharing GPU 0 against two processes, W4 size" --gpus 2 --one-gpu \
+    "${w4[@]}"
+fi
+if [ $dask_model = 1 ]; then
+  say "== Dask's per-task cost with tiny blocks, CPU backend (bench/dask_scaling.py)"
+  GPUPOOL_BACKEND=cpu timeout "$step" python3 bench/dask_scaling.py --workers 1,2,4,8 \
+    --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
+  say "== The cluster model against a simulated cluster (bench/dask_cluster_model.py)"
+  GPUPOOL_BACKEND=cpu timeout "$((step * 8))" python3 bench/dask_cluster_model.py \
+    --workers 1,2,4,8,16,32,64 --json "$OUT/dask_cluster_model.json" 2>&1 |
+    tee -a "$OUT/dask.txt" | tee -a "$log"
+  step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
 fi
 
 # profiled NAME COMMAND...: COMMAND under gperftools' CPU profiler (.deps/profiler), its raw
