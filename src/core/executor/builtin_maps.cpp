@@ -93,6 +93,7 @@ void executor::impl::enqueue_elementwise_all(
   std::size_t total = 0;
   for (const auto& job : jobs) total += job->count() * size_of(job->type());
   const std::size_t most_bytes = sizing.piece_bytes(total, queue);
+  const double now_us = detail::clock_us(epoch);
   for (auto& job : jobs) {
     const std::size_t per_piece = detail::piece_sizing::per_piece(size_of(job->type()), most_bytes);
     const std::size_t pieces = detail::piece_sizing::pieces(job->count(), per_piece);
@@ -102,7 +103,7 @@ void executor::impl::enqueue_elementwise_all(
       // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.
       items.push_back(std::make_unique<detail::elementwise_piece>(
           job, offset, std::min(per_piece, job->count() - offset), chunk_bytes));
-      stamp(*items.back());
+      stamp(*items.back(), now_us);
     }
   }
   jobs.clear();
