@@ -1,11 +1,13 @@
 // Host array and number intake, array results in pinned memory, and the pinned-memory calls.
 #include "arrays.hpp"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <iterator>
 #include <limits>
+#include <optional>
 #include <span>
 #include <tuple>
 #include <type_traits>
@@ -18,6 +20,16 @@ nb::object pinned_array(std::unique_ptr<pinned_block> block, const std::vector<s
   nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<pinned_block*>(p); });
   return nb::cast(
       nb::ndarray<nb::numpy>(owned->data(), shape.size(), shape.data(), owner, nullptr, type));
+}
+
+nb::object shared_pinned_array(std::shared_ptr<pinned_block> block,
+                               const std::vector<std::size_t>& shape, nb::dlpack::dtype type,
+                               const std::int64_t* strides) {
+  void* data = block->data();
+  auto* owned = new std::shared_ptr<pinned_block>(std::move(block));
+  nb::capsule owner(
+      owned, [](void* p) noexcept { delete static_cast<std::shared_ptr<pinned_block>*>(p); });
+  return nb::cast(nb::ndarray<nb::numpy>(data, shape.size(), shape.data(), owner, strides, type));
 }
 
 std::string dtype_names(const char* last) {
@@ -102,6 +114,113 @@ input_array as_input(nb::handle obj, std::size_t index, const char* which,
         ("gpupool: " + where_of() + " is not C-contiguous; pass numpy.ascontiguousarray(...) of it")
             .c_str());
   return a;
+}
+
+host_array::host_array(input_array view)
+    : view_(std::make_unique<input_array>(std::move(view))),
+      data_(view_->data()),
+      size_(view_->size()),
+      type_(view_->dtype()),
+      ndim_(static_cast<std::uint32_t>(view_->ndim())) {
+  if (ndim_ < 2) return;
+  shape_ = std::make_unique<std::size_t[]>(ndim_);
+  for (std::size_t i = 0; i < ndim_; ++i) shape_[i] = view_->shape(i);
+}
+
+host_array::host_array(nb::object array, const void* data, nb::dlpack::dtype type, std::size_t ndim,
+                       const Py_ssize_t* shape)
+    : array_(std::move(array)),
+      data_(data),
+      size_(1),
+      type_(type),
+      ndim_(static_cast<std::uint32_t>(ndim)) {
+  if (ndim_ >= 2) shape_ = std::make_unique<std::size_t[]>(ndim_);
+  for (std::size_t i = 0; i < ndim_; ++i) {
+    const auto extent = static_cast<std::size_t>(shape[i]);
+    size_ *= extent;
+    if (ndim_ >= 2) shape_[i] = extent;
+  }
+}
+
+std::vector<std::size_t> host_array::shape() const {
+  if (ndim_ == 1) return {size_};
+  if (ndim_ == 0) return {};
+  return std::vector<std::size_t>(shape_.get(), shape_.get() + ndim_);
+}
+
+bool host_array::same_shape(const host_array& other) const noexcept {
+  if (ndim_ != other.ndim_ || size_ != other.size_) return false;
+  return ndim_ < 2 || std::equal(shape_.get(), shape_.get() + ndim_, other.shape_.get());
+}
+
+namespace {
+
+// numpy.ndarray, once NumPy has been imported (nothing before: no array can be one then).
+PyTypeObject* numpy_array_type() {
+  static PyTypeObject* type = nullptr;  // kept for the process's life, as the module is
+  if (type != nullptr) return type;
+  PyObject* numpy = PyImport_GetModule(nb::str("numpy").ptr());
+  if (numpy == nullptr) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  PyObject* ndarray = PyObject_GetAttrString(numpy, "ndarray");
+  Py_DECREF(numpy);
+  if (ndarray == nullptr || !PyType_Check(ndarray)) {
+    Py_XDECREF(ndarray);
+    PyErr_Clear();
+    return nullptr;
+  }
+  type = reinterpret_cast<PyTypeObject*>(ndarray);  // the reference is kept
+  return type;
+}
+
+// The dtype of a native-order buffer format gpupool takes, or nothing (as_input then decides).
+std::optional<nb::dlpack::dtype> buffer_dtype(const char* format, Py_ssize_t itemsize) {
+  if (format == nullptr || format[0] == '\0' || format[1] != '\0') return std::nullopt;
+  switch (format[0]) {
+    case 'f':
+      if (itemsize == 4) return dlpack_of(gpupool::dtype::float32);
+      break;
+    case 'd':
+      if (itemsize == 8) return dlpack_of(gpupool::dtype::float64);
+      break;
+    case 'i':
+    case 'l':
+    case 'q':
+      if (itemsize == 4) return dlpack_of(gpupool::dtype::int32);
+      if (itemsize == 8) return dlpack_of(gpupool::dtype::int64);
+      break;
+    default:
+      break;
+  }
+  return std::nullopt;
+}
+
+std::optional<host_array> read_numpy_array(nb::handle obj) {
+  PyTypeObject* ndarray = numpy_array_type();
+  if (ndarray == nullptr || Py_TYPE(obj.ptr()) != ndarray) return std::nullopt;
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+    PyErr_Clear();  // not C-contiguous, say: as_input says why
+    return std::nullopt;
+  }
+  // The array, held by the host_array, keeps its memory: the buffer itself is not kept.
+  struct released {
+    Py_buffer& view;
+    ~released() { PyBuffer_Release(&view); }
+  } release{view};
+  const std::optional<nb::dlpack::dtype> type = buffer_dtype(view.format, view.itemsize);
+  if (!type) return std::nullopt;
+  return host_array(nb::borrow(obj), view.buf, *type, static_cast<std::size_t>(view.ndim),
+                    view.shape);
+}
+
+}  // namespace
+
+host_array read_host_array(nb::handle obj, std::size_t index, const char* which) {
+  if (std::optional<host_array> a = read_numpy_array(obj)) return std::move(*a);
+  return host_array(as_input(obj, index, which));
 }
 
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {

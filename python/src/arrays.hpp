@@ -2,6 +2,7 @@
 // exports held while lanes read them, pinned result blocks, and the future of an array result.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -32,6 +33,13 @@ class pinned_block {
 nb::object pinned_array(std::unique_ptr<pinned_block> block, const std::vector<std::size_t>& shape,
                         nb::dlpack::dtype type);
 
+// As pinned_array, over a block with other owners too (a slab that several results share, each a
+// view of this array): the array keeps the block alive, and so does every view made of it.
+// `strides` (in elements, one per dimension) lay the array out otherwise than C-contiguous.
+nb::object shared_pinned_array(std::shared_ptr<pinned_block> block,
+                               const std::vector<std::size_t>& shape, nb::dlpack::dtype type,
+                               const std::int64_t* strides = nullptr);
+
 // gpupool's dtypes by name, for messages: "float32, float64, int32" + last + "int64".
 std::string dtype_names(const char* last);
 
@@ -45,6 +53,41 @@ nb::dlpack::dtype dlpack_of(gpupool::dtype t);
 // `parameter` names a compiled kernel's parameter, which may also take a number.
 input_array as_input(nb::handle obj, std::size_t index, const char* which,
                      const std::string& parameter = {});
+
+// A checked host array as a map holds it while lanes read it: its memory, element type and shape,
+// and what keeps the memory alive (the array itself, or the export as_input made of it).
+class host_array {
+ public:
+  host_array() = default;
+  explicit host_array(input_array view);
+  // An exact numpy.ndarray read through the buffer protocol (see read_host_array).
+  host_array(nb::object array, const void* data, nb::dlpack::dtype type, std::size_t ndim,
+             const Py_ssize_t* shape);
+
+  [[nodiscard]] const void* data() const noexcept { return data_; }
+  [[nodiscard]] std::size_t size() const noexcept { return size_; }
+  [[nodiscard]] std::size_t nbytes() const noexcept { return size_ * (type_.bits / 8); }
+  [[nodiscard]] nb::dlpack::dtype dtype() const noexcept { return type_; }
+  [[nodiscard]] std::size_t ndim() const noexcept { return ndim_; }
+  [[nodiscard]] std::vector<std::size_t> shape() const;
+  [[nodiscard]] bool same_shape(const host_array& other) const noexcept;
+
+ private:
+  // Small: a map holds one or two per call, thousands of calls at once.
+  std::unique_ptr<input_array> view_;  // as_input's export, when the array was read that way
+  nb::object array_;  // the NumPy array, when it was read through the buffer protocol
+  const void* data_ = nullptr;
+  std::size_t size_ = 0;
+  nb::dlpack::dtype type_{};
+  std::uint32_t ndim_ = 1;
+  // The extents, for two dimensions or more (a 1-d array's is its size, a 0-d array has none).
+  std::unique_ptr<std::size_t[]> shape_;
+};
+
+// As as_input: the common case (an exact numpy.ndarray, C-contiguous, of a dtype gpupool takes)
+// read through the buffer protocol, which costs a fraction of a DLPack import; every other
+// object, and every array refused, goes through as_input, so that refusals read the same.
+host_array read_host_array(nb::handle obj, std::size_t index, const char* which);
 
 // A checked host array as a kernel argument (its dtype is checked against the parameter later).
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& name);

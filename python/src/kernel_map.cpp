@@ -22,11 +22,22 @@
 
 namespace gpupool_python {
 
-checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
-                                      nb::handle x_object, nb::handle y_object, std::size_t index,
-                                      std::vector<gpupool::dtype>& alpha_checked) {
-  checked_kernel_call call{as_input(x_object, index, "x"), std::nullopt, gpupool::dtype{}};
-  const input_array& x = call.x;
+namespace {
+
+bool same_shape(const input_array& a, const input_array& b) {
+  return a.ndim() == b.ndim() && std::equal(a.shape_ptr(), a.shape_ptr() + a.ndim(), b.shape_ptr());
+}
+bool same_shape(const host_array& a, const host_array& b) {
+  return a.same_shape(b);
+}
+
+// check_kernel_call for either kind of checked array, each read by `read`.
+template <class Call, class Read>
+Call check_call(nb::handle kernel_object, const gpupool::builtin_kernel& k, nb::handle x_object,
+                nb::handle y_object, std::size_t index, std::vector<gpupool::dtype>& alpha_checked,
+                Read read) {
+  Call call{read(x_object, index, "x"), std::nullopt, gpupool::dtype{}};
+  const auto& x = call.x;
   call.type = gpupool_dtype(x.dtype());
   if (k.takes_alpha() &&
       std::find(alpha_checked.begin(), alpha_checked.end(), call.type) == alpha_checked.end()) {
@@ -34,10 +45,9 @@ checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::b
     alpha_checked.push_back(call.type);
   }
   if (!y_object.is_valid()) return call;
-  call.y = as_input(y_object, index, "y");
-  const input_array& y = *call.y;
-  if (y.dtype() != x.dtype() || y.ndim() != x.ndim() ||
-      !std::equal(x.shape_ptr(), x.shape_ptr() + x.ndim(), y.shape_ptr())) {
+  call.y = read(y_object, index, "y");
+  const auto& y = *call.y;
+  if (y.dtype() != x.dtype() || !same_shape(x, y)) {
     const std::string pair =
         "x[" + std::to_string(index) + "] and y[" + std::to_string(index) + "]";
     if (y.dtype() != x.dtype())
@@ -51,6 +61,23 @@ checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::b
                               .c_str());
   }
   return call;
+}
+
+}  // namespace
+
+checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
+                                      nb::handle x_object, nb::handle y_object, std::size_t index,
+                                      std::vector<gpupool::dtype>& alpha_checked) {
+  return check_call<checked_kernel_call>(
+      kernel_object, k, x_object, y_object, index, alpha_checked,
+      [](nb::handle a, std::size_t i, const char* which) { return as_input(a, i, which); });
+}
+
+checked_map_call check_map_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
+                                nb::handle x_object, nb::handle y_object, std::size_t index,
+                                std::vector<gpupool::dtype>& alpha_checked) {
+  return check_call<checked_map_call>(kernel_object, k, x_object, y_object, index, alpha_checked,
+                                      &read_host_array);
 }
 
 namespace {
@@ -92,6 +119,25 @@ checked_kernel_inputs check_kernel_inputs(nb::handle kernel_object,
 
 namespace {
 
+// check_kernel_inputs for a map: every call's arrays checked at the call, read_host_array's way.
+std::vector<checked_map_call> check_map_inputs(nb::handle kernel_object,
+                                               const gpupool::builtin_kernel& k, nb::sequence xs,
+                                               std::optional<nb::sequence> ys) {
+  const std::size_t n = nb::len(xs);
+  check_kernel_arity(k, ys.has_value());
+  if (ys && nb::len(*ys) != n)
+    throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
+                           " arrays and " + std::to_string(nb::len(*ys)) + ")")
+                              .c_str());
+  std::vector<checked_map_call> calls;
+  calls.reserve(n);
+  std::vector<gpupool::dtype> alpha_checked;
+  for (std::size_t i = 0; i < n; ++i)
+    calls.push_back(check_map_call(kernel_object, k, xs[i],
+                                   ys ? nb::handle((*ys)[i]) : nb::handle(), i, alpha_checked));
+  return calls;
+}
+
 using clock = std::chrono::steady_clock;
 
 // How often a wait for a result wakes to let Python run its signal handlers (Ctrl-C): a signal
@@ -100,6 +146,20 @@ constexpr auto wait_slice = std::chrono::milliseconds(50);
 
 // How many of the last results' futures a map keeps (see kernel_map::handed_futures_).
 constexpr std::size_t kept_handed_on = 1024;
+
+// Results of at most `slab_result_bytes` queued together share slabs of at most `slab_calls`
+// results and `slab_bytes`: exporting an array to NumPy costs many times what a view of one
+// does, and a slab of a few dozen spreads that cost thin. A result kept alone keeps its whole
+// slab alive: the bounds cap what that holds (and a result larger than the bound gains little,
+// its own export being small beside its copy).
+constexpr std::size_t slab_result_bytes = 64 << 10;
+constexpr std::size_t slab_bytes = 1 << 20;
+constexpr std::size_t slab_calls = 64;
+constexpr std::size_t slab_alignment = 64;
+
+constexpr std::size_t round_up(std::size_t n, std::size_t to) {
+  return (n + to - 1) / to * to;
+}
 
 // The next item of a Python iterator, or nothing at its end (its error raised as is).
 std::optional<nb::object> next_item(const nb::object& iterator) {
@@ -135,7 +195,7 @@ kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
       if (!y_iter_.is_valid()) throw nb::python_error();
     }
   } else {
-    inputs_ = check_kernel_inputs(
+    inputs_ = check_map_inputs(
         kernel_object, k, nb::borrow<nb::sequence>(xs),
         ys ? std::optional<nb::sequence>(nb::borrow<nb::sequence>(*ys)) : std::nullopt);
   }
@@ -148,22 +208,19 @@ kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
   top_up();
 }
 
-std::optional<checked_kernel_call> kernel_map::read_call() {
+std::optional<checked_map_call> kernel_map::read_call() {
   if (lookahead_) {
-    std::optional<checked_kernel_call> call = std::move(lookahead_);
+    std::optional<checked_map_call> call = std::move(lookahead_);
     lookahead_.reset();
     return call;
   }
   if (inputs_done_) return std::nullopt;
   if (!lazy_) {
-    if (read_ == inputs_.x.size()) {
+    if (read_ == inputs_.size()) {
       inputs_done_ = true;
       return std::nullopt;
     }
-    const std::size_t i = read_++;
-    checked_kernel_call call{std::move(inputs_.x[i]), std::nullopt, inputs_.types[i]};
-    if (!inputs_.y.empty()) call.y = std::move(inputs_.y[i]);
-    return call;
+    return std::move(inputs_[read_++]);
   }
   const std::size_t index = handed_on_ + queued_.size();
   std::optional<nb::object> x = next_item(x_iter_);
@@ -177,8 +234,8 @@ std::optional<checked_kernel_call> kernel_map::read_call() {
                                 .c_str());
     return std::nullopt;
   }
-  return check_kernel_call(kernel_object_, kernel_, *x, y ? nb::handle(*y) : nb::handle(), index,
-                           alpha_checked_);
+  return check_map_call(kernel_object_, kernel_, *x, y ? nb::handle(*y) : nb::handle(), index,
+                        alpha_checked_);
 }
 
 void kernel_map::top_up() {
@@ -188,7 +245,7 @@ void kernel_map::top_up() {
     while (true) {
       // Full by count: nothing more is read (a lazy map reads no input before it has room).
       if (!queued_.empty() && queued_.size() >= window_.calls) break;
-      std::optional<checked_kernel_call> call = read_call();
+      std::optional<checked_map_call> call = read_call();
       if (!call) break;
       const std::size_t result_bytes = call->x.nbytes();
       const std::size_t bytes = result_bytes + (lazy_ ? result_bytes * (call->y ? 2 : 1) : 0);
@@ -197,11 +254,13 @@ void kernel_map::top_up() {
         lookahead_ = std::move(call);
         break;
       }
-      queued_call q{std::move(call->x), std::move(call->y),
-                    std::make_unique<pinned_block>(result_bytes), gpupool::future<void>(), bytes};
-      queued_.push_back(std::move(q));
+      queued_call& q = queued_.emplace_back();
+      q.x = std::move(call->x);
+      q.y = std::move(call->y);
+      q.bytes = bytes;
       queued_bytes_ += bytes;
     }
+    allocate_results(first);
   } catch (...) {
     // Not queued yet: dropped without a wait. What was queued before stays for next() to hand
     // on or cancel; the error ends the map as a failed call would.
@@ -219,7 +278,8 @@ void kernel_map::top_up() {
   types.reserve(queued_.size() - first);
   for (std::size_t i = first; i < queued_.size(); ++i) {
     const queued_call& q = queued_[i];
-    calls.push_back({q.x.data(), q.y ? q.y->data() : nullptr, q.result->data(), q.x.size()});
+    void* out = static_cast<char*>(q.result->data()) + q.offset * (q.x.dtype().bits / 8);
+    calls.push_back({q.x.data(), q.y ? q.y->data() : nullptr, out, q.x.size()});
     types.push_back(gpupool_dtype(q.x.dtype()));
   }
   std::size_t queued_now = 0;
@@ -254,8 +314,8 @@ kernel_map::~kernel_map() {
   // they end: those are kept (and let go with the GIL, by a hand-over) until then.
   struct kept_memory {
     std::atomic<std::size_t> running{0};
-    std::vector<input_array> inputs;
-    std::vector<std::unique_ptr<pinned_block>> results;
+    std::vector<host_array> inputs;
+    std::vector<std::shared_ptr<pinned_block>> results;
   };
   std::vector<queued_call*> running;
   for (queued_call& q : queued_)
@@ -289,7 +349,7 @@ void kernel_map::cancel_rest() noexcept {
 
 std::size_t kernel_map::remaining() const noexcept {
   if (done_) return 0;
-  return queued_.size() + (lookahead_ ? 1 : 0) + (lazy_ ? 0 : inputs_.x.size() - read_);
+  return queued_.size() + (lookahead_ ? 1 : 0) + (lazy_ ? 0 : inputs_.size() - read_);
 }
 
 nb::object kernel_map::next() {
@@ -306,6 +366,8 @@ nb::object kernel_map::next() {
   if (queued_.empty() && (!inputs_done_ || lookahead_)) top_up();
   if (queued_.empty()) {
     done_ = true;
+    slab_array_.reset();
+    slab_block_ = nullptr;
     throw nb::stop_iteration();
   }
   gpupool::future<void>& f = queued_.front().future;
@@ -343,9 +405,86 @@ nb::object kernel_map::next() {
   // This result has left the window: what now fits is queued before it is handed on, so that
   // the window's calls run while the consumer works on it.
   if (!inputs_done_ || lookahead_) top_up();
-  const std::vector<std::size_t> shape = shape_of(q.x);
-  const nb::dlpack::dtype type = q.x.dtype();
-  return pinned_array(std::move(q.result), shape, type);
+  return result_of(q);
+}
+
+void kernel_map::allocate_results(std::size_t first) {
+  for (std::size_t at = first; at < queued_.size();) {
+    queued_call& head = queued_[at];
+    const nb::dlpack::dtype type = head.x.dtype();
+    const std::size_t element = type.bits / 8;
+    const auto small = [&](const queued_call& q) {
+      return q.x.dtype() == type && q.x.nbytes() <= slab_result_bytes;
+    };
+    // A run of small results of one dtype, each starting on its own cache line: lanes writing
+    // neighbouring results then never share one.
+    std::size_t end = at + 1;
+    std::size_t bytes = round_up(head.x.nbytes(), slab_alignment);
+    if (small(head))
+      while (end < queued_.size() && end - at < slab_calls && small(queued_[end]) &&
+             bytes + round_up(queued_[end].x.nbytes(), slab_alignment) <= slab_bytes) {
+        bytes += round_up(queued_[end].x.nbytes(), slab_alignment);
+        ++end;
+      }
+    if (end - at == 1) {
+      head.result = std::make_shared<pinned_block>(head.x.nbytes());
+      head.slab_elements = 0;
+      ++at;
+      continue;
+    }
+    // Results of one shape (of at least one dimension: a row of a 1-d slab would be a NumPy
+    // scalar; and not empty, or rows would have no length) are rows of one array, each handed on
+    // by an index, which NumPy answers faster than a slice.
+    bool rows = head.x.ndim() != 0 && head.x.nbytes() != 0;
+    for (std::size_t i = at + 1; rows && i < end; ++i) rows = queued_[i].x.same_shape(head.x);
+    auto slab = std::make_shared<pinned_block>(bytes);
+    std::size_t offset = 0;
+    for (std::size_t row = 0; at < end; ++at, ++row) {
+      queued_call& q = queued_[at];
+      q.result = slab;
+      q.offset = offset / element;
+      q.slab_elements = bytes / element;
+      q.row = static_cast<std::uint32_t>(row);
+      q.slab_rows =
+          rows ? static_cast<std::uint32_t>(bytes / round_up(head.x.nbytes(), slab_alignment)) : 0;
+      offset += round_up(q.x.nbytes(), slab_alignment);
+    }
+  }
+}
+
+nb::object kernel_map::result_of(const queued_call& q) {
+  if (q.slab_elements == 0) return shared_pinned_array(q.result, q.x.shape(), q.x.dtype());
+  if (q.result.get() != slab_block_) {
+    if (q.slab_rows != 0) {
+      // (rows, *shape), each row on its own cache lines: C-contiguous within a row.
+      std::vector<std::size_t> shape{q.slab_rows};
+      const std::vector<std::size_t> row_shape = q.x.shape();
+      shape.insert(shape.end(), row_shape.begin(), row_shape.end());
+      std::vector<std::int64_t> strides(shape.size());
+      strides[0] = static_cast<std::int64_t>(q.slab_elements / q.slab_rows);
+      std::int64_t stride = 1;
+      for (std::size_t i = shape.size(); i-- > 1;) {
+        strides[i] = stride;
+        stride *= static_cast<std::int64_t>(shape[i]);
+      }
+      slab_array_ = shared_pinned_array(q.result, shape, q.x.dtype(), strides.data());
+    } else {
+      slab_array_ = shared_pinned_array(q.result, {q.slab_elements}, q.x.dtype());
+    }
+    slab_block_ = q.result.get();
+  }
+  if (q.slab_rows != 0) {
+    nb::object row =
+        nb::steal(PySequence_GetItem(slab_array_.ptr(), static_cast<Py_ssize_t>(q.row)));
+    if (!row.is_valid()) throw nb::python_error();
+    return row;
+  }
+  const auto begin = static_cast<Py_ssize_t>(q.offset);
+  nb::object view = nb::steal(
+      PySequence_GetSlice(slab_array_.ptr(), begin, begin + static_cast<Py_ssize_t>(q.x.size())));
+  if (!view.is_valid()) throw nb::python_error();
+  if (q.x.ndim() == 1) return view;
+  return view.attr("reshape")(nb::cast(q.x.shape()));
 }
 
 void kernel_map::queue_rest() {

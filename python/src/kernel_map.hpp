@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cstddef>
+#include <cstdint>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -22,11 +23,21 @@ struct checked_kernel_call {
   gpupool::dtype type;
 };
 
+// One call of a map, its arrays checked as check_kernel_call checks them (read_host_array).
+struct checked_map_call {
+  host_array x;
+  std::optional<host_array> y;
+  gpupool::dtype type;
+};
+
 // Checks call `index`'s arrays. `alpha_checked` lists the element types the kernel's alpha has
 // been checked against (it is checked once per type, and the list grows).
 checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
                                       nb::handle x, nb::handle y, std::size_t index,
                                       std::vector<gpupool::dtype>& alpha_checked);
+checked_map_call check_map_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
+                                nb::handle x, nb::handle y, std::size_t index,
+                                std::vector<gpupool::dtype>& alpha_checked);
 
 // The arrays of a built-in kernel's calls, checked before any work starts (TypeError or
 // ValueError naming the array), with each call's element type.
@@ -48,7 +59,9 @@ struct map_window {
 
 // The results of one map, in input order (Python: an iterator). Calls are queued while they fit
 // the window, and more as results are handed on: memory does not grow with the map's length.
-// Each result, a NumPy array in pinned memory, is handed on once and not kept. The inputs are
+// Each result, a NumPy array in pinned memory, is handed on once and not kept. The small results
+// of calls queued together share a pinned slab, exported to NumPy once, and each is a view of it
+// (see allocate_results): a result kept alone keeps its slab alive. The inputs are
 // either a list checked whole at the call (`xs`, `ys` sequences), or iterators read lazily as
 // the window has room (each array checked as it is read). As concurrent.futures' map: a
 // failure, a cancelled call, the timeout or Ctrl-C during a wait raises and cancels every call
@@ -82,15 +95,26 @@ class kernel_map {
 
  private:
   struct queued_call {
-    input_array x;
-    std::optional<input_array> y;
-    std::unique_ptr<pinned_block> result;
+    host_array x;
+    std::optional<host_array> y;
+    // The block the result is written into: its own, or a slab that other calls share.
+    std::shared_ptr<pinned_block> result;
+    std::size_t offset = 0;         // where in the slab the result starts, in elements
+    std::size_t slab_elements = 0;  // the slab's length in elements; 0 when the block is its own
+    // In a slab of results of one shape, exported as an array of them: this result's row in it,
+    // and how many rows the slab has (0: the slab is exported flat, each result a slice).
+    std::uint32_t row = 0;
+    std::uint32_t slab_rows = 0;
     gpupool::future<void> future;
     std::size_t bytes = 0;
   };
 
   // The next call's arrays, checked, or nothing at the end of the inputs (with the GIL).
-  std::optional<checked_kernel_call> read_call();
+  std::optional<checked_map_call> read_call();
+  // Gives the calls queued_[first...] their result blocks (slabs for runs of small results).
+  void allocate_results(std::size_t first);
+  // Call `q`'s result, handed on: a NumPy array over its block, or a view of its slab's array.
+  nb::object result_of(const queued_call& q);
   // Queues calls while the window has room (with the GIL; let go while queueing).
   void top_up();
   void cancel_queued() noexcept;
@@ -102,12 +126,12 @@ class kernel_map {
   map_window window_;
   bool lazy_;
   // Eager inputs: checked at the call, taken from the front as they are queued.
-  checked_kernel_inputs inputs_;
+  std::vector<checked_map_call> inputs_;
   std::size_t read_ = 0;
   // Lazy inputs: the iterators, and the element types the alpha has been checked against.
   nb::object x_iter_, y_iter_;
   std::vector<gpupool::dtype> alpha_checked_;
-  std::optional<checked_kernel_call> lookahead_;  // read, not yet queued (the window was full)
+  std::optional<checked_map_call> lookahead_;  // read, not yet queued (the window was full)
   bool inputs_done_ = false;
 
   std::deque<queued_call> queued_;
@@ -116,6 +140,10 @@ class kernel_map {
   // across threads. Kept until they are `kept_handed_on` results old.
   std::deque<gpupool::future<void>> handed_futures_;
   std::size_t queued_bytes_ = 0;
+  // The slab of the last result handed on, exported to NumPy (results are views of it), and its
+  // block: the array keeps the block alive, so the address names no other block meanwhile.
+  nb::object slab_array_;
+  const pinned_block* slab_block_ = nullptr;
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   std::size_t handed_on_ = 0;
   bool done_ = false;

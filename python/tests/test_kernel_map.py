@@ -205,3 +205,193 @@ def test_compiled_maps_read_each_iterable_once_and_take_numbers_of_any_kind(exec
     for number in (np.float64(3.0), np.array(3.0)):
         got = list(executor.map(k, xs, number))
         assert all(np.array_equal(g, x * 3.0) for g, x in zip(got, xs))
+
+
+# The small results of calls queued together share pinned slabs (at most 64 results, 1 MiB),
+# each result a view whose base keeps its slab alive.
+SLAB_CALLS = 64
+
+
+def test_small_results_are_views_of_shared_slabs_yet_independent(executor):
+    xs = [np.full(100, float(i)) for i in range(3 * SLAB_CALLS)]
+    out = list(executor.map(gpupool.kernels.square, xs))
+    bases = {id(r.base) for r in out}
+    assert all(r.base is not None for r in out)
+    assert len(bases) < len(out)  # shared: far fewer slabs than results
+    for r in out:
+        assert r.flags.c_contiguous and r.flags.writeable and r.shape == (100,)
+    out[1][:] = -1.0  # writing one result changes none of its neighbours
+    out[2] += 1
+    np.testing.assert_array_equal(out[0], np.full(100, 0.0))
+    np.testing.assert_array_equal(out[1], np.full(100, -1.0))
+    np.testing.assert_array_equal(out[2], np.full(100, 5.0))
+    np.testing.assert_array_equal(out[3], np.full(100, 9.0))
+    assert gpupool.is_pinned(out[5])
+
+
+def test_slab_results_outlive_the_map_and_the_executor_and_go_in_any_order():
+    gc.collect()
+    before = gpupool._ext.pinned_bytes_in_use()  # the executor's staging is pinned too
+    ex = gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1)
+    xs = [np.arange(50, dtype=np.float32) + i for i in range(5 * SLAB_CALLS)]
+    expected = [x * x for x in xs]
+    results = ex.map(gpupool.kernels.square, xs)
+    out = list(results)
+    del results
+    ex.shutdown(wait=True)
+    del ex, xs
+    gc.collect()
+    assert gpupool._ext.pinned_bytes_in_use() > before
+    rng = np.random.default_rng(7)
+    alive = dict(enumerate(out))
+    del out
+    for i in rng.permutation(len(alive)):
+        del alive[int(i)]
+        if len(alive) % 37 == 0:
+            gc.collect()
+            for j, r in alive.items():
+                np.testing.assert_array_equal(r, expected[j])
+        if len(alive) == 1:
+            # A result kept alone keeps its slab (at most 1 MiB), not the others.
+            (kept,) = alive.values()
+            assert 0 < gpupool._ext.pinned_bytes_in_use() - before <= 1 << 20
+            np.testing.assert_array_equal(kept, expected[next(iter(alive))])
+            del kept
+    r = None  # the loop's last reference
+    gc.collect()
+    assert gpupool._ext.pinned_bytes_in_use() == before
+
+
+@pytest.mark.parametrize("shapes", ["same", "mixed", "zero_d", "empty", "all_empty"])
+def test_slab_results_keep_every_shape_and_dtype(executor, shapes):
+    rng = np.random.default_rng(3)
+    xs = []
+    for i in range(4 * SLAB_CALLS):
+        dtype = gpupool.kernels.DTYPES[(i // 40) % 4]  # dtype changes inside slabs' runs
+        shape = {"same": (3, 5), "mixed": ((2, 3), (7,), (1, 4, 2), (6, 1))[i % 4],
+                 "zero_d": (), "empty": ((0,), (3, 0), (5,))[i % 3], "all_empty": (0,)}[shapes]
+        xs.append((rng.random(shape) * 10).astype(dtype))
+    out = list(executor.map(gpupool.kernels.square, xs))
+    assert len(out) == len(xs)
+    for x, r in zip(xs, out):
+        assert isinstance(r, np.ndarray) and r.dtype == x.dtype and r.shape == x.shape
+        assert r.flags.c_contiguous and r.flags.writeable
+        np.testing.assert_array_equal(r, x * x)
+    ys = [x + 1 for x in xs]
+    for x, y, r in zip(xs, ys, executor.map(gpupool.kernels.add, xs, ys)):
+        assert r.shape == x.shape
+        np.testing.assert_array_equal(r, x + y)
+
+
+def test_a_failure_inside_a_slab_hands_on_the_results_before_it(monkeypatch):
+    # Launches of one call each (32 KiB arrays, 32 KiB slots); seed 2 fails the 14th launch,
+    # inside the first slab (32 results of 32 KiB): the 13 before it come back, then the error.
+    monkeypatch.setenv("GPUPOOL_FAULTS", "launch=0.05,seed=2")
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1, chunk_bytes=1 << 15)
+    monkeypatch.delenv("GPUPOOL_FAULTS")
+    try:
+        xs = [np.full(4096, float(i)) for i in range(200)]
+        results = ex.map(gpupool.kernels.square, xs)
+        got = []
+        with pytest.raises(gpupool.GpupoolError, match="injected fault"):
+            for r in results:
+                got.append(r)
+        assert 0 < len(got) % 32 and len(got) < 200
+        assert list(results) == []
+        ex.shutdown(wait=True)
+        gc.collect()
+        for i, r in enumerate(got):  # their slab is still theirs
+            np.testing.assert_array_equal(r, np.full(4096, float(i) ** 2))
+    finally:
+        ex.shutdown()
+
+
+def test_a_map_cancelled_inside_a_slab_keeps_what_it_handed_on(hold_every_lane):
+    gc.collect()
+    before = gpupool._ext.pinned_bytes_in_use()  # the executor's staging is pinned too
+    ex = gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1)
+    try:
+        xs = [np.full(16, float(i)) for i in range(3 * SLAB_CALLS)]
+        results = ex.map(gpupool.kernels.square, xs)
+        first = [next(results) for _ in range(10)]  # inside the first slab
+        holders, release = hold_every_lane(ex)
+        results.close()
+        assert list(results) == []
+        release.set()
+        for h in holders:
+            h.result(timeout=10)
+        # Cancelled while queued behind the held lanes: nothing runs, nothing is kept.
+        held = ex.map(gpupool.kernels.square, xs)
+        held.close()
+        assert list(held) == []
+        ex.shutdown(wait=True)
+        del results, held
+        gc.collect()
+        for i, r in enumerate(first):
+            np.testing.assert_array_equal(r, np.full(16, float(i) ** 2))
+        del first, r
+        gc.collect()
+        assert gpupool._ext.pinned_bytes_in_use() == before
+    finally:
+        ex.shutdown()
+
+
+def test_a_map_of_small_arrays_dropped_early_keeps_running_calls_safe():
+    # Slabs that lanes still write into when the iterator goes: their memory must stay until the
+    # calls end (the extension under ASan would catch a freed one).
+    gc.collect()
+    before = gpupool._ext.pinned_bytes_in_use()  # the executor's staging is pinned too
+    ex = gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1)
+    try:
+        xs = [np.full(2048, float(i)) for i in range(4000)]
+        results = ex.map(gpupool.kernels.square, xs)
+        first = next(results)
+        del results
+        gc.collect()
+        del xs
+        ex.shutdown(wait=True)
+        np.testing.assert_array_equal(first, np.zeros(2048))
+        del first
+        gc.collect()
+        assert gpupool._ext.pinned_bytes_in_use() == before
+    finally:
+        ex.shutdown()
+
+
+@pytest.mark.parametrize("lazy", [False, True])
+def test_slabs_stay_within_the_window(lazy):
+    ex = gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1)
+    try:
+        xs = [np.full(512, float(i)) for i in range(500)]  # 4 KiB each
+        window_calls, window_bytes = 100, 40 * xs[0].nbytes * (2 if lazy else 1)
+        inputs = iter(xs) if lazy else xs
+        results = ex._core.map_kernel_results(gpupool.kernels.square, inputs, None, None,
+                                              window_calls, window_bytes, lazy)
+        per_call = xs[0].nbytes * (2 if lazy else 1)
+        for i in range(len(xs)):
+            assert results.queued_calls <= 40
+            assert results.queued_bytes == results.queued_calls * per_call <= window_bytes
+            np.testing.assert_array_equal(next(results), np.full(512, float(i) ** 2))
+        assert results.queued_calls == 0
+        with pytest.raises(StopIteration):
+            next(results)
+    finally:
+        ex.shutdown()
+
+
+def test_arrays_read_otherwise_than_as_plain_numpy_arrays_give_the_same_results(executor):
+    class Sub(np.ndarray):
+        pass
+
+    readonly = np.arange(6.0)
+    readonly.flags.writeable = False
+    xs = [readonly, np.arange(6.0).view(Sub), memoryview(np.arange(6.0)),
+          np.arange(12.0)[::2].copy(), np.arange(6, dtype=np.int64), np.arange(6, dtype=np.intc)]
+    for x, r in zip(xs, executor.map(gpupool.kernels.square, xs)):
+        np.testing.assert_array_equal(r, np.asarray(x) ** 2)
+        assert r.dtype == np.asarray(x).dtype
+    for bad, error, message in [(np.arange(12.0)[::2], ValueError, "not C-contiguous"),
+                                (np.arange(6.0).astype(">f8"), TypeError, r"x\[0\]"),
+                                (np.arange(6, dtype=np.uint8), TypeError, "unsupported dtype")]:
+        with pytest.raises(error, match=message):
+            executor.map(gpupool.kernels.square, [bad])
