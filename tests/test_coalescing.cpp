@@ -10,6 +10,7 @@
 #include <future>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -313,6 +314,47 @@ TEST(Coalescing, AFailedLaunchFailsEveryTaskOfItsBatchAndNoOther) {
   EXPECT_GT(failed_groups, 0);
   EXPECT_LT(failed_groups, groups);
   EXPECT_EQ(ex.coalescing().batches, static_cast<std::uint64_t>(groups));
+}
+
+// transform_each's calls, each its future's state and job in one allocation: a failed launch
+// fails its own calls only, a cancelled call never writes, and the futures outlive the executor.
+TEST(Coalescing, TransformEachCallsFailOrAreCancelledOneByOneAndOutliveTheExecutor) {
+  constexpr std::size_t calls = 24;
+  const std::vector<double> x = random_vector<double>(10, 3);
+  std::vector<std::vector<double>> outs(calls, std::vector<double>(x.size(), -1.0));
+  std::vector<future<void>> futures;
+  {
+    const auto made = one_lane_with_faults("launch=0.5,seed=11");
+    executor& ex = *made;
+    lane_gate gate(ex);
+    for (auto& out : outs) {
+      const transform_call call{x.data(), nullptr, out.data(), x.size()};
+      futures.push_back(std::move(
+          ex.transform_each(builtin_kernel::square(), dtype::float64, std::span(&call, 1))[0]));
+      (void)ex.submit([](lane&) {});  // not absorbable: each call is its own launch
+    }
+    for (std::size_t i = 0; i < calls; i += 3) EXPECT_TRUE(futures[i].cancel());
+    gate.release();
+    ex.shutdown();
+  }
+  int failed = 0, succeeded = 0;
+  for (std::size_t i = 0; i < calls; ++i) {
+    if (i % 3 == 0) {
+      EXPECT_THROW(futures[i].get(), cancelled_error);
+      EXPECT_EQ(outs[i], std::vector<double>(x.size(), -1.0)) << i;
+      continue;
+    }
+    try {
+      futures[i].get();
+      EXPECT_EQ(outs[i], squared(x)) << i;
+      ++succeeded;
+    } catch (const error& e) {
+      EXPECT_NE(std::string(e.what()).find("injected fault"), std::string::npos) << e.what();
+      ++failed;
+    }
+  }
+  EXPECT_GT(failed, 0);
+  EXPECT_GT(succeeded, 0);
 }
 
 TEST(Coalescing, ABatchStaysWithinOneSlotBuffer) {

@@ -8,6 +8,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -213,9 +214,8 @@ std::optional<multi_future<void>> executor::queue_transforms(const builtin_kerne
           std::shared_ptr<detail::shared_state<void>> state;
           std::shared_ptr<detail::elementwise_job> job;
           try {
-            state = std::make_shared<detail::shared_state<void>>();
-            job = std::make_shared<detail::transform_job>(k, t, call.x, call.y, call.out,
-                                                          call.count, state);
+            std::tie(state, job) =
+                detail::make_transform_task(k, t, call.x, call.y, call.out, call.count);
           } catch (...) {
             if (may_wait) self.gate->release(cost);  // else part of taken_up_front
             throw;

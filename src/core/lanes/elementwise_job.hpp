@@ -152,7 +152,14 @@ class transform_job final : public elementwise_job {
  public:
   transform_job(builtin_kernel k, dtype t, const void* x, const void* y, void* out,
                 std::size_t count, std::shared_ptr<shared_state<void>> state)
-      : elementwise_job(k, t, x, y, count), out_(out), state_(std::move(state)) {}
+      : elementwise_job(k, t, x, y, count),
+        out_(out),
+        state_(state.get()),
+        owned_(std::move(state)) {}
+  /// Refers to `state` without owning it: the two live in one allocation (transform_task).
+  transform_job(builtin_kernel k, dtype t, const void* x, const void* y, void* out,
+                std::size_t count, shared_state<void>& state)
+      : elementwise_job(k, t, x, y, count), out_(out), state_(&state) {}
 
   void* output() override { return out_; }
   state_base& state() noexcept override { return *state_; }
@@ -162,7 +169,29 @@ class transform_job final : public elementwise_job {
 
  private:
   void* out_;
-  std::shared_ptr<shared_state<void>> state_;
+  shared_state<void>* state_;
+  std::shared_ptr<shared_state<void>> owned_;  // empty in a transform_task
 };
+
+/// One transform's future state and job in one allocation, as map_task: a call of
+/// transform_each costs one allocation for both.
+struct transform_task {
+  transform_task(builtin_kernel k, dtype t, const void* x, const void* y, void* out,
+                 std::size_t count)
+      : job(k, t, x, y, out, count, state) {}
+  shared_state<void> state;
+  transform_job job;
+};
+
+/// A transform's state and job (each the other's owner's alias); throws as transform_job does.
+inline std::pair<std::shared_ptr<shared_state<void>>, std::shared_ptr<elementwise_job>>
+make_transform_task(builtin_kernel k, dtype t, const void* x, const void* y, void* out,
+                    std::size_t count) {
+  auto task = std::make_shared<transform_task>(k, t, x, y, out, count);
+  auto* state = &task->state;
+  auto* job = &task->job;
+  return {std::shared_ptr<shared_state<void>>(task, state),
+          std::shared_ptr<elementwise_job>(std::move(task), job)};
+}
 
 }  // namespace gpupool::detail
