@@ -147,20 +147,6 @@ constexpr auto wait_slice = std::chrono::milliseconds(50);
 // How many of the last results' futures a map keeps (see kernel_map::handed_futures_).
 constexpr std::size_t kept_handed_on = 1024;
 
-// Results of at most `slab_result_bytes` queued together share slabs of at most `slab_calls`
-// results and `slab_bytes`: exporting an array to NumPy costs many times what a view of one
-// does, and a slab of a few dozen spreads that cost thin. A result kept alone keeps its whole
-// slab alive: the bounds cap what that holds (and a result larger than the bound gains little,
-// its own export being small beside its copy).
-constexpr std::size_t slab_result_bytes = 64 << 10;
-constexpr std::size_t slab_bytes = 1 << 20;
-constexpr std::size_t slab_calls = 64;
-constexpr std::size_t slab_alignment = 64;
-
-constexpr std::size_t round_up(std::size_t n, std::size_t to) {
-  return (n + to - 1) / to * to;
-}
-
 // The next item of a Python iterator, or nothing at its end (its error raised as is).
 std::optional<nb::object> next_item(const nb::object& iterator) {
   PyObject* item = PyIter_Next(iterator.ptr());
@@ -406,85 +392,6 @@ nb::object kernel_map::next() {
   // the window's calls run while the consumer works on it.
   if (!inputs_done_ || lookahead_) top_up();
   return result_of(q);
-}
-
-void kernel_map::allocate_results(std::size_t first) {
-  for (std::size_t at = first; at < queued_.size();) {
-    queued_call& head = queued_[at];
-    const nb::dlpack::dtype type = head.x.dtype();
-    const std::size_t element = type.bits / 8;
-    const auto small = [&](const queued_call& q) {
-      return q.x.dtype() == type && q.x.nbytes() <= slab_result_bytes;
-    };
-    // A run of small results of one dtype, each starting on its own cache line: lanes writing
-    // neighbouring results then never share one.
-    std::size_t end = at + 1;
-    std::size_t bytes = round_up(head.x.nbytes(), slab_alignment);
-    if (small(head))
-      while (end < queued_.size() && end - at < slab_calls && small(queued_[end]) &&
-             bytes + round_up(queued_[end].x.nbytes(), slab_alignment) <= slab_bytes) {
-        bytes += round_up(queued_[end].x.nbytes(), slab_alignment);
-        ++end;
-      }
-    if (end - at == 1) {
-      head.result = std::make_shared<pinned_block>(head.x.nbytes());
-      head.slab_elements = 0;
-      ++at;
-      continue;
-    }
-    // Results of one shape (of at least one dimension: a row of a 1-d slab would be a NumPy
-    // scalar; and not empty, or rows would have no length) are rows of one array, each handed on
-    // by an index, which NumPy answers faster than a slice.
-    bool rows = head.x.ndim() != 0 && head.x.nbytes() != 0;
-    for (std::size_t i = at + 1; rows && i < end; ++i) rows = queued_[i].x.same_shape(head.x);
-    auto slab = std::make_shared<pinned_block>(bytes);
-    std::size_t offset = 0;
-    for (std::size_t row = 0; at < end; ++at, ++row) {
-      queued_call& q = queued_[at];
-      q.result = slab;
-      q.offset = offset / element;
-      q.slab_elements = bytes / element;
-      q.row = static_cast<std::uint32_t>(row);
-      q.slab_rows =
-          rows ? static_cast<std::uint32_t>(bytes / round_up(head.x.nbytes(), slab_alignment)) : 0;
-      offset += round_up(q.x.nbytes(), slab_alignment);
-    }
-  }
-}
-
-nb::object kernel_map::result_of(const queued_call& q) {
-  if (q.slab_elements == 0) return shared_pinned_array(q.result, q.x.shape(), q.x.dtype());
-  if (q.result.get() != slab_block_) {
-    if (q.slab_rows != 0) {
-      // (rows, *shape), each row on its own cache lines: C-contiguous within a row.
-      std::vector<std::size_t> shape{q.slab_rows};
-      const std::vector<std::size_t> row_shape = q.x.shape();
-      shape.insert(shape.end(), row_shape.begin(), row_shape.end());
-      std::vector<std::int64_t> strides(shape.size());
-      strides[0] = static_cast<std::int64_t>(q.slab_elements / q.slab_rows);
-      std::int64_t stride = 1;
-      for (std::size_t i = shape.size(); i-- > 1;) {
-        strides[i] = stride;
-        stride *= static_cast<std::int64_t>(shape[i]);
-      }
-      slab_array_ = shared_pinned_array(q.result, shape, q.x.dtype(), strides.data());
-    } else {
-      slab_array_ = shared_pinned_array(q.result, {q.slab_elements}, q.x.dtype());
-    }
-    slab_block_ = q.result.get();
-  }
-  if (q.slab_rows != 0) {
-    nb::object row =
-        nb::steal(PySequence_GetItem(slab_array_.ptr(), static_cast<Py_ssize_t>(q.row)));
-    if (!row.is_valid()) throw nb::python_error();
-    return row;
-  }
-  const auto begin = static_cast<Py_ssize_t>(q.offset);
-  nb::object view = nb::steal(
-      PySequence_GetSlice(slab_array_.ptr(), begin, begin + static_cast<Py_ssize_t>(q.x.size())));
-  if (!view.is_valid()) throw nb::python_error();
-  if (q.x.ndim() == 1) return view;
-  return view.attr("reshape")(nb::cast(q.x.shape()));
 }
 
 void kernel_map::queue_rest() {
