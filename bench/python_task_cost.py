@@ -8,6 +8,10 @@ variant's results are checked before its rate is printed.
 
 --only "A|B" runs the timed rounds of the variants whose names contain A or B, nothing else (to
 profile one, or to compare a few under another setting).
+
+Each line gives the rate of the best round, the share of it the submits took, and the CPU time
+the calling thread spent per task in that round (`time.thread_time`): what the caller pays per
+task, apart from the lanes' work, which on a machine of few cores also competes for the CPU.
 """
 
 import argparse
@@ -78,23 +82,27 @@ def main() -> int:
         if args.only is not None and not any(part in name for part in args.only.split("|")):
             return
         check(run()[0])  # the warm-up round, checked
-        best, submit_share = float("inf"), 0.0
+        best, submit_share, caller = float("inf"), 0.0, 0.0
         for _ in range(args.repeat):
             if gc_off:
                 gc.disable()
             try:
+                c0 = time.thread_time()
                 t0 = time.perf_counter()
                 out, submitted = run()
                 seconds = time.perf_counter() - t0
+                cpu = time.thread_time() - c0
             finally:
                 gc.enable()
             check(out)
             if seconds < best:
-                best, submit_share = seconds, submitted / seconds
+                best, submit_share, caller = seconds, submitted / seconds, cpu
             del out
-        rate = (tasks or args.tasks) / best
+        count = tasks or args.tasks
+        rate = count / best
         rows.append((name, rate, submit_share))
-        print(f"{name:62s} {rate:>10,.0f} tasks/s  submits {submit_share:4.0%}", flush=True)
+        print(f"{name:62s} {rate:>10,.0f} tasks/s  submits {submit_share:4.0%}  "
+              f"caller {caller / count * 1e6:5.2f} us/task", flush=True)
 
     squares, same = check_squares(data), check_returned(data)
     pinned = [gpupool.pinned_array(d) for d in data]
