@@ -14,6 +14,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -268,29 +269,59 @@ void kernel_map::top_up() {
     calls.push_back({q.x.data(), q.y ? q.y->data() : nullptr, out, q.x.size()});
     types.push_back(gpupool_dtype(q.x.dtype()));
   }
-  std::size_t queued_now = 0;
-  try {
+  // The futures are gathered here and set on the calls once the GIL is back: while it is let go,
+  // another thread may take results from the front of queued_ (queue_rest runs beside the
+  // consumer), never one of these calls (their futures are not valid yet, see next()), so they
+  // stay the last `count` of queued_.
+  const std::size_t count = calls.size();
+  std::vector<gpupool::future<void>> futures;
+  futures.reserve(count);
+  bool failed = false;
+  std::exception_ptr failure;
+  queueing_ = true;
+  {
     // Queueing may wait for room in the in-flight budget: without the GIL, which nothing here
     // needs (the arrays are held by this object, and no lane hands anything to Python).
     nb::gil_scoped_release nogil;
-    for (std::size_t at = 0; at < calls.size();) {
-      std::size_t end = at + 1;
-      while (end < calls.size() && types[end] == types[at]) ++end;
-      auto futures = exec_.transform_each(
-          kernel_, types[at], std::span<const gpupool::transform_call>(calls.data() + at, end - at),
-          options_);
-      for (auto& f : futures) queued_[first + queued_now++].future = std::move(f);
-      at = end;
+    try {
+      for (std::size_t at = 0; at < count;) {
+        std::size_t end = at + 1;
+        while (end < count && types[end] == types[at]) ++end;
+        auto some = exec_.transform_each(
+            kernel_, types[at],
+            std::span<const gpupool::transform_call>(calls.data() + at, end - at), options_);
+        for (auto& f : some) futures.push_back(std::move(f));
+        at = end;
+      }
+    } catch (...) {
+      failed = true;
+      failure = std::current_exception();
     }
-  } catch (...) {
+  }
+  queueing_ = false;
+  const std::size_t at = queued_.size() - count;
+  for (std::size_t i = 0; i < futures.size(); ++i) queued_[at + i].future = std::move(futures[i]);
+  if (failed) {
     // transform_each left nothing of its own calls running. The calls queued before stay in
     // queued_, cancelled: those a lane had started keep their arrays until they end (see the
     // destructor), so nothing here waits for them, with the GIL that their lanes may need.
-    for (std::size_t i = first + queued_now; i < queued_.size(); ++i)
+    for (std::size_t i = at + futures.size(); i < queued_.size(); ++i)
       queued_bytes_ -= queued_[i].bytes;
-    queued_.resize(first + queued_now);
+    queued_.resize(at + futures.size());
     cancel_rest();
-    throw;
+    std::rethrow_exception(failure);
+  }
+  // Cancelled by another thread meanwhile: what this top-up queued is cancelled too.
+  if (done_) cancel_queued();
+}
+
+void kernel_map::wait_while_queueing() {
+  while (queueing_) {
+    {
+      nb::gil_scoped_release nogil;
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (PyErr_CheckSignals() != 0) throw nb::python_error();
   }
 }
 
@@ -331,6 +362,9 @@ void kernel_map::cancel_rest() noexcept {
   lookahead_.reset();
   inputs_done_ = true;
   done_ = true;
+  // Nothing more is handed on: the last slab's array goes (its results keep what they view).
+  slab_array_.reset();
+  slab_block_ = nullptr;
 }
 
 std::size_t kernel_map::remaining() const noexcept {
@@ -349,7 +383,12 @@ nb::object kernel_map::next() {
     bool& flag;
     ~not_busy() { flag = false; }
   } leave{busy_};
-  if (queued_.empty() && (!inputs_done_ || lookahead_)) top_up();
+  if (queued_.empty() && (!inputs_done_ || lookahead_) && !queueing_) top_up();
+  // Calls another thread is queueing have no future yet: their results wait for it to finish.
+  if (!queued_.empty() && !queued_.front().future.valid()) {
+    wait_while_queueing();
+    if (done_) throw nb::stop_iteration();  // cancelled meanwhile
+  }
   if (queued_.empty()) {
     done_ = true;
     slab_array_.reset();
@@ -390,12 +429,12 @@ nb::object kernel_map::next() {
   if (handed_futures_.size() > kept_handed_on) handed_futures_.pop_front();
   // This result has left the window: what now fits is queued before it is handed on, so that
   // the window's calls run while the consumer works on it.
-  if (!inputs_done_ || lookahead_) top_up();
+  if ((!inputs_done_ || lookahead_) && !queueing_) top_up();
   return result_of(q);
 }
 
 void kernel_map::queue_rest() {
-  if (busy_ || done_ || lazy_) return;
+  if (busy_ || queueing_ || done_ || lazy_) return;
   window_ = map_window{};
   top_up();
 }

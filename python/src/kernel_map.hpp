@@ -117,6 +117,9 @@ class kernel_map {
   nb::object result_of(const queued_call& q);
   // Queues calls while the window has room (with the GIL; let go while queueing).
   void top_up();
+  // Waits, the GIL let go, while another thread's top_up queues (queue_rest at a shutdown,
+  // beside the consumer's next()).
+  void wait_while_queueing();
   void cancel_queued() noexcept;
 
   gpupool::executor& exec_;
@@ -147,7 +150,8 @@ class kernel_map {
   std::optional<std::chrono::steady_clock::time_point> deadline_;
   std::size_t handed_on_ = 0;
   bool done_ = false;
-  bool busy_ = false;  // a next() is waiting, with the GIL let go
+  bool busy_ = false;      // a next() is waiting, with the GIL let go
+  bool queueing_ = false;  // a top_up is queueing, with the GIL let go
 };
 
 void bind_kernel_map(nb::module_& m);

@@ -4,6 +4,7 @@ contract kept: a timeout, a failure, Ctrl-C or an iterator dropped early cancels
 has not started."""
 import gc
 import textwrap
+import threading
 import time
 
 import numpy as np
@@ -314,18 +315,25 @@ def test_a_map_cancelled_inside_a_slab_keeps_what_it_handed_on(hold_every_lane):
         xs = [np.full(16, float(i)) for i in range(3 * SLAB_CALLS)]
         results = ex.map(gpupool.kernels.square, xs)
         first = [next(results) for _ in range(10)]  # inside the first slab
-        holders, release = hold_every_lane(ex)
         results.close()
         assert list(results) == []
+        # Queued behind held lanes and closed: no call of it runs, and once it is dropped every
+        # slab it had is given back, while the lanes are still held.
+        holders, release = hold_every_lane(ex)
+        gc.collect()
+        level = gpupool._ext.pinned_bytes_in_use()
+        held = ex.map(gpupool.kernels.square, xs)
+        assert gpupool._ext.pinned_bytes_in_use() > level  # its slabs
+        held.close()
+        assert list(held) == []
+        del held
+        gc.collect()
+        assert gpupool._ext.pinned_bytes_in_use() == level
         release.set()
         for h in holders:
             h.result(timeout=10)
-        # Cancelled while queued behind the held lanes: nothing runs, nothing is kept.
-        held = ex.map(gpupool.kernels.square, xs)
-        held.close()
-        assert list(held) == []
         ex.shutdown(wait=True)
-        del results, held
+        del results
         gc.collect()
         for i, r in enumerate(first):
             np.testing.assert_array_equal(r, np.full(16, float(i) ** 2))
@@ -395,3 +403,48 @@ def test_arrays_read_otherwise_than_as_plain_numpy_arrays_give_the_same_results(
                                 (np.arange(6, dtype=np.uint8), TypeError, "unsupported dtype")]:
         with pytest.raises(error, match=message):
             executor.map(gpupool.kernels.square, [bad])
+
+
+def _window_of_four(ex, xs):
+    # A map whose window holds four calls, read whole at the call (as Executor.map makes it with
+    # a window of four calls and no byte bound).
+    return ex._core.map_kernel_results(gpupool.kernels.square, xs, None, None, 4, 1 << 40, False)
+
+
+@pytest.mark.parametrize("then", ["read", "close"])
+def test_queueing_the_rest_beside_a_reader(hold_every_lane, then):
+    # Executor.shutdown queues what a map's window has not (queue_rest) while another thread may
+    # read the map: that queueing waits for room in the in-flight budget with the GIL let go.
+    # Meanwhile the reader takes the results queued before it, and waits for the others.
+    ex = gpupool.Executor(threads_per_gpu=1, backend="cpu", cpu_devices=1,
+                          in_flight_budget=1 << 16)
+    try:
+        xs = [np.full(1024, float(i)) for i in range(100)]
+        m = _window_of_four(ex, xs)
+        assert m.queued_calls == 4
+        holders, release = hold_every_lane(ex)
+        queueing = threading.Thread(target=m.queue_rest)
+        queueing.start()
+        deadline = time.monotonic() + 10
+        while m.queued_calls < 100 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert m.queued_calls == 100  # pushed, and waiting for the budget (the lane is held)
+        first = [next(m) for _ in range(4)]
+        for x, r in zip(xs, first):
+            np.testing.assert_array_equal(r, x * x)
+        if then == "close":
+            m.close()
+        release.set()
+        queueing.join(timeout=10)
+        assert not queueing.is_alive()
+        rest = list(m)
+        if then == "close":
+            assert rest == []
+        else:
+            assert len(rest) == 96
+            for x, r in zip(xs[4:], rest):
+                np.testing.assert_array_equal(r, x * x)
+        for h in holders:
+            h.result(timeout=10)
+    finally:
+        ex.shutdown()
