@@ -429,7 +429,7 @@ nb::object kernel_map::next() {
   if (handed_futures_.size() > kept_handed_on) handed_futures_.pop_front();
   // This result has left the window: what now fits is queued before it is handed on, so that
   // the window's calls run while the consumer works on it.
-  if ((!inputs_done_ || lookahead_) && !queueing_) top_up();
+  if ((!inputs_done_ || lookahead_) && !queueing_ && room_for_a_slab()) top_up();
   return result_of(q);
 }
 

@@ -113,6 +113,10 @@ class kernel_map {
   std::optional<checked_map_call> read_call();
   // Gives the calls queued_[first...] their result blocks (slabs for runs of small results).
   void allocate_results(std::size_t first);
+  // Whether the window has room for a slab's worth of calls (or half of a smaller window): a
+  // full window is topped up once that is free, not at every result, so that small results
+  // refilled as the consumer takes them still share slabs.
+  [[nodiscard]] bool room_for_a_slab() const noexcept;
   // Call `q`'s result, handed on: a NumPy array over its block, or a view of its slab's array.
   nb::object result_of(const queued_call& q);
   // Queues calls while the window has room (with the GIL; let go while queueing).

@@ -1,6 +1,7 @@
 // The results of Executor.map over a built-in kernel (kernel_map): each call's pinned result
 // block, and the NumPy array handed on for it. Small results of calls queued together share a
 // slab, exported to NumPy once, each result a view of it.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -26,6 +27,14 @@ constexpr std::size_t round_up(std::size_t n, std::size_t to) {
 }
 
 }  // namespace
+
+bool kernel_map::room_for_a_slab() const noexcept {
+  const std::size_t calls_free =
+      queued_.size() < window_.calls ? window_.calls - queued_.size() : 0;
+  const std::size_t bytes_free = queued_bytes_ < window_.bytes ? window_.bytes - queued_bytes_ : 0;
+  return calls_free >= std::min(slab_calls, std::max<std::size_t>(1, window_.calls / 2)) &&
+         bytes_free >= std::min(slab_bytes, std::max<std::size_t>(1, window_.bytes / 2));
+}
 
 void kernel_map::allocate_results(std::size_t first) {
   for (std::size_t at = first; at < queued_.size();) {

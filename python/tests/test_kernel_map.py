@@ -448,3 +448,19 @@ def test_queueing_the_rest_beside_a_reader(hold_every_lane, then):
             h.result(timeout=10)
     finally:
         ex.shutdown()
+
+
+@pytest.mark.parametrize("buffersize", [None, 64, 4])
+def test_results_refilled_as_the_consumer_takes_them_still_share_slabs(buffersize):
+    # A full window is topped up once a slab's worth of calls (or half a smaller window) is
+    # free, not at every result: a long map of small arrays, past its first window, still hands
+    # on views of shared slabs rather than an array of its own per result.
+    with gpupool.Executor(threads_per_gpu=2, backend="cpu", cpu_devices=1) as ex:
+        xs = [np.full(100, float(i)) for i in range(1000)]
+        kwargs = {} if buffersize is None else {"buffersize": buffersize}
+        results = list(ex.map(gpupool.kernels.square, xs, **kwargs))
+        for x, r in zip(xs, results):
+            np.testing.assert_array_equal(r, x * x)
+        slabs = {id(r.base) for r in results}
+        per_slab = min(SLAB_CALLS, max(1, (buffersize or SLAB_CALLS) // 2))
+        assert len(slabs) <= 2 * len(xs) // per_slab + 2
