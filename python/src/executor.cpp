@@ -119,29 +119,29 @@ class py_executor {
                       std::optional<int> priority) {
     const gpupool::builtin_kernel& k = *kernel.p;
     const gpupool::task_options options{priority};
-    checked_kernel_inputs in = check_kernel_inputs(kernel.h, k, xs, ys);
+    std::vector<checked_kernel_call> calls = check_kernel_inputs(kernel.h, k, xs, ys);
     nb::list out;
-    for (std::size_t i = 0; i < in.x.size(); ++i) {
-      const input_array& x = in.x[i];
-      const input_array* y = in.y.empty() ? nullptr : &in.y[i];
+    for (checked_kernel_call& in : calls) {
+      const host_array& x = in.x;
       auto result = std::make_unique<pinned_block>(x.nbytes());
-      const gpupool::transform_call call{x.data(), y ? y->data() : nullptr, result->data(),
+      const gpupool::transform_call call{x.data(), in.y ? in.y->data() : nullptr, result->data(),
                                          x.size()};
       const std::span<const gpupool::transform_call> one(&call, 1);
       // Queued with the GIL held when there is room in the in-flight budget now: letting the GIL
       // go for every submit would hand it to whichever lane is waiting to hand results over,
       // and take it back, once per task. Otherwise queueing may wait for room, which only
       // completions free, and handing those over takes the GIL: it is let go meanwhile.
-      auto queued = get().try_transform_each(k, in.types[i], one, options);
+      auto queued = get().try_transform_each(k, in.type, one, options);
       if (!queued) {
         nb::gil_scoped_release nogil;
-        queued = get().transform_each(k, in.types[i], one, options);
+        queued = get().transform_each(k, in.type, one, options);
       }
       gpupool::future<void> f = std::move(queued->front());
-      std::vector<input_array> views{x};
-      if (y) views.push_back(*y);
-      out.append(adopt_kernel_task(std::move(f), future_type, std::move(views),
-                                   pinned_result{std::move(result), x.dtype(), shape_of(x)}));
+      pinned_result pinned{std::move(result), x.dtype(), x.shape()};
+      std::vector<host_array> held;
+      held.push_back(std::move(in.x));
+      if (in.y) held.push_back(std::move(*in.y));
+      out.append(adopt_kernel_task(std::move(f), future_type, std::move(held), std::move(pinned)));
     }
     return out;
   }
@@ -204,8 +204,11 @@ class py_executor {
         f = get().launch_elementwise(k, arguments, out_type, result->data(), count, options);
     }
     std::vector<std::size_t> shape = shape_of(*first);
+    std::vector<host_array> held;
+    held.reserve(arrays.size());
+    for (input_array& a : arrays) held.emplace_back(std::move(a));
     return adopt_kernel_task(
-        std::move(f), future_type, std::move(arrays),
+        std::move(f), future_type, std::move(held),
         pinned_result{std::move(result), dlpack_of(out_type), std::move(shape)});
   }
 

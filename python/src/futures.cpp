@@ -95,7 +95,7 @@ namespace {
 // What a kernel task hands over once it has ended, shared by its completion callback.
 class kernel_outcome {
  public:
-  kernel_outcome(std::vector<input_array> inputs, std::optional<pinned_result> pinned,
+  kernel_outcome(std::vector<host_array> inputs, std::optional<pinned_result> pinned,
                  nb::object result, nb::object keep_alive)
       : inputs_(std::move(inputs)),
         pinned_(std::move(pinned)),
@@ -108,7 +108,7 @@ class kernel_outcome {
       return;
     if (!interpreter_alive()) {
       // Deliberately leaked: releasing Python objects needs a live interpreter.
-      static_cast<void>(new std::vector<input_array>(std::move(inputs_)));
+      static_cast<void>(new std::vector<host_array>(std::move(inputs_)));
       static_cast<void>(result_.release());
       static_cast<void>(keep_alive_.release());
       return;
@@ -146,7 +146,7 @@ class kernel_outcome {
     Py_CLEAR(future_);
   }
 
-  std::vector<input_array> inputs_;
+  std::vector<host_array> inputs_;
   std::optional<pinned_result> pinned_;
   nb::object result_;
   nb::object keep_alive_;
@@ -190,7 +190,7 @@ struct joint_ending {
 }  // namespace
 
 nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
-                             std::vector<input_array> inputs, std::optional<pinned_result> pinned,
+                             std::vector<host_array> inputs, std::optional<pinned_result> pinned,
                              nb::object result, nb::object keep_alive) {
   auto outcome = std::make_shared<kernel_outcome>(std::move(inputs), std::move(pinned),
                                                   std::move(result), std::move(keep_alive));
@@ -208,7 +208,7 @@ nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
 
 nb::object adopt_kernel_tasks(const std::vector<gpupool::future<void>>& fs, nb::handle future_type,
                               nb::object result, nb::object keep_alive) {
-  auto outcome = std::make_shared<kernel_outcome>(std::vector<input_array>{}, std::nullopt,
+  auto outcome = std::make_shared<kernel_outcome>(std::vector<host_array>{}, std::nullopt,
                                                   std::move(result), std::move(keep_alive));
   nb::object future = future_type();
   outcome->set_future(future);

@@ -47,7 +47,7 @@ struct pinned_result {
 // Its result is `pinned` as a NumPy array, or else `result` as it is; `keep_alive` is held until
 // the task has ended.
 nb::object adopt_kernel_task(gpupool::future<void> f, nb::handle future_type,
-                             std::vector<input_array> inputs, std::optional<pinned_result> pinned,
+                             std::vector<host_array> inputs, std::optional<pinned_result> pinned,
                              nb::object result = {}, nb::object keep_alive = {});
 
 // One Python future (as adopt_kernel_task's) for many kernel tasks `fs` (the blocks of a map):

@@ -23,22 +23,11 @@
 
 namespace gpupool_python {
 
-namespace {
-
-bool same_shape(const input_array& a, const input_array& b) {
-  return a.ndim() == b.ndim() && std::equal(a.shape_ptr(), a.shape_ptr() + a.ndim(), b.shape_ptr());
-}
-bool same_shape(const host_array& a, const host_array& b) {
-  return a.same_shape(b);
-}
-
-// check_kernel_call for either kind of checked array, each read by `read`.
-template <class Call, class Read>
-Call check_call(nb::handle kernel_object, const gpupool::builtin_kernel& k, nb::handle x_object,
-                nb::handle y_object, std::size_t index, std::vector<gpupool::dtype>& alpha_checked,
-                Read read) {
-  Call call{read(x_object, index, "x"), std::nullopt, gpupool::dtype{}};
-  const auto& x = call.x;
+checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
+                                      nb::handle x_object, nb::handle y_object, std::size_t index,
+                                      std::vector<gpupool::dtype>& alpha_checked) {
+  checked_kernel_call call{read_host_array(x_object, index, "x"), std::nullopt, gpupool::dtype{}};
+  const host_array& x = call.x;
   call.type = gpupool_dtype(x.dtype());
   if (k.takes_alpha() &&
       std::find(alpha_checked.begin(), alpha_checked.end(), call.type) == alpha_checked.end()) {
@@ -46,9 +35,9 @@ Call check_call(nb::handle kernel_object, const gpupool::builtin_kernel& k, nb::
     alpha_checked.push_back(call.type);
   }
   if (!y_object.is_valid()) return call;
-  call.y = read(y_object, index, "y");
-  const auto& y = *call.y;
-  if (y.dtype() != x.dtype() || !same_shape(x, y)) {
+  call.y = read_host_array(y_object, index, "y");
+  const host_array& y = *call.y;
+  if (y.dtype() != x.dtype() || !x.same_shape(y)) {
     const std::string pair =
         "x[" + std::to_string(index) + "] and y[" + std::to_string(index) + "]";
     if (y.dtype() != x.dtype())
@@ -64,23 +53,6 @@ Call check_call(nb::handle kernel_object, const gpupool::builtin_kernel& k, nb::
   return call;
 }
 
-}  // namespace
-
-checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
-                                      nb::handle x_object, nb::handle y_object, std::size_t index,
-                                      std::vector<gpupool::dtype>& alpha_checked) {
-  return check_call<checked_kernel_call>(
-      kernel_object, k, x_object, y_object, index, alpha_checked,
-      [](nb::handle a, std::size_t i, const char* which) { return as_input(a, i, which); });
-}
-
-checked_map_call check_map_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
-                                nb::handle x_object, nb::handle y_object, std::size_t index,
-                                std::vector<gpupool::dtype>& alpha_checked) {
-  return check_call<checked_map_call>(kernel_object, k, x_object, y_object, index, alpha_checked,
-                                      &read_host_array);
-}
-
 namespace {
 
 void check_kernel_arity(const gpupool::builtin_kernel& k, bool two_inputs) {
@@ -94,50 +66,26 @@ void check_kernel_arity(const gpupool::builtin_kernel& k, bool two_inputs) {
 
 }  // namespace
 
-checked_kernel_inputs check_kernel_inputs(nb::handle kernel_object,
-                                          const gpupool::builtin_kernel& k, nb::sequence xs,
-                                          std::optional<nb::sequence> ys) {
+std::vector<checked_kernel_call> check_kernel_inputs(nb::handle kernel_object,
+                                                     const gpupool::builtin_kernel& k,
+                                                     nb::sequence xs,
+                                                     std::optional<nb::sequence> ys) {
   const std::size_t n = nb::len(xs);
   check_kernel_arity(k, ys.has_value());
   if (ys && nb::len(*ys) != n)
     throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
                            " arrays and " + std::to_string(nb::len(*ys)) + ")")
                               .c_str());
-  checked_kernel_inputs in;
-  in.x.reserve(n);
-  in.types.reserve(n);
-  if (ys) in.y.reserve(n);
-  std::vector<gpupool::dtype> alpha_checked;
-  for (std::size_t i = 0; i < n; ++i) {
-    checked_kernel_call call = check_kernel_call(
-        kernel_object, k, xs[i], ys ? nb::handle((*ys)[i]) : nb::handle(), i, alpha_checked);
-    in.x.push_back(std::move(call.x));
-    in.types.push_back(call.type);
-    if (call.y) in.y.push_back(std::move(*call.y));
-  }
-  return in;
-}
-
-namespace {
-
-// check_kernel_inputs for a map: every call's arrays checked at the call, read_host_array's way.
-std::vector<checked_map_call> check_map_inputs(nb::handle kernel_object,
-                                               const gpupool::builtin_kernel& k, nb::sequence xs,
-                                               std::optional<nb::sequence> ys) {
-  const std::size_t n = nb::len(xs);
-  check_kernel_arity(k, ys.has_value());
-  if (ys && nb::len(*ys) != n)
-    throw nb::value_error(("gpupool: the two input lists differ in length (" + std::to_string(n) +
-                           " arrays and " + std::to_string(nb::len(*ys)) + ")")
-                              .c_str());
-  std::vector<checked_map_call> calls;
+  std::vector<checked_kernel_call> calls;
   calls.reserve(n);
   std::vector<gpupool::dtype> alpha_checked;
   for (std::size_t i = 0; i < n; ++i)
-    calls.push_back(check_map_call(kernel_object, k, xs[i],
-                                   ys ? nb::handle((*ys)[i]) : nb::handle(), i, alpha_checked));
+    calls.push_back(check_kernel_call(kernel_object, k, xs[i],
+                                      ys ? nb::handle((*ys)[i]) : nb::handle(), i, alpha_checked));
   return calls;
 }
+
+namespace {
 
 using clock = std::chrono::steady_clock;
 
@@ -182,7 +130,7 @@ kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
       if (!y_iter_.is_valid()) throw nb::python_error();
     }
   } else {
-    inputs_ = check_map_inputs(
+    inputs_ = check_kernel_inputs(
         kernel_object, k, nb::borrow<nb::sequence>(xs),
         ys ? std::optional<nb::sequence>(nb::borrow<nb::sequence>(*ys)) : std::nullopt);
   }
@@ -195,9 +143,9 @@ kernel_map::kernel_map(gpupool::executor& exec, nb::handle kernel_object,
   top_up();
 }
 
-std::optional<checked_map_call> kernel_map::read_call() {
+std::optional<checked_kernel_call> kernel_map::read_call() {
   if (lookahead_) {
-    std::optional<checked_map_call> call = std::move(lookahead_);
+    std::optional<checked_kernel_call> call = std::move(lookahead_);
     lookahead_.reset();
     return call;
   }
@@ -221,8 +169,8 @@ std::optional<checked_map_call> kernel_map::read_call() {
                                 .c_str());
     return std::nullopt;
   }
-  return check_map_call(kernel_object_, kernel_, *x, y ? nb::handle(*y) : nb::handle(), index,
-                        alpha_checked_);
+  return check_kernel_call(kernel_object_, kernel_, *x, y ? nb::handle(*y) : nb::handle(), index,
+                           alpha_checked_);
 }
 
 void kernel_map::top_up() {
@@ -232,7 +180,7 @@ void kernel_map::top_up() {
     while (true) {
       // Full by count: nothing more is read (a lazy map reads no input before it has room).
       if (!queued_.empty() && queued_.size() >= window_.calls) break;
-      std::optional<checked_map_call> call = read_call();
+      std::optional<checked_kernel_call> call = read_call();
       if (!call) break;
       const std::size_t result_bytes = call->x.nbytes();
       const std::size_t bytes = result_bytes + (lazy_ ? result_bytes * (call->y ? 2 : 1) : 0);

@@ -16,17 +16,11 @@
 
 namespace gpupool_python {
 
-// One call of a built-in kernel, its arrays checked (TypeError or ValueError naming the array).
+// One call of a built-in kernel, its arrays checked (TypeError or ValueError naming the array)
+// and held (read_host_array) while lanes read them.
 struct checked_kernel_call {
-  input_array x;
-  std::optional<input_array> y;  // the second array of a two-input kernel
-  gpupool::dtype type;
-};
-
-// One call of a map, its arrays checked as check_kernel_call checks them (read_host_array).
-struct checked_map_call {
   host_array x;
-  std::optional<host_array> y;
+  std::optional<host_array> y;  // the second array of a two-input kernel
   gpupool::dtype type;
 };
 
@@ -35,20 +29,12 @@ struct checked_map_call {
 checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
                                       nb::handle x, nb::handle y, std::size_t index,
                                       std::vector<gpupool::dtype>& alpha_checked);
-checked_map_call check_map_call(nb::handle kernel_object, const gpupool::builtin_kernel& k,
-                                nb::handle x, nb::handle y, std::size_t index,
-                                std::vector<gpupool::dtype>& alpha_checked);
 
-// The arrays of a built-in kernel's calls, checked before any work starts (TypeError or
-// ValueError naming the array), with each call's element type.
-struct checked_kernel_inputs {
-  std::vector<input_array> x;
-  std::vector<input_array> y;  // empty for a one-input kernel
-  std::vector<gpupool::dtype> types;
-};
-checked_kernel_inputs check_kernel_inputs(nb::handle kernel_object,
-                                          const gpupool::builtin_kernel& k, nb::sequence xs,
-                                          std::optional<nb::sequence> ys);
+// The arrays of a built-in kernel's calls, checked before any work starts.
+std::vector<checked_kernel_call> check_kernel_inputs(nb::handle kernel_object,
+                                                     const gpupool::builtin_kernel& k,
+                                                     nb::sequence xs,
+                                                     std::optional<nb::sequence> ys);
 
 // How far a map runs ahead of its consumer: the calls queued and not yet handed on, and their
 // input and result bytes. A call is always queued when nothing is, however large it is.
@@ -110,7 +96,7 @@ class kernel_map {
   };
 
   // The next call's arrays, checked, or nothing at the end of the inputs (with the GIL).
-  std::optional<checked_map_call> read_call();
+  std::optional<checked_kernel_call> read_call();
   // Gives the calls queued_[first...] their result blocks (slabs for runs of small results).
   void allocate_results(std::size_t first);
   // Whether the window has room for a slab's worth of calls (or half of a smaller window): a
@@ -133,12 +119,12 @@ class kernel_map {
   map_window window_;
   bool lazy_;
   // Eager inputs: checked at the call, taken from the front as they are queued.
-  std::vector<checked_map_call> inputs_;
+  std::vector<checked_kernel_call> inputs_;
   std::size_t read_ = 0;
   // Lazy inputs: the iterators, and the element types the alpha has been checked against.
   nb::object x_iter_, y_iter_;
   std::vector<gpupool::dtype> alpha_checked_;
-  std::optional<checked_map_call> lookahead_;  // read, not yet queued (the window was full)
+  std::optional<checked_kernel_call> lookahead_;  // read, not yet queued (the window was full)
   bool inputs_done_ = false;
 
   std::deque<queued_call> queued_;
