@@ -269,7 +269,10 @@ void kernel_map::wait_while_queueing() {
       nb::gil_scoped_release nogil;
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
-    if (PyErr_CheckSignals() != 0) throw nb::python_error();
+    if (PyErr_CheckSignals() != 0) {  // Ctrl-C, as in next()'s own wait
+      cancel_rest();
+      throw nb::python_error();
+    }
   }
 }
 
