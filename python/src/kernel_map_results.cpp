@@ -49,10 +49,10 @@ void kernel_map::allocate_results(std::size_t first) {
     std::size_t end = at + 1;
     std::size_t bytes = round_up(head.x.nbytes(), slab_alignment);
     if (small(head))
-      while (end < queued_.size() && end - at < slab_calls && small(queued_[end]) &&
-             bytes + round_up(queued_[end].x.nbytes(), slab_alignment) <= slab_bytes) {
-        bytes += round_up(queued_[end].x.nbytes(), slab_alignment);
-        ++end;
+      for (; end < queued_.size() && end - at < slab_calls && small(queued_[end]); ++end) {
+        const std::size_t more = round_up(queued_[end].x.nbytes(), slab_alignment);
+        if (bytes + more > slab_bytes) break;
+        bytes += more;
       }
     if (end - at == 1) {
       head.result = std::make_shared<pinned_block>(head.x.nbytes());
@@ -65,6 +65,8 @@ void kernel_map::allocate_results(std::size_t first) {
     // by an index, which NumPy answers faster than a slice.
     bool rows = head.x.ndim() != 0 && head.x.nbytes() != 0;
     for (std::size_t i = at + 1; rows && i < end; ++i) rows = queued_[i].x.same_shape(head.x);
+    const auto slab_rows =
+        rows ? static_cast<std::uint32_t>(bytes / round_up(head.x.nbytes(), slab_alignment)) : 0;
     auto slab = std::make_shared<pinned_block>(bytes);
     std::size_t offset = 0;
     for (std::size_t row = 0; at < end; ++at, ++row) {
@@ -73,8 +75,7 @@ void kernel_map::allocate_results(std::size_t first) {
       q.offset = offset / element;
       q.slab_elements = bytes / element;
       q.row = static_cast<std::uint32_t>(row);
-      q.slab_rows =
-          rows ? static_cast<std::uint32_t>(bytes / round_up(head.x.nbytes(), slab_alignment)) : 0;
+      q.slab_rows = slab_rows;
       offset += round_up(q.x.nbytes(), slab_alignment);
     }
   }
