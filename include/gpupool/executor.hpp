@@ -51,6 +51,20 @@ struct coalescing_stats {
   std::uint64_t tasks = 0;    ///< Tasks that ran inside such a launch.
 };
 
+/// Where small calls of built-in kernels ran (see executor_options::host_lanes): on the host
+/// lanes or on the devices, since the executor started.
+struct placement_stats {
+  std::uint64_t host_tasks = 0;    ///< Calls placed on the host lanes.
+  std::uint64_t device_tasks = 0;  ///< Calls small enough for the host lanes placed on devices.
+  /// The share of such calls the next placement gives the host lanes, from the rates measured
+  /// so far (0 without host lanes).
+  double host_share = 0;
+  /// The rates measured so far, in bytes (in and out) per second of each side's calls, counted
+  /// from their queueing to their completion; 0 until measured.
+  double host_bytes_per_second = 0;
+  double device_bytes_per_second = 0;
+};
+
 /// One call of executor::transform_each: `count` elements of `x` (and `y`, for a two-input
 /// kernel; else null) in, `count` elements to `out`, all of the call's element type.
 struct transform_call {
@@ -103,6 +117,10 @@ class executor {
   [[nodiscard]] in_flight_stats in_flight() const noexcept;
   /// Counts of coalesced tasks since the executor started. Thread-safe, cheap.
   [[nodiscard]] coalescing_stats coalescing() const noexcept;
+  /// Host lanes beside the devices' lanes (executor_options::host_lanes).
+  [[nodiscard]] int host_lanes() const noexcept;
+  /// Where small calls of built-in kernels ran, and the shares the next ones get. Thread-safe.
+  [[nodiscard]] placement_stats placement() const;
   /// True when called from one of this executor's lane threads (e.g. inside a task).
   [[nodiscard]] bool is_lane_thread() const noexcept;
 

@@ -53,6 +53,11 @@ inline constexpr int most_lanes_per_executor = 4096;
 inline constexpr int most_slots_per_lane = 64;
 /// Devices the CPU backend stands in for (executor_options::cpu_devices, GPUPOOL_CPU_DEVICES).
 inline constexpr int most_cpu_devices = 1024;
+/// Host lanes an executor may have (executor_options::host_lanes).
+inline constexpr int most_host_lanes = 256;
+/// The largest task, in bytes in and out together, that may run on host lanes: a call of map or
+/// transform_each over host arrays that fits one piece and no more than this.
+inline constexpr std::size_t most_host_task_bytes = std::size_t{256} << 10;
 /// Priorities of work (executor_options::priority, task_options::priority): integers from
 /// lowest_priority to highest_priority; a higher number is more urgent, and 0 is the default.
 inline constexpr int lowest_priority = -3;
@@ -156,6 +161,15 @@ struct executor_options {
   /// default); a level the device lacks makes the executor's construction throw
   /// std::invalid_argument naming the device's range.
   int priority = 0;
+
+  /// Host lanes: threads beside the devices' lanes that run small calls of built-in kernels over
+  /// host arrays (map, transform_each; each at most limits::most_host_task_bytes in and out) on
+  /// the host itself, reading the inputs and writing the results directly, without staging or
+  /// copies. Such calls are shared between the host lanes and the devices in proportion to the
+  /// rates each side was measured to reach on earlier calls (executor::placement() reports
+  /// them); everything else runs on the devices. 0 to limits::most_host_lanes; 0 (the default):
+  /// none, every call runs on the devices.
+  int host_lanes = 0;
 
   /// Nothing on stderr from this executor: no notice when gpupool falls back to the CPU backend,
   /// no message when a device is taken out of service, no note of a tuning sweep that failed.

@@ -24,12 +24,15 @@ struct span_us {
   [[nodiscard]] double length() const noexcept { return present() ? end - begin : 0.0; }
 };
 
+/// The `device` of a task that ran on a host lane (executor_options::host_lanes).
+inline constexpr int host_device = -1;
+
 /// One task's journey. Pipelined work (map, transform) records one entry per piece.
 struct task_record {
   std::uint64_t id = 0;    ///< Submission order within the executor.
   std::string name;        ///< "task" for submit(), else the kernel's name.
-  int device = 0;          ///< Executor device index.
-  int lane = 0;            ///< Global lane index.
+  int device = 0;          ///< Executor device index; host_device for a host lane.
+  int lane = 0;            ///< Global lane index (host lanes follow the devices' lanes).
   int priority = 0;        ///< Its priority (task_options::priority, or the executor's).
   double submitted = 0.0;  ///< When it was queued.
   double started = 0.0;    ///< When a lane took it.
@@ -80,8 +83,8 @@ inline constexpr std::size_t trace_stage_count = std::size(trace_stages);
 
 /// Per-lane (or, summed, per-device) figures derived from a trace.
 struct lane_stats {
-  int device = 0;
-  int lane = -1;  ///< -1 for a device total.
+  int device = 0;  ///< As task_record::device (host_device: the host lanes).
+  int lane = -1;   ///< -1 for a device total.
   std::size_t tasks = 0;
   std::size_t bytes_in = 0;
   std::size_t bytes_out = 0;

@@ -29,6 +29,7 @@ executor::impl::impl(const executor_options& options)
       sizing(chunk_bytes, settings.chunk_from == setting_source::given, lanes_per_device),
       queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment(),
             options.priority),
+      placement(options.host_lanes, lanes_per_device * static_cast<int>(ordinals.size())),
       default_priority(options.priority) {
   for (std::size_t d = 0; d < ordinals.size(); ++d) {
     owner->prepare_device(ordinals[d]);
@@ -61,6 +62,18 @@ executor::impl::impl(const executor_options& options)
   shared.health = health.get();
   shared.budget = gate.get();
   try {
+    if (options.host_lanes > 0) {
+      detail::host_lanes::setup host_setup;
+      host_setup.recorder = &recorder;
+      host_setup.tracing = &tracing;
+      host_setup.epoch = epoch;
+      host_setup.first_index = lanes_per_device * static_cast<int>(ordinals.size());
+      host_setup.budget = gate.get();
+      host_setup.priority = options.priority;
+      host_setup.spin = detail::lane_spin_from_environment();
+      host = std::make_unique<detail::host_lanes>(options.host_lanes, host_setup);
+    }
+    // If these cannot start, the host lanes stop as `host` goes.
     lanes.start(shared, ordinals, lanes_per_device, memory, queue);
   } catch (...) {
     accepting.store(false);
@@ -70,7 +83,7 @@ executor::impl::impl(const executor_options& options)
 
 void executor::impl::stop(bool cancel_pending) {
   // A lane cannot wait for itself to stop.
-  if (detail::is_lane_thread_of(queue))
+  if (on_own_thread())
     throw std::logic_error(
         "gpupool: an executor cannot be shut down or destroyed by its own tasks");
   std::lock_guard lock(shutdown_mutex);
@@ -85,9 +98,11 @@ void executor::impl::stop(bool cancel_pending) {
         // Its device was taken out of service meanwhile, and no other may run it.
         item->fail(std::make_exception_ptr(
             health->refusal(queue.live_devices() > 0 ? device : std::nullopt)));
+    if (host) host->cancel_queued();
   }
   queue.close();
   lanes.join();
+  if (host) host->close_and_join();
 }
 
 void executor::impl::require_accepting() const {
@@ -130,7 +145,7 @@ bool executor::is_shutdown() const noexcept {
   return !impl_->accepting.load();
 }
 bool executor::is_lane_thread() const noexcept {
-  return detail::is_lane_thread_of(impl_->queue);
+  return impl_->on_own_thread();
 }
 
 backend_kind executor::backend() const noexcept {
@@ -168,7 +183,7 @@ int executor::priority() const noexcept {
 }
 
 std::size_t executor::queued() const {
-  return impl_->queue.size();
+  return impl_->queue.size() + (impl_->host ? impl_->host->queued() : 0);
 }
 
 std::vector<device_memory_stats> executor::memory_stats() const {
@@ -180,6 +195,13 @@ std::vector<device_memory_stats> executor::memory_stats() const {
 coalescing_stats executor::coalescing() const noexcept {
   return {impl_->coalescing.batches.load(std::memory_order_relaxed),
           impl_->coalescing.tasks.load(std::memory_order_relaxed)};
+}
+
+int executor::host_lanes() const noexcept {
+  return impl_->host ? impl_->host->count() : 0;
+}
+placement_stats executor::placement() const {
+  return impl_->placement.stats();
 }
 
 // --- the in-flight budget (admission.*) ---

@@ -94,16 +94,6 @@ class cpu_timer final : public backend_timer {
   std::chrono::steady_clock::time_point at_{};
 };
 
-template <op O, class T>
-void run_elementwise(const void* x, const void* y, void* out, std::size_t n,
-                     const builtin_kernel& k) {
-  const T* xs = static_cast<const T*>(x);
-  const T* ys = static_cast<const T*>(y);
-  T* os = static_cast<T*>(out);
-  const T a = alpha_as<T>(k.alpha(), k.name());
-  for (std::size_t i = 0; i < n; ++i) os[i] = elementwise<O, T>(xs[i], ys ? ys[i] : T{}, a);
-}
-
 class cpu_compiled final : public compiled_kernel {
  public:
   cpu_compiled(std::vector<bool> is_array, std::shared_ptr<const host_kernel> f)
@@ -181,8 +171,7 @@ class cpu_stream final : public backend_stream {
   }
   void launch(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
               std::size_t count) override {
-    dispatch_elementwise(k.operation(), t,
-                         [&]<op O, class T>() { run_elementwise<O, T>(x, y, out, count, k); });
+    apply_on_host(k, t, x, y, out, count);
   }
   void launch_compiled(const compiled_kernel& k, void* const* args, std::size_t count) override {
     (*checked_cast<const cpu_compiled>(k).function)(args, count);

@@ -86,30 +86,74 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
   return futures;
 }
 
+std::shared_ptr<detail::placement_group> executor::impl::place_small_calls(
+    const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs, std::vector<char>& to_host) {
+  to_host.assign(jobs.size(), 0);
+  std::vector<std::size_t> candidates;
+  candidates.reserve(jobs.size());
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const detail::elementwise_job& job = *jobs[i];
+    if (detail::host_placement::candidate(call_bytes(job)) && job.writable_in_one_pass())
+      candidates.push_back(i);
+  }
+  if (candidates.empty()) return nullptr;
+  std::size_t host_bytes = 0, host_calls = 0, device_bytes = 0;
+  placement.place(candidates.size(), [&](std::size_t c, bool there) {
+    const std::size_t i = candidates[c];
+    to_host[i] = there ? 1 : 0;
+    (there ? host_bytes : device_bytes) += call_bytes(*jobs[i]);
+    host_calls += there ? 1 : 0;
+  });
+  const std::size_t device_calls = candidates.size() - host_calls;
+  auto group = std::make_shared<detail::placement_group>(placement, host_bytes, host_calls,
+                                                         device_bytes, device_calls);
+  for (std::size_t i : candidates) jobs[i]->place(group, to_host[i] != 0);
+  placement.count(host_calls, device_calls);
+  return group;
+}
+
 void executor::impl::enqueue_elementwise_all(
     std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
   if (jobs.empty()) return;
-  std::vector<detail::work_item_ptr> items;
+  std::vector<char> to_host;  // per job: placed on the host lanes
+  if (placement.enabled()) (void)place_small_calls(jobs, to_host);
+  const auto on_host = [&](std::size_t i) { return !to_host.empty() && to_host[i] != 0; };
+  std::vector<detail::work_item_ptr> items, host_items;
   items.reserve(jobs.size());
   std::size_t total = 0;
-  for (const auto& job : jobs) total += job->count() * size_of(job->type());
+  for (std::size_t i = 0; i < jobs.size(); ++i)
+    if (!on_host(i)) total += jobs[i]->count() * size_of(jobs[i]->type());
   const std::size_t most_bytes = sizing.piece_bytes(total, queue);
   const double now_us = detail::clock_us(epoch);
-  for (auto& job : jobs) {
+  for (std::size_t i = 0; i < jobs.size(); ++i) {
+    const auto& job = jobs[i];
+    if (on_host(i)) {
+      // Whole: a host lane computes it in one pass. Pieces learn the slot size: whole-job pieces
+      // coalesce up to it, on the host lanes as on the devices'.
+      job->set_piece_count(1);
+      host_items.push_back(
+          std::make_unique<detail::elementwise_piece>(job, 0, job->count(), chunk_bytes));
+      stamp(*host_items.back(), now_us);
+      continue;
+    }
     const std::size_t per_piece = detail::piece_sizing::per_piece(size_of(job->type()), most_bytes);
     const std::size_t pieces = detail::piece_sizing::pieces(job->count(), per_piece);
     job->set_piece_count(pieces);
     for (std::size_t p = 0; p < pieces; ++p) {
       const std::size_t offset = p * per_piece;
-      // Pieces of built-in kernels learn the slot size: whole-job pieces coalesce up to it.
       items.push_back(std::make_unique<detail::elementwise_piece>(
           job, offset, std::min(per_piece, job->count() - offset), chunk_bytes));
       stamp(*items.back(), now_us);
     }
   }
   jobs.clear();
-  if (forked() || !accepting.load() || !queue.push_all(items)) {
-    // Ended, so that their futures give back the bytes they were admitted with.
+  bool queued = !forked() && accepting.load();
+  if (queued && !host_items.empty()) queued = host->push_all(host_items);
+  if (queued && !items.empty()) queued = queue.push_all(items);
+  if (!queued) {
+    // Ended, so that their futures give back the bytes they were admitted with (what was queued
+    // already runs, or is cancelled by the shutdown that refused the rest).
+    for (auto& item : host_items) (void)item->cancel();
     for (auto& item : items) (void)item->cancel();
     refuse(std::nullopt);  // a fork()ed child, shut down, or no device left
   }

@@ -89,6 +89,9 @@ executor_settings checked_settings(const executor_options& options, backend& b,
   if (options.slots_per_lane < 1 || options.slots_per_lane > limits::most_slots_per_lane)
     throw std::invalid_argument("gpupool: slots_per_lane must be from 1 to " +
                                 std::to_string(limits::most_slots_per_lane));
+  if (options.host_lanes < 0 || options.host_lanes > limits::most_host_lanes)
+    throw std::invalid_argument("gpupool: host_lanes must be from 0 to " +
+                                std::to_string(limits::most_host_lanes));
   if (options.lanes_per_device != 0) (void)check_lanes(options.lanes_per_device, ordinals.size());
   if (options.chunk_bytes != 0)
     (void)fit_chunk_bytes(options, options.chunk_bytes, std::max(options.lanes_per_device, 1));

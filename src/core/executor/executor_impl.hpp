@@ -4,6 +4,8 @@
 //   configuration.*  devices chosen, lanes, slots and chunk size checked and fitted
 //   admission.*      the in-flight budget (in_flight_gate) and what a task counts against it
 //   lane_set.*       the lane threads: started together, joined at shutdown
+//   (host lanes and the placement of small calls beside the devices: lanes/host_lanes.*,
+//   scheduling/placement.*)
 //   piece_sizing.*   how finely a call over host arrays is cut into pieces
 //   user_tasks.cpp   submit: a user callable f(lane&) as a queued item
 //   builtin_maps.cpp map, transform, transform_each of built-in kernels over host arrays
@@ -29,8 +31,10 @@
 #include "core/executor/piece_sizing.hpp"
 #include "core/fault_injection.hpp"
 #include "core/lanes/elementwise_job.hpp"
+#include "core/lanes/host_lanes.hpp"
 #include "core/lanes/lane_worker.hpp"
 #include "core/scheduling/device_health.hpp"
+#include "core/scheduling/placement.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/scheduling/work_item.hpp"
 #include "core/tracing/lane_tracer.hpp"
@@ -81,6 +85,8 @@ struct executor::impl {
   std::vector<std::unique_ptr<detail::device_memory>> memory;
   std::unique_ptr<detail::in_flight_gate> gate;
   std::unique_ptr<detail::device_health> health;
+  detail::host_placement placement;
+  std::unique_ptr<detail::host_lanes> host;  // started before the devices' lanes, stopped after
   detail::lane_set lanes;
   std::atomic<bool> accepting{true};
   std::mutex shutdown_mutex;
@@ -132,7 +138,13 @@ struct executor::impl {
   // waiting on a lane thread.
   void admit(std::size_t cost) {
     require_accepting();
-    gate->take(cost, detail::is_lane_thread_of(queue));
+    gate->take(cost, on_own_thread());
+  }
+
+  // True on one of this executor's lanes, the host lanes included: a thread that must not wait
+  // for lanes, nor stop them.
+  [[nodiscard]] bool on_own_thread() const noexcept {
+    return detail::is_lane_thread_of(queue) || (host && host->is_own_thread());
   }
 
   // A new state holding `cost` (taken by admit()) until it ends, however it ends; the bytes go
@@ -192,8 +204,21 @@ struct executor::impl {
   Futures queue_each(std::size_t count, bool admit_each, Next next, Cost cost_of, Make make);
 
   // Cuts every job into pieces (one piece_bytes for all of them) and queues them in one push;
-  // empties `jobs`.
+  // with host lanes, first moves the small calls placement gives them to their queue. Empties
+  // `jobs`.
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
+
+  // Marks (in `to_host`, one entry per job) the calls among `jobs` that the host lanes take, as
+  // placement shares them, and returns the group they were placed in (null: no call was small
+  // enough to be placed).
+  std::shared_ptr<detail::placement_group> place_small_calls(
+      const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
+      std::vector<char>& to_host);
+
+  // A call's bytes in and out together, as placement counts them.
+  static std::size_t call_bytes(const detail::elementwise_job& job) noexcept {
+    return job.count() * size_of(job.type()) * static_cast<std::size_t>(job.kern().arity() + 1);
+  }
 
   // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,
   // small enough that lanes start while the rest is being prepared.

@@ -64,4 +64,18 @@ inline void dispatch_elementwise(op o, dtype t, F&& f) {
   visit_op(o, [&]<op O>() { visit_dtype(t, [&]<class T>() { f.template operator()<O, T>(); }); });
 }
 
+/// Host code only. `out[i] = k(x[i], y[i])` for `n` elements of type `t` (`y` null for a kernel
+/// of one input), in order: `out` may be `x` or `y` itself, but must not overlap them otherwise.
+/// @throw as alpha_as, for an alpha the type cannot hold.
+inline void apply_on_host(const builtin_kernel& k, dtype t, const void* x, const void* y, void* out,
+                          std::size_t n) {
+  dispatch_elementwise(k.operation(), t, [&]<op O, class T>() {
+    const T* xs = static_cast<const T*>(x);
+    const T* ys = static_cast<const T*>(y);
+    T* os = static_cast<T*>(out);
+    const T a = alpha_as<T>(k.alpha(), k.name());
+    for (std::size_t i = 0; i < n; ++i) os[i] = elementwise<O, T>(xs[i], ys ? ys[i] : T{}, a);
+  });
+}
+
 }  // namespace gpupool::detail

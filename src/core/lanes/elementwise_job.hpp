@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -70,6 +71,8 @@ class split_job {
   std::exception_ptr first_failure_;  // written once, by the piece that set failed_
 };
 
+class placement_group;
+
 /// Refuses (argument_kind_error, argument_range_error) an alpha that element type `t` cannot
 /// hold: a fraction, NaN or infinity for an integer type, or a value out of the type's range.
 void require_alpha_fits(const builtin_kernel& k, dtype t);
@@ -91,12 +94,43 @@ class elementwise_job : public split_job {
   /// Where results go (`count()` elements). Thread-safe; may allocate on first call.
   virtual void* output() = 0;
 
+  /// Whether one pass over the elements in order may write the results straight over the host
+  /// arrays (as a host lane does): the output is new memory, one of the inputs itself, or
+  /// apart from both. The staged path reads every input before it writes, so it has no such
+  /// condition.
+  [[nodiscard]] bool writable_in_one_pass() const noexcept {
+    const void* out = given_output();
+    if (out == nullptr) return true;
+    const std::size_t bytes = count_ * size_of(type_);
+    const auto apart_or_same = [&](const void* in) {
+      if (in == nullptr || in == out) return true;
+      const auto o = reinterpret_cast<std::uintptr_t>(out);
+      const auto i = reinterpret_cast<std::uintptr_t>(in);
+      return o + bytes <= i || i + bytes <= o;
+    };
+    return apart_or_same(x_) && apart_or_same(y_);
+  }
+
+  /// Where placement (core/scheduling/placement.hpp) put this call: its group, and whether on the
+  /// host lanes. Set before the call is queued; no group for a call it did not consider.
+  void place(std::shared_ptr<placement_group> group, bool on_host) noexcept {
+    group_ = std::move(group);
+    on_host_ = on_host;
+  }
+  [[nodiscard]] placement_group* group() const noexcept { return group_.get(); }
+  [[nodiscard]] bool on_host() const noexcept { return on_host_; }
+
  private:
   builtin_kernel kernel_;
   dtype type_;
   const void* x_;
   const void* y_;
   std::size_t count_;
+  /// The caller's output memory, null where the job makes its own.
+  [[nodiscard]] virtual const void* given_output() const noexcept { return nullptr; }
+
+  std::shared_ptr<placement_group> group_;
+  bool on_host_ = false;
 };
 
 /// A map input: results go to a new host_vector<T>, allocated by the first lane that needs it.
@@ -168,6 +202,8 @@ class transform_job final : public elementwise_job {
   void deliver() override { state_->set_value(); }
 
  private:
+  const void* given_output() const noexcept override { return out_; }
+
   void* out_;
   shared_state<void>* state_;
   std::shared_ptr<shared_state<void>> owned_;  // empty in a transform_task

@@ -65,6 +65,10 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   }
 
   bool claim() override;
+  /// Runs the claimed tasks on the calling thread, a host lane: each from its host arrays
+  /// straight into its output, without slots or streams. Then complete() or fail() as a lane's
+  /// finish() would be followed. @throw as the kernel does (an alpha the type cannot hold).
+  void run_on_host();
   void start(slot_context& slot) override;
   void finish(slot_context& slot) override;
   void complete() noexcept override;

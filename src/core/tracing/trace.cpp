@@ -144,6 +144,17 @@ void trace::write_chrome_json(std::ostream& out) const {
       name_track(pid, engine_track_base + static_cast<int>(e), engines[e],
                  1000 + static_cast<int>(e));
   }
+  // Host lanes' tasks (host_device) are a process of their own, after the devices.
+  const int host_pid = static_cast<int>(device_names_.size());
+  const auto pid_of = [&](const task_record& r) {
+    return r.device == host_device ? host_pid : r.device;
+  };
+  if (std::any_of(records_.begin(), records_.end(),
+                  [](const task_record& r) { return r.device == host_device; }))
+    events.push_back({{"ph", "M"},
+                      {"name", "process_name"},
+                      {"pid", host_pid},
+                      {"args", {{"name", "host lanes"}}}});
   std::map<int, bool> named_lanes;
   auto span_event = [&](const task_record& r, int tid, const char* stage, const span_us& s,
                         const char* cat) {
@@ -151,7 +162,7 @@ void trace::write_chrome_json(std::ostream& out) const {
     events.push_back({{"ph", "X"},
                       {"name", stage},
                       {"cat", cat},
-                      {"pid", r.device},
+                      {"pid", pid_of(r)},
                       {"tid", tid},
                       {"ts", microseconds(s.begin)},
                       {"dur", microseconds(s.end - s.begin)},
@@ -161,15 +172,15 @@ void trace::write_chrome_json(std::ostream& out) const {
     const int host_tid = 2 * r.lane, stream_tid = 2 * r.lane + 1;
     if (!named_lanes[r.lane]) {
       named_lanes[r.lane] = true;
-      name_track(r.device, host_tid, "lane " + std::to_string(r.lane) + " host", 2 * r.lane);
-      name_track(r.device, stream_tid, "lane " + std::to_string(r.lane) + " stream",
+      name_track(pid_of(r), host_tid, "lane " + std::to_string(r.lane) + " host", 2 * r.lane);
+      name_track(pid_of(r), stream_tid, "lane " + std::to_string(r.lane) + " stream",
                  2 * r.lane + 1);
     }
     // The whole journey, from the lane taking it to its result handed back.
     events.push_back({{"ph", "X"},
                       {"name", r.name + " #" + std::to_string(r.id)},
                       {"cat", "task"},
-                      {"pid", r.device},
+                      {"pid", pid_of(r)},
                       {"tid", host_tid},
                       {"ts", microseconds(r.started)},
                       {"dur", microseconds(r.done - r.started)},
@@ -195,7 +206,7 @@ void trace::write_chrome_json(std::ostream& out) const {
                           {"name", r.name},
                           {"cat", stage.engine},
                           {"id", r.id},
-                          {"pid", r.device},
+                          {"pid", pid_of(r)},
                           {"tid", engine_track_base + e},
                           {"ts", microseconds(at)}});
     }
@@ -254,7 +265,8 @@ void trace::write_stats_table(std::ostream& out) const {
   out << '\n';
   for (const auto& s : stats()) {
     std::snprintf(line, sizeof line,
-                  "%-8d %-6s %7zu %12.2f %12.2f %10.3f %10.3f %8.1fus %8.1fus %8.2f", s.device,
+                  "%-8s %-6s %7zu %12.2f %12.2f %10.3f %10.3f %8.1fus %8.1fus %8.2f",
+                  s.device == host_device ? "host" : std::to_string(s.device).c_str(),
                   s.lane < 0 ? "all" : std::to_string(s.lane).c_str(), s.tasks,
                   static_cast<double>(s.bytes_in) / 1e6, static_cast<double>(s.bytes_out) / 1e6,
                   s.busy_us / 1e3, s.wall_us / 1e3, s.queue_wait_p50_us, s.queue_wait_p99_us,
