@@ -1,0 +1,286 @@
+// Host lanes (executor_options::host_lanes): small calls of built-in kernels shared between
+// threads that compute on the host and the devices' lanes, in proportion to the rates measured.
+// Whatever the placement, every call's result is the kernel's; calls too large, or writing over
+// their inputs part way, stay on the devices; the trace and placement() say where each ran.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gpupool/gpupool.hpp"
+#include "test_support.hpp"
+
+namespace gpupool {
+namespace {
+
+using testing::random_vector;
+
+template <class T>
+std::vector<T> squared(const std::vector<T>& x) {
+  std::vector<T> r(x.size());
+  for (std::size_t i = 0; i < x.size(); ++i) r[i] = x[i] * x[i];
+  return r;
+}
+
+// Inputs of 1 to `most` elements, varied so that batches of several sizes form.
+std::vector<std::vector<double>> small_inputs(std::size_t n, std::size_t most = 1000) {
+  std::vector<std::vector<double>> inputs;
+  for (std::size_t i = 0; i < n; ++i)
+    inputs.push_back(random_vector<double>(1 + (i * 37) % most, 500 + i));
+  return inputs;
+}
+
+class HostLanesTest : public ::testing::TestWithParam<backend_kind> {
+ protected:
+  void SetUp() override { GPUPOOL_SKIP_UNLESS_USABLE(GetParam()); }
+  executor_options options(int host_lanes) const {
+    executor_options o = testing::quiet_options(GetParam(), 1);
+    o.cpu_devices = 1;
+    if (GetParam() == backend_kind::cuda) o.devices = {0};
+    o.host_lanes = host_lanes;
+    return o;
+  }
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, HostLanesTest,
+                         ::testing::Values(backend_kind::cpu, backend_kind::cuda),
+                         testing::backend_name);
+
+TEST_P(HostLanesTest, MapOfSmallInputsGivesEveryResultAndSaysWhereEachRan) {
+  executor ex(options(2));
+  EXPECT_EQ(ex.host_lanes(), 2);
+  const auto inputs = small_inputs(2000);
+  for (int round = 0; round < 3; ++round) {
+    auto results = ex.map(builtin_kernel::square(), inputs).get();
+    ASSERT_EQ(results.size(), inputs.size());
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      ASSERT_TRUE(testing::matches_reference(results[i], squared(inputs[i])))
+          << "round " << round << ", input " << i;
+  }
+  const placement_stats p = ex.placement();
+  EXPECT_EQ(p.host_tasks + p.device_tasks, 3 * inputs.size());
+  // Neither side's share falls below host_placement::least_share (1/64).
+  EXPECT_GE(p.host_tasks, 3 * inputs.size() / 64);
+  EXPECT_GE(p.device_tasks, 3 * inputs.size() / 64 - 1);
+  EXPECT_GT(p.host_share, 0.0);
+  EXPECT_LT(p.host_share, 1.0);
+  EXPECT_GT(p.host_bytes_per_second, 0.0);
+  EXPECT_GT(p.device_bytes_per_second, 0.0);
+}
+
+TEST_P(HostLanesTest, TwoInputKernelsAndAlphasComputeAsOnTheDevices) {
+  executor ex(options(2));
+  std::vector<std::vector<std::int32_t>> xs, ys;
+  std::vector<std::vector<float>> fs;
+  for (std::size_t i = 0; i < 300; ++i) {
+    xs.push_back(random_vector<std::int32_t>(1 + i % 50, 10 + i));
+    ys.push_back(random_vector<std::int32_t>(1 + i % 50, 9000 + i));
+    fs.push_back(random_vector<float>(1 + i % 70, 20000 + i));
+  }
+  // Near the type's end, so that the integer kernel wraps as NumPy's does.
+  xs[7][0] = std::numeric_limits<std::int32_t>::max();
+  auto sums = ex.map(builtin_kernel::axpy(3.0), xs, ys).get();
+  auto halves = ex.map(builtin_kernel::scale(0.5), fs).get();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    for (std::size_t j = 0; j < xs[i].size(); ++j) {
+      const auto want = static_cast<std::int32_t>(static_cast<std::uint32_t>(xs[i][j]) * 3u +
+                                                  static_cast<std::uint32_t>(ys[i][j]));
+      ASSERT_EQ(sums[i][j], want) << "call " << i << " element " << j;
+    }
+    for (std::size_t j = 0; j < fs[i].size(); ++j) ASSERT_EQ(halves[i][j], fs[i][j] * 0.5f);
+  }
+  EXPECT_GT(ex.placement().host_tasks, 0u);
+}
+
+TEST(HostLanes, CallsLargerThanTheHostsLimitStayOnTheDevices) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.host_lanes = 2;
+  executor ex(o);
+  // In and out together just past the limit.
+  const std::size_t n = limits::most_host_task_bytes / (2 * sizeof(double)) + 1;
+  std::vector<std::vector<double>> inputs;
+  for (std::size_t i = 0; i < 6; ++i) inputs.push_back(random_vector<double>(n, 70 + i));
+  auto results = ex.map(builtin_kernel::square(), inputs).get();
+  for (std::size_t i = 0; i < inputs.size(); ++i)
+    ASSERT_TRUE(testing::matches_reference(results[i], squared(inputs[i])));
+  const placement_stats p = ex.placement();
+  EXPECT_EQ(p.host_tasks, 0u);
+  EXPECT_EQ(p.device_tasks, 0u);
+}
+
+TEST(HostLanes, OutputsOverlappingTheirInputsPartWayStayOnTheDevices) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.host_lanes = 2;
+  executor ex(o);
+  constexpr std::size_t n = 256, calls = 64;
+  const auto original = random_vector<double>(calls * (n + 1), 3);
+  // Each call squares its n elements in place, or writes them one element further on (over
+  // its own input, part way): the latter must read every input before writing.
+  std::vector<double> in_place(original), shifted(original);
+  std::vector<transform_call> same, overlapping;
+  for (std::size_t c = 0; c < calls; ++c) {
+    double* a = in_place.data() + c * (n + 1);
+    same.push_back({a, nullptr, a, n});
+    double* b = shifted.data() + c * (n + 1);
+    overlapping.push_back({b, nullptr, b + 1, n});
+  }
+  ex.transform_each(builtin_kernel::square(), dtype::float64, same).get();
+  const placement_stats after_same = ex.placement();
+  EXPECT_EQ(after_same.host_tasks + after_same.device_tasks, calls);
+  ex.transform_each(builtin_kernel::square(), dtype::float64, overlapping).get();
+  const placement_stats after_overlapping = ex.placement();
+  EXPECT_EQ(after_overlapping.host_tasks, after_same.host_tasks);
+  EXPECT_EQ(after_overlapping.device_tasks, after_same.device_tasks);
+  for (std::size_t c = 0; c < calls; ++c)
+    for (std::size_t i = 0; i < n; ++i) {
+      const double x = original[c * (n + 1) + i];
+      ASSERT_EQ(in_place[c * (n + 1) + i], x * x) << "in place, call " << c;
+      ASSERT_EQ(shifted[c * (n + 1) + i + 1], x * x) << "shifted, call " << c;
+    }
+}
+
+TEST(HostLanes, TheTraceShowsTasksRunOnTheHostLanes) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.cpu_devices = 1;
+  o.host_lanes = 2;
+  executor ex(o);
+  ex.set_tracing(true);
+  const auto inputs = small_inputs(500, 300);
+  (void)ex.map(builtin_kernel::square(), inputs).get();
+  const trace t = ex.trace();
+  std::size_t on_host = 0, on_devices = 0;
+  for (const task_record& r : t.records()) {
+    if (r.device != host_device) {
+      ++on_devices;
+      continue;
+    }
+    ++on_host;
+    EXPECT_GE(r.lane, ex.lane_count());
+    EXPECT_LT(r.lane, ex.lane_count() + ex.host_lanes());
+    EXPECT_STREQ(r.name.c_str(), "square");
+    EXPECT_TRUE(r.kernel.present());
+    EXPECT_FALSE(went_through_stream(r));
+    EXPECT_GE(r.started, r.submitted);
+    EXPECT_GE(r.done, r.kernel.end);
+    EXPECT_FALSE(r.failed);
+  }
+  const placement_stats p = ex.placement();
+  EXPECT_EQ(on_host, p.host_tasks);
+  EXPECT_EQ(on_host + on_devices, inputs.size());
+  ASSERT_GT(on_host, 0u);
+  std::ostringstream chrome, table;
+  t.write_chrome_json(chrome);
+  t.write_stats_table(table);
+  EXPECT_NE(chrome.str().find("\"host lanes\""), std::string::npos);
+  EXPECT_NE(table.str().find("\nhost "), std::string::npos) << table.str();
+}
+
+TEST(HostLanes, PlacementMovesCallsToTheFasterSide) {
+  // A stand-in device whose copies run at 20 MB/s: a call of 8 KiB in and out takes about a
+  // millisecond there and microseconds on the host.
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.cpu_devices = 1;
+  o.cpu_copy_rate = 20e6;
+  o.host_lanes = 1;
+  executor ex(o);
+  const double first_share = ex.placement().host_share;
+  EXPECT_DOUBLE_EQ(first_share, 0.5);  // one lane each side, nothing measured yet
+  std::vector<std::vector<double>> inputs;
+  for (std::size_t i = 0; i < 64; ++i) inputs.push_back(random_vector<double>(1024, i));
+  for (int round = 0; round < 8; ++round) {
+    auto results = ex.map(builtin_kernel::square(), inputs).get();
+    for (std::size_t i = 0; i < inputs.size(); ++i)
+      ASSERT_TRUE(testing::matches_reference(results[i], squared(inputs[i])));
+  }
+  const placement_stats p = ex.placement();
+  EXPECT_GT(p.host_bytes_per_second, p.device_bytes_per_second);
+  EXPECT_GT(p.host_share, 0.9);
+  EXPECT_GT(p.host_tasks, 3 * p.device_tasks);
+  EXPECT_GT(p.device_tasks, 0u);  // the slower side still gets its least share
+}
+
+TEST(HostLanes, ShutdownThatCancelsPendingWorkEndsEveryCall) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.cpu_devices = 1;
+  o.host_lanes = 1;
+  executor ex(o);
+  // The device's lane held, so that the calls placed there wait; the host lane keeps running.
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  std::atomic<bool> held{false};
+  auto holder = ex.submit([&](lane&) {
+    held = true;
+    opened.wait();
+  });
+  while (!held) std::this_thread::yield();
+  const auto inputs = small_inputs(3000, 200);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    open.set_value();
+  });
+  ex.shutdown(/*cancel_pending=*/true);
+  releaser.join();
+  holder.get();
+  std::size_t succeeded = 0, cancelled = 0;
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    ASSERT_TRUE(futures[i].ready()) << "call " << i;
+    const task_status s = futures[i].status();
+    if (s == task_status::succeeded) {
+      ++succeeded;
+      ASSERT_TRUE(testing::matches_reference(futures[i].get(), squared(inputs[i])));
+    } else {
+      ASSERT_EQ(s, task_status::cancelled) << "call " << i;
+      ++cancelled;
+    }
+  }
+  EXPECT_EQ(succeeded + cancelled, inputs.size());
+  EXPECT_GT(cancelled, 0u);  // at least those placed behind the held lane
+  EXPECT_EQ(ex.in_flight().bytes, 0u);
+}
+
+TEST(HostLanes, CancelledCallsAreCountedOutAndTheRestRun) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.host_lanes = 2;
+  executor ex(o);
+  const auto inputs = small_inputs(4000, 100);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
+  for (std::size_t i = 0; i < futures.size(); i += 2) (void)futures[i].cancel();
+  for (std::size_t i = 0; i < futures.size(); ++i) {
+    futures[i].wait();
+    if (futures[i].status() == task_status::succeeded)
+      ASSERT_TRUE(testing::matches_reference(futures[i].get(), squared(inputs[i])));
+    else
+      ASSERT_EQ(futures[i].status(), task_status::cancelled);
+  }
+  ex.shutdown(false);
+  EXPECT_EQ(ex.in_flight().bytes, 0u);
+}
+
+TEST(HostLanes, ValuesOutsideTheLimitsAreRefused) {
+  for (int bad : {-1, limits::most_host_lanes + 1}) {
+    executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+    o.host_lanes = bad;
+    EXPECT_THROW(executor{o}, std::invalid_argument) << bad;
+  }
+}
+
+TEST(HostLanes, WithoutHostLanesNothingIsPlaced) {
+  executor ex(testing::quiet_options(backend_kind::cpu, 1));
+  EXPECT_EQ(ex.host_lanes(), 0);
+  (void)ex.map(builtin_kernel::square(), small_inputs(100)).get();
+  const placement_stats p = ex.placement();
+  EXPECT_EQ(p.host_tasks, 0u);
+  EXPECT_EQ(p.device_tasks, 0u);
+  EXPECT_EQ(p.host_share, 0.0);
+}
+
+}  // namespace
+}  // namespace gpupool
