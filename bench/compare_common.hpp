@@ -27,6 +27,7 @@ struct options {
   std::vector<int> lanes_list;
   std::vector<std::size_t> chunk_list;
   std::vector<int> threads_list;
+  std::vector<int> host_lanes_list;
 };
 
 inline std::vector<std::size_t> parse_list(const std::string& text) {
@@ -77,6 +78,8 @@ inline options parse(int argc, char** argv) {
         o.chunk_list = parse_list(value);
       else if (flag == "--threads-list")
         for (auto v : parse_list(value)) o.threads_list.push_back(static_cast<int>(v));
+      else if (flag == "--host-lanes-list")
+        for (auto v : parse_list(value)) o.host_lanes_list.push_back(static_cast<int>(v));
       else
         throw std::invalid_argument("unknown option " + flag);
     }

@@ -4,7 +4,10 @@
 //
 //   gpupool_bench_compare --workload W1|W2|W3|W4|W5|W6|W6c [--chunks N] [--size N] [--fmas N]
 //       [--repeat N] [--min-repeat N] [--seconds S] [--backend cpu|cuda]
-//       [--lanes-list 4,8,16] [--chunk-list 1048576,8388608]
+//       [--lanes-list 4,8,16] [--chunk-list 1048576,8388608] [--host-lanes-list 2,8]
+//
+// --host-lanes-list adds, for W1, W2 and W4, runs with the defaults and that many host lanes
+// (executor_options::host_lanes), each reporting where its calls ran.
 #include <cmath>
 #include <cstdio>
 #include <exception>
@@ -26,6 +29,7 @@ struct setting {
   std::size_t chunk = 0;     // 0: the executor's default
   std::vector<int> devices;  // empty: every device
   bool sweep = false;
+  int host_lanes = 0;
 };
 
 gpupool::executor_options executor_options_for(const options& o, const setting& s) {
@@ -35,6 +39,7 @@ gpupool::executor_options executor_options_for(const options& o, const setting& 
   eo.lanes_per_device = s.lanes;
   if (s.chunk) eo.chunk_bytes = s.chunk;
   eo.devices = s.devices;
+  eo.host_lanes = s.host_lanes;
   eo.quiet = true;
   return eo;
 }
@@ -44,6 +49,7 @@ std::string describe(const gpupool::executor& ex, const setting& s) {
   text += std::to_string(ex.lanes_per_device()) + " lanes x " +
           std::to_string(ex.chunk_bytes() >> 10) + " KiB";
   if (s.lanes == 0 && s.chunk == 0) text += ")";
+  if (ex.host_lanes() > 0) text += " + " + std::to_string(ex.host_lanes()) + " host lanes";
   return text;
 }
 
@@ -53,10 +59,22 @@ std::string settings_json(const gpupool::executor& ex) {
          ", \"devices\": " + std::to_string(ex.devices().size()) + "}";
 }
 
-// The settings a workload runs with: the defaults, then the sweep (lanes only where pieces
-// never split a task).
+// Where an executor with host lanes ran its small calls, for a variant's name.
+std::string placement_note(const gpupool::executor& ex) {
+  if (ex.host_lanes() == 0) return {};
+  const gpupool::placement_stats p = ex.placement();
+  const double all = static_cast<double>(p.host_tasks + p.device_tasks);
+  char text[96];
+  std::snprintf(text, sizeof text, ", %.0f%% of calls on the host",
+                all > 0 ? 100.0 * static_cast<double>(p.host_tasks) / all : 0.0);
+  return text;
+}
+
+// The settings a workload runs with: the defaults, the defaults with host lanes, then the sweep
+// (lanes only where pieces never split a task).
 std::vector<setting> settings_for(const options& o, bool chunks_matter) {
   std::vector<setting> out{setting{}};
+  for (int host : o.host_lanes_list) out.push_back({0, 0, {}, false, host});
   for (int lanes : o.lanes_list) {
     if (!chunks_matter || o.chunk_list.empty()) {
       out.push_back({lanes, 0, {}, true});
@@ -100,8 +118,8 @@ void map_squares(const options& o, const std::string& unit, double amount, bool 
     std::string why;
     const auto seconds = compare::timed(
         o, run, [&] { return check_squares(in, out); }, why);
-    compare::emit(o.workload, "map, " + describe(ex, s), "gpupool", unit, amount, seconds, why,
-                  settings_json(ex), s.sweep);
+    compare::emit(o.workload, "map, " + describe(ex, s) + placement_note(ex), "gpupool", unit,
+                  amount, seconds, why, settings_json(ex), s.sweep);
   }
 }
 
@@ -115,6 +133,7 @@ void pinned_squares(const options& o) {
   }
   const double gigabytes = static_cast<double>(o.chunks * o.size * sizeof(double)) / 1e9;
   for (const setting& s : settings_for(o, true)) {
+    if (s.host_lanes > 0) continue;  // its chunks are too large for host lanes
     gpupool::executor ex(executor_options_for(o, s));
     for (auto& v : out) std::fill(v.begin(), v.end(), std::numeric_limits<double>::quiet_NaN());
     auto run = [&] {
@@ -145,6 +164,7 @@ void on_device(const options& o) {
     host[i] = static_cast<float>(static_cast<double>((i * 2654435761u) % 2000u) * 0.001 - 1.0);
 
   for (const setting& base : settings_for(o, false)) {
+    if (base.host_lanes > 0) continue;  // host lanes take no compiled kernel
     setting s = base;
     s.devices = {0};
     gpupool::executor ex(executor_options_for(o, s));
