@@ -86,7 +86,7 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
   return futures;
 }
 
-std::shared_ptr<detail::placement_group> executor::impl::place_small_calls(
+void executor::impl::place_small_calls(
     const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs, std::vector<char>& to_host) {
   to_host.assign(jobs.size(), 0);
   std::vector<std::size_t> candidates;
@@ -96,7 +96,7 @@ std::shared_ptr<detail::placement_group> executor::impl::place_small_calls(
     if (detail::host_placement::candidate(call_bytes(job)) && job.writable_in_one_pass())
       candidates.push_back(i);
   }
-  if (candidates.empty()) return nullptr;
+  if (candidates.empty()) return;
   std::size_t host_bytes = 0, host_calls = 0, device_bytes = 0;
   placement.place(candidates.size(), [&](std::size_t c, bool there) {
     const std::size_t i = candidates[c];
@@ -109,14 +109,13 @@ std::shared_ptr<detail::placement_group> executor::impl::place_small_calls(
                                                          device_bytes, device_calls);
   for (std::size_t i : candidates) jobs[i]->place(group, to_host[i] != 0);
   placement.count(host_calls, device_calls);
-  return group;
 }
 
 void executor::impl::enqueue_elementwise_all(
     std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
   if (jobs.empty()) return;
   std::vector<char> to_host;  // per job: placed on the host lanes
-  if (placement.enabled()) (void)place_small_calls(jobs, to_host);
+  if (placement.enabled()) place_small_calls(jobs, to_host);
   const auto on_host = [&](std::size_t i) { return !to_host.empty() && to_host[i] != 0; };
   std::vector<detail::work_item_ptr> items, host_items;
   items.reserve(jobs.size());

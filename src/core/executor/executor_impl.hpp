@@ -209,11 +209,9 @@ struct executor::impl {
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
   // Marks (in `to_host`, one entry per job) the calls among `jobs` that the host lanes take, as
-  // placement shares them, and returns the group they were placed in (null: no call was small
-  // enough to be placed).
-  std::shared_ptr<detail::placement_group> place_small_calls(
-      const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
-      std::vector<char>& to_host);
+  // placement shares them, and puts every call it considered in one placement group.
+  void place_small_calls(const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
+                         std::vector<char>& to_host);
 
   // A call's bytes in and out together, as placement counts them.
   static std::size_t call_bytes(const detail::elementwise_job& job) noexcept {
