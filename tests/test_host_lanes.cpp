@@ -175,6 +175,13 @@ TEST(HostLanes, TheTraceShowsTasksRunOnTheHostLanes) {
   EXPECT_EQ(on_host, p.host_tasks);
   EXPECT_EQ(on_host + on_devices, inputs.size());
   ASSERT_GT(on_host, 0u);
+  // Lanes, then totals per device: the host's after the devices', as its lane numbers are.
+  const std::vector<lane_stats> stats = t.stats();
+  ASSERT_FALSE(stats.empty());
+  EXPECT_EQ(stats.front().device, 0);
+  EXPECT_EQ(stats.back().device, host_device);
+  EXPECT_EQ(stats.back().lane, -1);
+  EXPECT_EQ(stats.back().tasks, on_host);
   std::ostringstream chrome, table;
   t.write_chrome_json(chrome);
   t.write_stats_table(table);

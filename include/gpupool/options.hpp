@@ -55,8 +55,8 @@ inline constexpr int most_slots_per_lane = 64;
 inline constexpr int most_cpu_devices = 1024;
 /// Host lanes an executor may have (executor_options::host_lanes).
 inline constexpr int most_host_lanes = 256;
-/// The largest task, in bytes in and out together, that may run on host lanes: a call of map or
-/// transform_each over host arrays that fits one piece and no more than this.
+/// The largest call, in bytes in and out together, that may run on host lanes: a call of map or
+/// transform_each over host arrays of at most this many bytes (a host lane runs it whole).
 inline constexpr std::size_t most_host_task_bytes = std::size_t{256} << 10;
 /// Priorities of work (executor_options::priority, task_options::priority): integers from
 /// lowest_priority to highest_priority; a higher number is more urgent, and 0 is the default.

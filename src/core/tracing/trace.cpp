@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -105,8 +106,16 @@ trace::trace(backend_kind backend, std::vector<std::string> device_names, int la
       records_(std::move(records)) {}
 
 std::vector<lane_stats> trace::stats() const {
-  std::map<std::pair<int, int>, std::vector<const task_record*>> by_lane;
-  std::map<int, std::vector<const task_record*>> by_device;
+  // Host lanes (host_device) after the devices, as their lane numbers are.
+  const auto host_last = [](int a, int b) {
+    return (a == host_device ? INT_MAX : a) < (b == host_device ? INT_MAX : b);
+  };
+  const auto by_device_then_lane = [&](const std::pair<int, int>& a, const std::pair<int, int>& b) {
+    return a.first != b.first ? host_last(a.first, b.first) : a.second < b.second;
+  };
+  std::map<std::pair<int, int>, std::vector<const task_record*>, decltype(by_device_then_lane)>
+      by_lane(by_device_then_lane);
+  std::map<int, std::vector<const task_record*>, decltype(host_last)> by_device(host_last);
   for (const auto& r : records_) {
     by_lane[{r.device, r.lane}].push_back(&r);
     by_device[r.device].push_back(&r);
@@ -173,8 +182,10 @@ void trace::write_chrome_json(std::ostream& out) const {
     if (!named_lanes[r.lane]) {
       named_lanes[r.lane] = true;
       name_track(pid_of(r), host_tid, "lane " + std::to_string(r.lane) + " host", 2 * r.lane);
-      name_track(pid_of(r), stream_tid, "lane " + std::to_string(r.lane) + " stream",
-                 2 * r.lane + 1);
+      // A host lane has no stream.
+      if (r.device != host_device)
+        name_track(pid_of(r), stream_tid, "lane " + std::to_string(r.lane) + " stream",
+                   2 * r.lane + 1);
     }
     // The whole journey, from the lane taking it to its result handed back.
     events.push_back({{"ph", "X"},
