@@ -139,6 +139,7 @@ class _Defaults:
         self.in_flight_budget = options.in_flight_budget
         self.when_full = options.when_full
         self.priority = options.priority
+        self.host_lanes = options.host_lanes
 
 
 _DEFAULTS = _Defaults(_ext.ExecutorOptions())
@@ -224,6 +225,12 @@ class Executor(_futures.Executor):
             backend), ``"measured"`` (on any backend), ``"remeasure"`` (measure now and replace
             the cached result) or ``"fixed"`` (8 lanes on CUDA, host cores on the CPU backend,
             8 MiB chunks). ``GPUPOOL_TUNING`` overrides it. ``settings`` says what was chosen.
+        host_lanes: threads beside the devices' lanes, 0 to 256 (default 0: none), that run
+            small calls of built-in kernels over host arrays (``map`` and ``submit``, each call
+            at most 256 KiB in and out together) on the host itself, without staging or copies.
+            Such calls are shared between the host lanes and the devices in proportion to the
+            rates each side reached on earlier calls; ``placement()`` reports them. Everything
+            else runs on the devices.
         quiet: no messages on standard error: the notice of falling back to the CPU backend, a
             device taken out of service, a tuning sweep that failed (errors are still raised).
 
@@ -243,7 +250,8 @@ class Executor(_futures.Executor):
                  in_flight_budget: int = _DEFAULTS.in_flight_budget,
                  when_full: str = _DEFAULTS.when_full,
                  tuning: Literal["auto", "measured", "remeasure", "fixed"] = "auto",
-                 quiet: bool = False, priority: int = _DEFAULTS.priority) -> None:
+                 quiet: bool = False, priority: int = _DEFAULTS.priority,
+                 host_lanes: int = _DEFAULTS.host_lanes) -> None:
         lanes = 0 if _is_auto(threads_per_gpu) else _count(
             "threads_per_gpu", threads_per_gpu, 1, _ext.MOST_LANES_PER_DEVICE,
             f"a whole number from 1 to {_ext.MOST_LANES_PER_DEVICE}, or 'auto'")
@@ -276,6 +284,9 @@ class Executor(_futures.Executor):
                             f"({type(quiet).__name__})")
         options.quiet = quiet
         options.priority = cast(int, _priority(priority, False, "gpupool.Executor"))
+        options.host_lanes = _count(
+            "host_lanes", host_lanes, 0, _ext.MOST_HOST_LANES,
+            f"a whole number from 0 (none) to {_ext.MOST_HOST_LANES}")
         self._core = _ext.Executor(options)
         self._ordinals = [d["ordinal"] for d in self._core.devices]
         self._lock = threading.Lock()
@@ -318,6 +329,12 @@ class Executor(_futures.Executor):
         return self._core.lane_count
 
     @property
+    def host_lanes(self) -> int:
+        """Host lanes beside the devices' lanes (the ``host_lanes`` option; not counted in
+        ``lane_count``)."""
+        return self._core.host_lanes
+
+    @property
     def _max_workers(self) -> int:
         """The lanes of every device: what ``ThreadPoolExecutor._max_workers`` says of its
         threads. Dask's local scheduler (``dask.config.set(pool=ex, scheduler="threads")``) and
@@ -356,6 +373,16 @@ class Executor(_futures.Executor):
     def memory_stats(self) -> list[dict[str, Any]]:
         """Per device: bytes gpupool holds now (``in_use``), its ``peak`` and the ``budget``."""
         return self._core.memory_stats()
+
+    def placement(self) -> dict[str, Any]:
+        """Where small calls of built-in kernels over host arrays (at most
+        ``gpupool._ext.MOST_HOST_TASK_BYTES`` in and out together) ran since the executor
+        started, with host lanes: ``host_tasks`` (placed on the host lanes) and ``device_tasks``
+        (small enough for them, placed on the devices); ``host_share``, the share of such calls the
+        next ones give the host lanes; and the rates behind it, ``host_bytes_per_second`` and
+        ``device_bytes_per_second`` (bytes in and out per second of each side's calls, from
+        their queueing to their end; 0 until measured). All 0 without host lanes."""
+        return self._core.placement()
 
     # -- tracing --------------------------------------------------------------------------------
     @contextlib.contextmanager

@@ -23,6 +23,10 @@ from ._figure import DPI, Target, new_figure, save, to_bytes
 
 Floats = npt.NDArray[np.float64]
 
+#: The device of a record a host lane ran (``gpupool._ext.HOST_DEVICE``; kept here so that a
+#: records file can be drawn without the extension).
+HOST_DEVICE = -1
+
 #: Above this many records a timeline is always drawn aggregated per pixel column: one shape
 #: per bar costs time (and, in an SVG, bytes) in proportion to the bars.
 EXACT_RECORDS_LIMIT = 20_000
@@ -130,8 +134,14 @@ def _stack_heights(shares: Floats, pixels: int) -> npt.NDArray[np.int64]:
     return heights
 
 
+def _row_label(device: int, lane: int) -> str:
+    return f"host, lane {lane}" if device == HOST_DEVICE else f"device {device}, lane {lane}"
+
+
 class _Layout:
-    """The picture's rows: per device, its lanes, then its engines; and each lane's records."""
+    """The picture's rows: per device, its lanes, then its engines; then the host lanes (records
+    of HOST_DEVICE), which have no stream and no engines: their work is drawn on their own rows
+    only. And each lane's records."""
 
     def __init__(self, cols: _Columns, engines: List[str]) -> None:
         # One number per (device, lane), ordered as the pairs are (from their ranks, which
@@ -152,13 +162,22 @@ class _Layout:
         #: Row of (device, engine).
         self.engine_row: Dict[Tuple[int, str], int] = {}
         lane_devices = cols.device[first]
-        for device in np.unique(lane_devices):
-            for lane in cols.lane[first[lane_devices == device]]:
+        # The host lanes after the devices, as their lane numbers follow the devices' lanes.
+        devices = sorted(np.unique(lane_devices).tolist(), key=lambda d: (d == HOST_DEVICE, d))
+        rows_of_lanes: List[npt.NDArray[np.intp]] = []  # per device, its lanes' indices
+        for device in devices:
+            mine = np.flatnonzero(lane_devices == device)
+            rows_of_lanes.append(mine)
+            for lane in cols.lane[first[mine]]:
                 self.lane_row.append(len(self.labels))
-                self.labels.append(f"device {device}, lane {lane}")
+                self.labels.append(_row_label(device, int(lane)))
+            if device == HOST_DEVICE:
+                continue
             for engine in engines:
                 self.engine_row[(int(device), engine)] = len(self.labels)
                 self.labels.append(f"device {device}: {engine}")
+        # lane_row is in the order of the rows above: lane_records follows it.
+        self.lane_records = [self.lane_records[i] for i in np.concatenate(rows_of_lanes)]
         self.record_device = cols.device
 
 

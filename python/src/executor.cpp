@@ -284,6 +284,17 @@ nb::dict device_dict(const gpupool::device_info& d, int lanes) {
   return out;
 }
 
+// Executor.placement()'s dict: the fields of gpupool::placement_stats, under their names.
+nb::dict placement_dict(const gpupool::placement_stats& p) {
+  nb::dict out;
+  out["host_tasks"] = p.host_tasks;
+  out["device_tasks"] = p.device_tasks;
+  out["host_share"] = p.host_share;
+  out["host_bytes_per_second"] = p.host_bytes_per_second;
+  out["device_bytes_per_second"] = p.device_bytes_per_second;
+  return out;
+}
+
 nb::dict settings_dict(const gpupool::executor_settings& s) {
   nb::dict out;
   out["threads_per_gpu"] = s.lanes_per_device;
@@ -370,6 +381,7 @@ void bind_executor(nb::module_& m) {
       .def_rw("cpu_devices", &gpupool::executor_options::cpu_devices)
       .def_rw("cpu_copy_rate", &gpupool::executor_options::cpu_copy_rate)
       .def_rw("priority", &gpupool::executor_options::priority)
+      .def_rw("host_lanes", &gpupool::executor_options::host_lanes)
       .def_rw("quiet", &gpupool::executor_options::quiet);
 
   bind_device_map(m);  // DeviceMapRun, which map_device_calls returns
@@ -439,6 +451,8 @@ void bind_executor(nb::module_& m) {
                    [](const py_executor& e) { return settings_dict(e.get().settings()); })
       .def_prop_ro("queued", [](const py_executor& e) { return e.get().queued(); })
       .def_prop_ro("priority", [](const py_executor& e) { return e.get().priority(); })
+      .def_prop_ro("host_lanes", [](const py_executor& e) { return e.get().host_lanes(); })
+      .def("placement", [](const py_executor& e) { return placement_dict(e.get().placement()); })
       .def_prop_ro("is_lane_thread", [](const py_executor& e) { return e.get().is_lane_thread(); })
       .def_prop_ro("devices",
                    [](const py_executor& e) {

@@ -34,6 +34,9 @@ NB_MODULE(_ext, m) {
   m.attr("MOST_SLOTS_PER_LANE") = gpupool::limits::most_slots_per_lane;
   m.attr("MOST_CPU_DEVICES") = gpupool::limits::most_cpu_devices;
   m.attr("LEAST_CPU_COPY_RATE") = gpupool::limits::least_cpu_copy_rate;
+  m.attr("MOST_HOST_LANES") = gpupool::limits::most_host_lanes;
+  m.attr("MOST_HOST_TASK_BYTES") = gpupool::limits::most_host_task_bytes;
+  m.attr("HOST_DEVICE") = gpupool::host_device;  // the device of a host lane's trace records
   m.attr("LOWEST_PRIORITY") = gpupool::limits::lowest_priority;
   m.attr("HIGHEST_PRIORITY") = gpupool::limits::highest_priority;
   nb::list backends;
