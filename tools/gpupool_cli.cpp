@@ -32,6 +32,7 @@ struct pool_flags {
   int lanes = 0;
   int slots = 2;
   int cpu_devices = 0;
+  int host_lanes = 0;
   std::size_t chunk_bytes = 0;
   std::string tuning;
 
@@ -51,6 +52,10 @@ struct pool_flags {
         ->check(CLI::Range(1, gpupool::limits::most_slots_per_lane));
     cmd.add_option("--cpu-devices", cpu_devices, "devices the CPU backend stands in for")
         ->check(CLI::Range(0, gpupool::limits::most_cpu_devices));
+    cmd.add_option("--host-lanes", host_lanes,
+                   "threads beside the devices' lanes that run small calls of built-in kernels "
+                   "on the host (default 0: none)")
+        ->check(CLI::Range(0, gpupool::limits::most_host_lanes));
     cmd.add_option("--chunk-bytes", chunk_bytes,
                    "largest piece moved through a staging slot (e.g. 65536, 64K, 8M; default 0: "
                    "as --tuning says)")
@@ -72,6 +77,7 @@ struct pool_flags {
     o.lanes_per_device = lanes;
     o.slots_per_lane = slots;
     o.cpu_devices = cpu_devices;
+    o.host_lanes = host_lanes;
     o.chunk_bytes = chunk_bytes;
     if (auto t = gpupool::tuning_from_name(tuning)) o.tuning = *t;
     return o;
@@ -116,6 +122,7 @@ int run_info(const pool_flags& flags) {
   std::printf("lanes per device: %d (%d in all; %s)\n", ex.lanes_per_device(), ex.lane_count(),
               gpupool::to_string(settings.lanes_from));
   std::printf("slots per lane:   %d\n", ex.slots_per_lane());
+  std::printf("host lanes:       %d\n", ex.host_lanes());
   std::printf("chunk bytes:      %zu (%s)\n", ex.chunk_bytes(),
               gpupool::to_string(settings.chunk_from));
   if (!settings.samples.empty()) {

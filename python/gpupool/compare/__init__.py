@@ -53,6 +53,9 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
                         help="gpupool lanes per GPU to sweep (default 4,8,16; tiny 1,2,4)")
     parser.add_argument("--chunk-list", default="",
                         help="gpupool chunk_bytes to sweep, e.g. 1M,2M,8M (the default)")
+    parser.add_argument("--host-lanes-list", default="",
+                        help="also run W1, W2 and W4's maps with the defaults and each of these "
+                             "numbers of host lanes, e.g. 4,8 (default: none)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
                         help="gpupool backend (default: CUDA when a GPU is usable)")
     parser.add_argument("--bench-dir", default=None,

@@ -158,6 +158,7 @@ class Comparison:
             # "measured" or "cached" on CUDA (docs/configuration.md, "Tuning"), else "fixed".
             self.default_source = probe.settings["threads_per_gpu_from"]
         self.lanes_list = _ints(args.lanes_list) or ([1, 2, 4] if args.tiny else [4, 8, 16])
+        self.host_lanes_list = _ints(args.host_lanes_list)
         self.chunk_list = _sizes(args.chunk_list) or (
             [64 << 10, 1 << 20] if args.tiny else [1 << 20, 2 << 20, 8 << 20])
 
@@ -199,7 +200,7 @@ class Comparison:
         return [self.add(r) for r in measure_interleaved(contenders, self.timing, close)]
 
     def executor(self, closers: Closers, lanes: Optional[int] = None, chunk: Optional[int] = None,
-                 devices: Optional[List[int]] = None) -> gpupool.Executor:
+                 devices: Optional[List[int]] = None, host_lanes: int = 0) -> gpupool.Executor:
         options: Dict[str, Any] = {"backend": self.backend}
         if lanes:
             options["threads_per_gpu"] = lanes
@@ -207,6 +208,8 @@ class Comparison:
             options["chunk_bytes"] = chunk
         if devices is not None:
             options["devices"] = devices
+        if host_lanes:
+            options["host_lanes"] = host_lanes
         ex = gpupool.Executor(**options)
         closers.append(ex.shutdown)
         return ex
@@ -339,6 +342,15 @@ class Comparison:
 
         self.run(name, f"{what}, {self.settings_label(None, None)}", GPUPOOL, unit, amount,
                  setup, check, {"lanes": None, "chunk_bytes": None})
+        if label == "map" and devices is None:
+            for host in self.host_lanes_list:
+                def with_host_lanes(closers: Closers, h: int = host) -> Callable[[], Any]:
+                    ex = self.executor(closers, host_lanes=h)
+                    return lambda: work(ex)
+
+                self.run(name, f"{what}, {self.settings_label(None, None)} + {host} host lanes",
+                         GPUPOOL, unit, amount, with_host_lanes, check,
+                         {"lanes": None, "chunk_bytes": None, "host_lanes": host})
         points: List[Result] = []
         for lanes in self.lanes_list:
             for chunk in (self.chunk_list if sweep_chunks else [None]):
@@ -721,6 +733,8 @@ class Comparison:
             "--backend", self.backend,
             "--lanes-list", ",".join(str(x) for x in self.lanes_list),
             "--chunk-list", ",".join(str(x) for x in self.chunk_list)]
+        if self.host_lanes_list:
+            arguments += ["--host-lanes-list", ",".join(str(x) for x in self.host_lanes_list)]
         self.program_rows(workload, path, arguments, label + " ")
 
     def baseline_rows(self, workload: str, table: str) -> None:
