@@ -17,10 +17,15 @@
 //                             [--tasks N] [--size N] [--repeat N]
 //                             [--modes submit,one,map]
 //                             [--budget default|none] [--shared-gpu no|yes]
+//                             [--host-lanes N] [--cpu-copy-rate BYTES_PER_SECOND]
 // --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
 // tasks count no bytes; beside the default it shows what the counting costs per task.
+// --host-lanes N: that many host lanes (executor_options::host_lanes) beside the devices' lanes;
+// map rows then say what share of the calls ran on them. --cpu-copy-rate: the CPU stand-ins'
+// copy rate (executor_options::cpu_copy_rate), to model a device slower than the host.
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
@@ -45,6 +50,8 @@ struct settings {
   int repeat = 3;
   bool budget = true;       // false: --budget none
   bool shared_gpu = false;  // --shared-gpu yes: every device is the first GPU
+  int host_lanes = 0;
+  double cpu_copy_rate = 0;
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -90,6 +97,10 @@ settings parse(int argc, char** argv) {
       s.repeat = std::stoi(value);
     else if (flag == "--budget" && (value == "default" || value == "none"))
       s.budget = value == "default";
+    else if (flag == "--host-lanes")
+      s.host_lanes = std::stoi(value);
+    else if (flag == "--cpu-copy-rate")
+      s.cpu_copy_rate = std::stod(value);
     else if (flag == "--shared-gpu" && (value == "no" || value == "yes"))
       s.shared_gpu = value == "yes";
     else
@@ -116,6 +127,8 @@ gpupool::executor_options options_for(const settings& s, int devices, int lanes)
   o.quiet = true;
   o.tuning = gpupool::tuning::fixed;  // tiny arrays: the chunk size does not matter here
   if (!s.budget) o.in_flight_budget = std::numeric_limits<std::size_t>::max();
+  o.host_lanes = s.host_lanes;
+  o.cpu_copy_rate = s.cpu_copy_rate;
   o.backend = s.backend == "cpu" ? gpupool::backend_kind::cpu : gpupool::backend_kind::cuda;
   if (s.backend == "cpu") o.cpu_devices = s.shared_gpu ? 1 : devices;
   for (int d = 0; d < devices; ++d) o.devices.push_back(s.shared_gpu ? 0 : d);
@@ -182,13 +195,14 @@ int main(int argc, char** argv) {
     std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d%s\n",
                 s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat,
                 s.shared_gpu ? "; every device on the first GPU" : "");
-    std::printf("%-7s %8s %6s %14s %14s %16s\n", "mode", "devices", "lanes", "tasks/s",
-                "cpu us/task", "queueing us/task");
+    std::printf("%-7s %8s %6s %14s %14s %16s %9s\n", "mode", "devices", "lanes", "tasks/s",
+                "cpu us/task", "queueing us/task", "on host");
     for (const auto& mode : s.modes) {
       for (int devices : s.devices) {
         for (int lanes : s.lanes) {
           std::vector<double> times, queueing;
           double cpu_before = 0.0;
+          std::string on_host = "-";
           {
             gpupool::executor ex(options_for(s, devices, lanes));
             const std::vector<std::vector<double>> warm(
@@ -206,6 +220,14 @@ int main(int argc, char** argv) {
                 times.push_back(map_round(ex, inputs, queued));
                 queueing.push_back(queued);
               }
+              if (ex.host_lanes() > 0) {
+                const gpupool::placement_stats p = ex.placement();
+                on_host =
+                    std::to_string(static_cast<int>(100.0 * static_cast<double>(p.host_tasks) /
+                                                    static_cast<double>(std::max<std::uint64_t>(
+                                                        p.host_tasks + p.device_tasks, 1)))) +
+                    "%";
+              }
             }
           }
           const double cpu_per_task =
@@ -218,9 +240,10 @@ int main(int argc, char** argv) {
           // The map's own time per input in its fastest round ("-" where nothing is queued
           // separately from waiting).
           if (queueing.empty())
-            std::printf(" %16s\n", "-");
+            std::printf(" %16s", "-");
           else
-            std::printf(" %16.3f\n", 1e6 * queueing[fastest] / static_cast<double>(s.tasks));
+            std::printf(" %16.3f", 1e6 * queueing[fastest] / static_cast<double>(s.tasks));
+          std::printf(" %9s\n", on_host.c_str());
           std::fflush(stdout);
         }
       }
