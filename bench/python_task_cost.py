@@ -5,9 +5,11 @@ are imported (a lane binds their streams before each Python call once they are).
 variant's results are checked before its rate is printed.
 
     python bench/python_task_cost.py [--repeat 5] [--tasks 20000] [--only VARIANT]
+                                     [--host-lanes N]
 
 --only "A|B" runs the timed rounds of the variants whose names contain A or B, nothing else (to
-profile one, or to compare a few under another setting).
+profile one, or to compare a few under another setting). --host-lanes N adds the square's map and
+submit loop with N host lanes (``Executor(host_lanes=N)``), and says where their calls ran.
 
 Each line gives the rate of the best round, the share of it the submits took, and the CPU time
 the calling thread spent per task in that round (`time.thread_time`): what the caller pays per
@@ -47,6 +49,7 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=1_024)
     parser.add_argument("--only", default=None)
+    parser.add_argument("--host-lanes", type=int, default=0)
     args = parser.parse_args()
     rng = np.random.default_rng(7)
     data = [rng.uniform(-10, 10, args.size) for _ in range(args.tasks)]
@@ -61,6 +64,10 @@ def main() -> int:
 
     def executor(lanes: Optional[int]) -> Any:
         return pool(f"gpupool {lanes}", lambda: gpupool.Executor(lanes or "auto"))
+
+    def hosted(host_lanes: int) -> Any:
+        return pool(f"gpupool + {host_lanes} host lanes",
+                    lambda: gpupool.Executor(host_lanes=host_lanes))
 
     def tpe(threads: int) -> Any:
         return pool(f"tpe {threads}", lambda: ThreadPoolExecutor(max_workers=threads))
@@ -132,6 +139,18 @@ def main() -> int:
             measure(f"gpupool no-op map, {label}{when}", mapped(executor, lanes, noop), same)
         measure(f"gpupool square map, default lanes{when}", mapped(executor, None, square),
                 squares)
+        if args.host_lanes:
+            hosts = f"default lanes + {args.host_lanes} host lanes"
+            measure(f"gpupool square map, {hosts}{when}", mapped(hosted, args.host_lanes, square),
+                    squares)
+            measure(f"gpupool square submit loop, {hosts}{when}",
+                    looped(hosted, args.host_lanes, square), squares)
+            made = pools.get(f"gpupool + {args.host_lanes} host lanes")  # none if --only left out
+            if made is not None:
+                placement = made.placement()
+                placed = placement["host_tasks"] + placement["device_tasks"]
+                print(f"  host lanes ran {placement['host_tasks'] / max(placed, 1):.0%} of "
+                      f"{placed:,} calls (share now {placement['host_share']:.2f})", flush=True)
         measure(f"gpupool square submit loop, pinned inputs, default lanes{when}",
                 looped(executor, None, square, pinned), squares_pinned)
         # One task in flight: the round trip of a task (a tenth of the tasks).

@@ -228,3 +228,18 @@ def test_a_trace_of_host_lanes_only_draws_aggregated_too():
     labels = [label.get_text() for label in figure.axes[0].get_yticklabels()]
     assert labels == ["host, lane 2", "host, lane 3"]
 
+
+
+def test_host_lanes_beside_each_backends_devices(backend):
+    """On CUDA the devices' share goes through the GPU and the host's does not: every result is
+    the kernel's either way, from map and from submit."""
+    xs = small_arrays(500, size=1024)
+    with gpupool.Executor(backend=backend, host_lanes=2) as ex:
+        for _ in range(3):
+            squares = list(ex.map(gpupool.kernels.square, xs))
+            assert all(np.array_equal(r, x * x) for r, x in zip(squares, xs))
+        futures = [ex.submit(gpupool.kernels.scale(3.0), x) for x in xs[:50]]
+        assert all(np.array_equal(f.result(), 3.0 * x) for f, x in zip(futures, xs))
+        placement = ex.placement()
+    assert placement["host_tasks"] + placement["device_tasks"] == 3 * len(xs) + 50
+    assert placement["host_tasks"] > 0
