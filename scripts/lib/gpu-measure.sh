@@ -8,8 +8,8 @@ usage() {
   cat <<'EOF'
 usage: scripts/gpu measure [--out DIR] [--workloads LIST] [--lanes LIST] [--chunks LIST]
                            [--no-compare] [--images] [--small-tasks] [--shared] [--priority]
-                           [--dask] [--dask-model] [--profile] [--step-seconds N]
-                           [-- COMPARE_ARGS...]
+                           [--dask] [--dask-model] [--profile] [--host-lanes LIST]
+                           [--step-seconds N] [-- COMPARE_ARGS...]
 
 Builds in build-measure (no tests, no NVTX ranges), pip installs the package, then:
   1. `gpupool info --tuning remeasure`: the sweep the default lanes and chunk size
@@ -37,6 +37,12 @@ Optional steps, each bounded by --step-seconds:
   --dask-model    where dask and distributed import: bench/dask_scaling.py and
                   bench/dask_cluster_model.py (CPU backend; the model's step may take
                   8 x --step-seconds)
+  --host-lanes LIST  W4's shape with that many host lanes beside GPU 0's lanes (each
+                  count in LIST, such as 4,8): from C++ (gpupool_bench_small_tasks,
+                  map) and from Python (bench/python_task_cost.py, the square's map
+                  and submit loop), each beside the same without host lanes, saying
+                  what share of the calls ran on the host; with the compare step,
+                  also its --host-lanes-list (W1, W2 and W4's maps)
   --profile       with .deps/profiler/ (scripts/stage-profiler): CPU profiles
                   (gperftools) of W4's shape from C++ and of the Python submit loop
                   of bench/python_task_cost.py, with the files bench/read_profile.py
@@ -62,6 +68,7 @@ writes to $OUT:
     --small-tasks:   small_tasks.txt
     --shared:        shared_devices.txt, shared_devices.json
     --priority:      priority.txt
+    --host-lanes:    host_lanes.txt
     --dask:          dask.txt
     --dask-model:    dask.txt, dask_cluster_model.json
     --profile:       w4.prof, w4.bin, submit.prof, python.bin, the extension module,
@@ -74,6 +81,7 @@ lanes=${COMPARE_LANES:-8,16}
 chunks=${COMPARE_CHUNKS:-2M,4M}
 step=${STEP_SECONDS:-150}
 images=0 small_tasks=0 shared=0 priority=0 dask=0 dask_model=0 profile=0 compare=1
+host_lanes=
 compare_args=()
 while [ $# -gt 0 ]; do
   case $1 in
@@ -91,6 +99,7 @@ while [ $# -gt 0 ]; do
     --dask-model) dask_model=1 ;;
     --no-compare) compare=0 ;;
     --profile) profile=1 ;;
+    --host-lanes) need_value "$1" $#; host_lanes=$2; shift ;;
     --) shift; compare_args=("$@"); break ;;
     *) usage_error "measure: unknown option '$1'" ;;
   esac
@@ -98,6 +107,11 @@ while [ $# -gt 0 ]; do
 done
 need_count --step-seconds "$step"
 [ -n "$workloads" ] && compare_args=(--workloads "$workloads" "${compare_args[@]}")
+if [ -n "$host_lanes" ]; then
+  [[ $host_lanes =~ ^[1-9][0-9]*(,[1-9][0-9]*)*$ ]] ||
+    usage_error "measure: --host-lanes takes counts separated by commas, such as 4,8"
+  compare_args=(--host-lanes-list "$host_lanes" "${compare_args[@]}")
+fi
 
 start_run
 export PYTHONUNBUFFERED=1 GPUPOOL_QUIET=1
@@ -180,6 +194,23 @@ if [ $small_tasks = 1 ]; then
     --lanes 8,16 --modes map,submit --shared-gpu yes 2>&1 | tee -a "$OUT/small_tasks.txt" |
     tee -a "$log"
   step_done "${PIPESTATUS[0]}" "gpupool_bench_small_tasks --shared-gpu yes"
+fi
+
+if [ -n "$host_lanes" ]; then
+  say "== W4's shape with host lanes beside GPU 0's lanes: $host_lanes"
+  for count in 0 ${host_lanes//,/ }; do
+    echo "-- C++, $count host lanes" | tee -a "$OUT/host_lanes.txt" >>"$log"
+    timeout "$step" build-measure/bench/gpupool_bench_small_tasks --backend cuda --devices 1 \
+      --lanes 8,16 --modes map --host-lanes "$count" 2>&1 | tee -a "$OUT/host_lanes.txt" |
+      tee -a "$log"
+    step_done "${PIPESTATUS[0]}" "gpupool_bench_small_tasks --host-lanes $count"
+    [ "$count" = 0 ] && continue
+    echo "-- Python, $count host lanes" | tee -a "$OUT/host_lanes.txt" >>"$log"
+    CUDA_VISIBLE_DEVICES=0 timeout "$step" python3 bench/python_task_cost.py --repeat 5 \
+      --only "gpupool square map|gpupool square submit loop, default lanes" \
+      --host-lanes "$count" 2>&1 | tee -a "$OUT/host_lanes.txt" | tee -a "$log"
+    step_done "${PIPESTATUS[0]}" "bench/python_task_cost.py --host-lanes $count"
+  done
 fi
 
 if [ $shared = 1 ]; then
