@@ -271,6 +271,56 @@ TEST(HostLanes, CancelledCallsAreCountedOutAndTheRestRun) {
   EXPECT_EQ(ex.in_flight().bytes, 0u);
 }
 
+TEST(HostLanes, ACallbackOnAHostLaneIsOnTheExecutorsOwnThread) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.cpu_devices = 1;
+  o.host_lanes = 1;
+  executor ex(o);
+  // The device's lane held: until it is let go, only the host lane completes calls.
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  std::atomic<bool> held{false};
+  auto holder = ex.submit([&](lane&) {
+    held = true;
+    opened.wait();
+  });
+  while (!held) std::this_thread::yield();
+  const auto inputs = small_inputs(400, 2000);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
+  std::atomic<int> on_lanes{0}, refused{0}, nested_ok{0};
+  std::atomic<std::size_t> callbacks{0};
+  for (auto& f : futures)
+    f.on_complete([&](future<host_vector<double>>&) {
+      struct count_at_end {
+        std::atomic<std::size_t>& n;
+        ~count_at_end() { ++n; }
+      } counted{callbacks};
+      if (!ex.is_lane_thread()) return;  // completed before the callback was added
+      ++on_lanes;
+      try {
+        ex.shutdown(false);
+      } catch (const std::logic_error&) {
+        ++refused;
+      }
+      // Work queued from a lane is admitted without waiting, and runs.
+      std::vector<std::vector<double>> one{{2.0, 3.0}};
+      auto more = ex.map(builtin_kernel::square(), one);
+      (void)more;
+      ++nested_ok;
+    });
+  // Wait until the host lane has completed something with its callback, then let the device go.
+  for (int i = 0; i < 2000 && on_lanes.load() == 0; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  open.set_value();
+  holder.get();
+  // A future is ready before its callbacks have run: wait for them too.
+  while (callbacks.load() < futures.size()) std::this_thread::yield();
+  ex.shutdown(false);
+  EXPECT_GT(on_lanes.load(), 0);
+  EXPECT_EQ(refused.load(), on_lanes.load());
+  EXPECT_EQ(nested_ok.load(), on_lanes.load());
+}
+
 TEST(HostLanes, ValuesOutsideTheLimitsAreRefused) {
   for (int bad : {-1, limits::most_host_lanes + 1}) {
     executor_options o = testing::quiet_options(backend_kind::cpu, 1);
