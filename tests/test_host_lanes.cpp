@@ -37,6 +37,41 @@ std::vector<std::vector<double>> small_inputs(std::size_t n, std::size_t most = 
   return inputs;
 }
 
+// One CPU stand-in device with one lane, whatever GPUPOOL_CPU_DEVICES says, and `host_lanes`.
+executor_options one_device(int host_lanes) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
+  o.cpu_devices = 1;
+  o.host_lanes = host_lanes;
+  return o;
+}
+
+// Holds a lane of `ex` (its only one, on a one-lane executor) with a task until release().
+class held_lane {
+ public:
+  explicit held_lane(executor& ex)
+      : holder_(ex.submit([this](lane&) {
+          held_ = true;
+          opened_.wait();
+        })) {
+    while (!held_) std::this_thread::yield();
+  }
+  held_lane(const held_lane&) = delete;
+  held_lane& operator=(const held_lane&) = delete;
+  ~held_lane() { release(); }
+  void release() {
+    if (released_.exchange(true)) return;
+    open_.set_value();
+    holder_.get();
+  }
+
+ private:
+  std::promise<void> open_;
+  std::shared_future<void> opened_ = open_.get_future().share();
+  std::atomic<bool> held_{false};
+  std::atomic<bool> released_{false};
+  future<void> holder_;
+};
+
 class HostLanesTest : public ::testing::TestWithParam<backend_kind> {
  protected:
   void SetUp() override { GPUPOOL_SKIP_UNLESS_USABLE(GetParam()); }
@@ -147,10 +182,7 @@ TEST(HostLanes, OutputsOverlappingTheirInputsPartWayStayOnTheDevices) {
 }
 
 TEST(HostLanes, TheTraceShowsTasksRunOnTheHostLanes) {
-  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
-  o.cpu_devices = 1;
-  o.host_lanes = 2;
-  executor ex(o);
+  executor ex(one_device(2));
   ex.set_tracing(true);
   const auto inputs = small_inputs(500, 300);
   (void)ex.map(builtin_kernel::square(), inputs).get();
@@ -192,10 +224,8 @@ TEST(HostLanes, TheTraceShowsTasksRunOnTheHostLanes) {
 TEST(HostLanes, PlacementMovesCallsToTheFasterSide) {
   // A stand-in device whose copies run at 20 MB/s: a call of 8 KiB in and out takes about a
   // millisecond there and microseconds on the host.
-  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
-  o.cpu_devices = 1;
+  executor_options o = one_device(1);
   o.cpu_copy_rate = 20e6;
-  o.host_lanes = 1;
   executor ex(o);
   const double first_share = ex.placement().host_share;
   EXPECT_DOUBLE_EQ(first_share, 0.5);  // one lane each side, nothing measured yet
@@ -214,28 +244,17 @@ TEST(HostLanes, PlacementMovesCallsToTheFasterSide) {
 }
 
 TEST(HostLanes, ShutdownThatCancelsPendingWorkEndsEveryCall) {
-  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
-  o.cpu_devices = 1;
-  o.host_lanes = 1;
-  executor ex(o);
+  executor ex(one_device(1));
   // The device's lane held, so that the calls placed there wait; the host lane keeps running.
-  std::promise<void> open;
-  std::shared_future<void> opened = open.get_future().share();
-  std::atomic<bool> held{false};
-  auto holder = ex.submit([&](lane&) {
-    held = true;
-    opened.wait();
-  });
-  while (!held) std::this_thread::yield();
+  held_lane device(ex);
   const auto inputs = small_inputs(3000, 200);
   auto futures = ex.map(builtin_kernel::square(), inputs);
   std::thread releaser([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    open.set_value();
+    device.release();
   });
   ex.shutdown(/*cancel_pending=*/true);
   releaser.join();
-  holder.get();
   std::size_t succeeded = 0, cancelled = 0;
   for (std::size_t i = 0; i < futures.size(); ++i) {
     ASSERT_TRUE(futures[i].ready()) << "call " << i;
@@ -272,19 +291,9 @@ TEST(HostLanes, CancelledCallsAreCountedOutAndTheRestRun) {
 }
 
 TEST(HostLanes, ACallbackOnAHostLaneIsOnTheExecutorsOwnThread) {
-  executor_options o = testing::quiet_options(backend_kind::cpu, 1);
-  o.cpu_devices = 1;
-  o.host_lanes = 1;
-  executor ex(o);
+  executor ex(one_device(1));
   // The device's lane held: until it is let go, only the host lane completes calls.
-  std::promise<void> open;
-  std::shared_future<void> opened = open.get_future().share();
-  std::atomic<bool> held{false};
-  auto holder = ex.submit([&](lane&) {
-    held = true;
-    opened.wait();
-  });
-  while (!held) std::this_thread::yield();
+  held_lane device(ex);
   const auto inputs = small_inputs(400, 2000);
   auto futures = ex.map(builtin_kernel::square(), inputs);
   std::atomic<int> on_lanes{0}, refused{0}, nested_ok{0};
@@ -311,8 +320,7 @@ TEST(HostLanes, ACallbackOnAHostLaneIsOnTheExecutorsOwnThread) {
   // Wait until the host lane has completed something with its callback, then let the device go.
   for (int i = 0; i < 2000 && on_lanes.load() == 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  open.set_value();
-  holder.get();
+  device.release();
   // A future is ready before its callbacks have run: wait for them too.
   while (callbacks.load() < futures.size()) std::this_thread::yield();
   ex.shutdown(false);

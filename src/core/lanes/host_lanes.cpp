@@ -1,14 +1,12 @@
 #include "core/lanes/host_lanes.hpp"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <exception>
 #include <stdexcept>
 #include <string>
 #include <system_error>
 
 #include "core/lanes/elementwise_piece.hpp"
+#include "core/lanes/lane_thread.hpp"
 
 namespace gpupool::detail {
 namespace {
@@ -17,29 +15,19 @@ thread_local const host_lanes* current_lanes = nullptr;
 }  // namespace
 
 host_lanes::host_lanes(int count, const setup& s) : setup_(s), queue_(1, s.spin, s.priority) {
-  // As the devices' lanes: asynchronous signals go to the application's own threads.
-  sigset_t asynchronous, previous;
-  sigemptyset(&asynchronous);
-  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGCHLD, SIGWINCH})
-    sigaddset(&asynchronous, sig);
-  pthread_sigmask(SIG_BLOCK, &asynchronous, &previous);
   try {
     threads_.reserve(static_cast<std::size_t>(count));
-    for (int i = 0; i < count; ++i) threads_.emplace_back([this, i] { run(i); });
+    for (int i = 0; i < count; ++i) threads_.push_back(start_lane_thread([this, i] { run(i); }));
   } catch (const std::system_error& e) {
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     close_and_join();
     throw std::runtime_error("gpupool: could not start host lane " +
                              std::to_string(threads_.size()) + " of " + std::to_string(count) +
                              " (no thread: " + e.what() +
-                             "); the lanes already started were "
-                             "stopped");
+                             "); the lanes already started were stopped");
   } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
     close_and_join();
     throw;
   }
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
 }
 
 host_lanes::~host_lanes() {

@@ -1,15 +1,12 @@
 #include "core/lanes/lane_worker.hpp"
 
-#include <pthread.h>
-#include <signal.h>
-
 #include <algorithm>
-#include <csignal>
 #include <cstring>
 #include <string>
 #include <utility>
 
 #include "core/kernels/user_call.hpp"
+#include "core/lanes/lane_thread.hpp"
 #include "core/tracing/nvtx.hpp"
 #include "gpupool/error.hpp"
 #include "gpupool/pinned.hpp"
@@ -54,21 +51,8 @@ lane_worker::~lane_worker() {
 std::future<void> lane_worker::start() {
   std::promise<void> ready;
   auto started = ready.get_future();
-  // Lanes never take the process's asynchronous signals (Ctrl-C, termination, timers): the
-  // kernel then hands them to the application's own threads, where a Python main thread sees
-  // them at once. A thread inherits its creator's mask, so it is set around the creation only.
-  sigset_t asynchronous, previous;
-  sigemptyset(&asynchronous);
-  for (int s : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGALRM, SIGUSR1, SIGUSR2, SIGCHLD, SIGWINCH})
-    sigaddset(&asynchronous, s);
-  pthread_sigmask(SIG_BLOCK, &asynchronous, &previous);
-  try {
-    thread_ = std::thread([this, ready = std::move(ready)]() mutable { run(std::move(ready)); });
-  } catch (...) {
-    pthread_sigmask(SIG_SETMASK, &previous, nullptr);
-    throw;
-  }
-  pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+  thread_ =
+      start_lane_thread([this, ready = std::move(ready)]() mutable { run(std::move(ready)); });
   return started;
 }
 
