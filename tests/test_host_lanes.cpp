@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <future>
 #include <limits>
+#include <mutex>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -298,6 +299,9 @@ TEST(HostLanes, ACallbackOnAHostLaneIsOnTheExecutorsOwnThread) {
   auto futures = ex.map(builtin_kernel::square(), inputs);
   std::atomic<int> on_lanes{0}, refused{0}, nested_ok{0};
   std::atomic<std::size_t> callbacks{0};
+  const std::vector<std::vector<double>> nested_input{{2.0, 3.0}};
+  std::mutex nested_mutex;
+  std::vector<decltype(ex.map(builtin_kernel::square(), nested_input))> nested;
   for (auto& f : futures)
     f.on_complete([&](future<host_vector<double>>&) {
       struct count_at_end {
@@ -311,10 +315,10 @@ TEST(HostLanes, ACallbackOnAHostLaneIsOnTheExecutorsOwnThread) {
       } catch (const std::logic_error&) {
         ++refused;
       }
-      // Work queued from a lane is admitted without waiting, and runs.
-      std::vector<std::vector<double>> one{{2.0, 3.0}};
-      auto more = ex.map(builtin_kernel::square(), one);
-      (void)more;
+      // Work queued from a lane is admitted without waiting, and runs (its input outlives it).
+      auto more = ex.map(builtin_kernel::square(), nested_input);
+      std::lock_guard lock(nested_mutex);
+      nested.push_back(std::move(more));
       ++nested_ok;
     });
   // Wait until the host lane has completed something with its callback, then let the device go.
@@ -324,6 +328,11 @@ TEST(HostLanes, ACallbackOnAHostLaneIsOnTheExecutorsOwnThread) {
   // A future is ready before its callbacks have run: wait for them too.
   while (callbacks.load() < futures.size()) std::this_thread::yield();
   ex.shutdown(false);
+  for (auto& more : nested) {
+    const auto results = more.get();
+    ASSERT_EQ(results.size(), 1u);
+    EXPECT_TRUE(testing::matches_reference(results[0], std::vector<double>{4.0, 9.0}));
+  }
   EXPECT_GT(on_lanes.load(), 0);
   EXPECT_EQ(refused.load(), on_lanes.load());
   EXPECT_EQ(nested_ok.load(), on_lanes.load());
