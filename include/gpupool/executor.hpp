@@ -54,8 +54,9 @@ struct coalescing_stats {
 /// Where small calls of built-in kernels ran (see executor_options::host_lanes): on the host
 /// lanes or on the devices, since the executor started.
 struct placement_stats {
-  std::uint64_t host_tasks = 0;    ///< Calls placed on the host lanes.
-  std::uint64_t device_tasks = 0;  ///< Calls small enough for the host lanes placed on devices.
+  std::uint64_t host_tasks = 0;    ///< Calls queued for the host lanes (then run, or cancelled).
+  /// Calls small enough for the host lanes queued for the devices.
+  std::uint64_t device_tasks = 0;
   /// The share of such calls the next placement gives the host lanes, from the rates measured
   /// so far (0 without host lanes).
   double host_share = 0;
@@ -121,7 +122,8 @@ class executor {
   [[nodiscard]] int host_lanes() const noexcept;
   /// Where small calls of built-in kernels ran, and the shares the next ones get. Thread-safe.
   [[nodiscard]] placement_stats placement() const;
-  /// True when called from one of this executor's lane threads (e.g. inside a task).
+  /// True when called from one of this executor's lane threads (e.g. inside a task), its host
+  /// lanes included (a completion callback may run there).
   [[nodiscard]] bool is_lane_thread() const noexcept;
 
   /// Records the journey of every task taken from now on (off by default). Records accumulate

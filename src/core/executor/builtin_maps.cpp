@@ -86,36 +86,35 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
   return futures;
 }
 
-void executor::impl::place_small_calls(
+executor::impl::placed executor::impl::place_small_calls(
     const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs, std::vector<char>& to_host) {
   to_host.assign(jobs.size(), 0);
   std::vector<std::size_t> candidates;
   candidates.reserve(jobs.size());
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const detail::elementwise_job& job = *jobs[i];
-    if (detail::host_placement::candidate(call_bytes(job)) && job.writable_in_one_pass())
+    if (detail::host_placement::candidate(job.bytes_in_and_out(limits::most_host_task_bytes)) &&
+        job.writable_in_one_pass())
       candidates.push_back(i);
   }
-  if (candidates.empty()) return;
-  std::size_t host_bytes = 0, host_calls = 0, device_bytes = 0;
+  if (candidates.empty()) return {};
+  placed counts;
   placement.place(candidates.size(), [&](std::size_t c, bool there) {
-    const std::size_t i = candidates[c];
-    to_host[i] = there ? 1 : 0;
-    (there ? host_bytes : device_bytes) += call_bytes(*jobs[i]);
-    host_calls += there ? 1 : 0;
+    to_host[candidates[c]] = there ? 1 : 0;
+    counts.host_calls += there ? 1 : 0;
   });
-  const std::size_t device_calls = candidates.size() - host_calls;
-  auto group = std::make_shared<detail::placement_group>(placement, host_bytes, host_calls,
-                                                         device_bytes, device_calls);
+  counts.device_calls = candidates.size() - counts.host_calls;
+  auto group =
+      std::make_shared<detail::placement_group>(placement, counts.host_calls, counts.device_calls);
   for (std::size_t i : candidates) jobs[i]->place(group, to_host[i] != 0);
-  placement.count(host_calls, device_calls);
+  return counts;
 }
 
 void executor::impl::enqueue_elementwise_all(
     std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
   if (jobs.empty()) return;
   std::vector<char> to_host;  // per job: placed on the host lanes
-  if (placement.enabled()) place_small_calls(jobs, to_host);
+  const placed counts = placement.enabled() ? place_small_calls(jobs, to_host) : placed{};
   const auto on_host = [&](std::size_t i) { return !to_host.empty() && to_host[i] != 0; };
   std::vector<detail::work_item_ptr> items, host_items;
   items.reserve(jobs.size());
@@ -130,8 +129,9 @@ void executor::impl::enqueue_elementwise_all(
       // Whole: a host lane computes it in one pass. Pieces learn the slot size: whole-job pieces
       // coalesce up to it, on the host lanes as on the devices'.
       job->set_piece_count(1);
-      host_items.push_back(
-          std::make_unique<detail::elementwise_piece>(job, 0, job->count(), chunk_bytes));
+      host_items.push_back(std::make_unique<detail::elementwise_piece>(
+          job, 0, job->count(), chunk_bytes, -1,
+          detail::elementwise_piece::most_tasks_per_host_batch));
       stamp(*host_items.back(), now_us);
       continue;
     }
@@ -156,6 +156,7 @@ void executor::impl::enqueue_elementwise_all(
     for (auto& item : items) (void)item->cancel();
     refuse(std::nullopt);  // a fork()ed child, shut down, or no device left
   }
+  placement.count(counts.host_calls, counts.device_calls);
 }
 
 std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(
@@ -238,9 +239,11 @@ std::optional<multi_future<void>> executor::queue_transforms(const builtin_kerne
     return self.gate->cost(call.count * size_of(t) * (call.y == nullptr ? 2 : 3),
                            /*piecewise=*/true);
   };
-  // Without waiting: the whole cost is taken at once, or nothing is queued. One push at most,
-  // so that a failure never leaves a call running (nothing to wait for; the caller may hold a
-  // lock that a lane needs, the GIL say).
+  // Without waiting: the whole cost is taken at once, or nothing is queued. One push per side at
+  // most (the host lanes', then the devices'), so that a failure leaves nothing running to wait
+  // for (the caller may hold a lock that a lane needs, the GIL say), except the host lanes'
+  // calls when a shutdown comes between the two pushes: waiting for those needs no lock of the
+  // caller's (a future is done before its callbacks run, and lanes run them after).
   std::size_t taken_up_front = 0;
   if (!may_wait) {
     if (calls.size() > impl::map_batch) return std::nullopt;

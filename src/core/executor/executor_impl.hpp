@@ -208,15 +208,15 @@ struct executor::impl {
   // `jobs`.
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
+  // Calls placement put on each side.
+  struct placed {
+    std::size_t host_calls = 0;
+    std::size_t device_calls = 0;
+  };
   // Marks (in `to_host`, one entry per job) the calls among `jobs` that the host lanes take, as
   // placement shares them, and puts every call it considered in one placement group.
-  void place_small_calls(const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
-                         std::vector<char>& to_host);
-
-  // A call's bytes in and out together, as placement counts them.
-  static std::size_t call_bytes(const detail::elementwise_job& job) noexcept {
-    return job.count() * size_of(job.type()) * static_cast<std::size_t>(job.kern().arity() + 1);
-  }
+  placed place_small_calls(const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
+                           std::vector<char>& to_host);
 
   // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,
   // small enough that lanes start while the rest is being prepared.

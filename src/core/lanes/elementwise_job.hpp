@@ -43,13 +43,17 @@ class split_job {
   void piece_done() {
     // acq_rel: the last decrement sees every piece's writes, the first failure's included.
     if (remaining_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    // ended() comes before the future ends: whoever sees the outcome sees what it taught.
     if (failed_.load(std::memory_order_acquire)) {
       discard();
+      ended(false);
       state().set_exception(first_failure_);
     } else if (state().status() == task_status::running) {
+      ended(true);
       deliver();
     } else {
       discard();  // cancelled
+      ended(false);
     }
   }
 
@@ -64,6 +68,9 @@ class split_job {
   /// The job ended without an output (failed or cancelled) and no piece runs any more: let go of
   /// what was made for it (a job may outlive its pieces, held with its future's state).
   virtual void discard() noexcept {}
+  /// The job's last piece ended, all of them successfully (`succeeded`) or not, just before its
+  /// future ends.
+  virtual void ended(bool /*succeeded*/) noexcept {}
 
  private:
   std::atomic<std::size_t> remaining_{0};
@@ -90,6 +97,12 @@ class elementwise_job : public split_job {
   [[nodiscard]] const void* x() const noexcept { return x_; }
   [[nodiscard]] const void* y() const noexcept { return y_; }
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  /// Bytes of its arrays, in and out together; no more than `most`, else `most` + 1 (a count too
+  /// large to multiply out is not wanted anywhere this is asked).
+  [[nodiscard]] std::size_t bytes_in_and_out(std::size_t most) const noexcept {
+    const std::size_t per_element = size_of(type_) * static_cast<std::size_t>(kernel_.arity() + 1);
+    return count_ <= most / per_element ? count_ * per_element : most + 1;
+  }
 
   /// Where results go (`count()` elements). Thread-safe; may allocate on first call.
   virtual void* output() = 0;
@@ -112,13 +125,16 @@ class elementwise_job : public split_job {
   }
 
   /// Where placement (core/scheduling/placement.hpp) put this call: its group, and whether on the
-  /// host lanes. Set before the call is queued; no group for a call it did not consider.
+  /// host lanes. Set before the call is queued; no group for a call it did not consider. The
+  /// group learns of the call once, as it ends (however it ends).
   void place(std::shared_ptr<placement_group> group, bool on_host) noexcept {
     group_ = std::move(group);
     on_host_ = on_host;
   }
-  [[nodiscard]] placement_group* group() const noexcept { return group_.get(); }
-  [[nodiscard]] bool on_host() const noexcept { return on_host_; }
+
+ protected:
+  /// Tells the placement group, if any, that the call ended (elementwise_piece.cpp).
+  void ended(bool succeeded) noexcept override;
 
  private:
   builtin_kernel kernel_;

@@ -9,6 +9,12 @@
 
 namespace gpupool::detail {
 
+void elementwise_job::ended(bool succeeded) noexcept {
+  if (group_)
+    group_->finished(on_host_,
+                     succeeded ? bytes_in_and_out(limits::most_host_task_bytes) : std::size_t{0});
+}
+
 void require_alpha_fits(const builtin_kernel& k, dtype t) {
   if (!k.takes_alpha()) return;
   dispatch_elementwise(k.operation(), t,
@@ -25,7 +31,7 @@ bool elementwise_piece::coalesces_with(const elementwise_piece& other) const noe
 }
 
 bool elementwise_piece::absorb(std::unique_ptr<work_item>& next) noexcept {
-  if (!whole_job() || riders_.size() + 1 >= most_tasks_per_batch) return false;
+  if (!whole_job() || riders_.size() + 1 >= most_tasks_) return false;
   auto* other = dynamic_cast<elementwise_piece*>(next.get());
   if (other == nullptr || !coalesces_with(*other)) return false;
   const std::size_t elements = batch_elements_ + other->count_;
@@ -34,8 +40,8 @@ bool elementwise_piece::absorb(std::unique_ptr<work_item>& next) noexcept {
     // Room for a whole batch at the first absorb (one allocation each, made by the submitting
     // thread under the queue's lock, rather than one per doubling), and for every task's claim,
     // so that claim() never allocates.
-    if (riders_.capacity() < most_tasks_per_batch - 1) riders_.reserve(most_tasks_per_batch - 1);
-    if (running_.capacity() < most_tasks_per_batch) running_.reserve(most_tasks_per_batch);
+    if (riders_.capacity() < most_tasks_ - 1) riders_.reserve(most_tasks_ - 1);
+    if (running_.capacity() < most_tasks_) running_.reserve(most_tasks_);
     riders_.emplace_back(static_cast<elementwise_piece*>(next.get()));
   } catch (...) {
     return false;  // no memory for a longer batch: `next` is queued on its own
@@ -119,11 +125,7 @@ void elementwise_piece::finish(slot_context& slot) {
 }
 
 void elementwise_piece::complete() noexcept {
-  for (elementwise_piece* t : members()) {
-    // Before the future ends: a caller that sees its result then sees the rate it taught.
-    if (placement_group* group = t->job_->group()) group->finished(t->job_->on_host());
-    t->piece_item::complete();
-  }
+  for (elementwise_piece* t : members()) t->piece_item::complete();
 }
 
 void elementwise_piece::fail(std::exception_ptr e) noexcept {

@@ -11,6 +11,7 @@
 // when the batch is claimed, and a failure of the batch fails exactly the tasks that ran in it.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <exception>
 #include <memory>
@@ -40,13 +41,20 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   /// last one's staging copy, and leaves other lanes work when many tiny tasks arrive at once.
   static constexpr std::size_t most_tasks_per_batch = 256;
 
+  /// The most tasks one batch carries on the host lanes: a host lane has no launch to share, and
+  /// smaller batches spread a push over every host lane.
+  static constexpr std::size_t most_tasks_per_host_batch = 16;
+
   /// `slot_bytes`: the size of a slot buffer, the most bytes per input a batch may stage.
-  /// `device`: the device the piece is queued for, -1 for any.
+  /// `device`: the device the piece is queued for, -1 for any. `most_tasks`: the most tasks its
+  /// batch may carry (at most most_tasks_per_batch).
   elementwise_piece(std::shared_ptr<elementwise_job> job, std::size_t offset, std::size_t count,
-                    std::size_t slot_bytes, int device = -1)
+                    std::size_t slot_bytes, int device = -1,
+                    std::size_t most_tasks = most_tasks_per_batch)
       : piece_item(std::move(job), offset, count),
         slot_bytes_(slot_bytes),
         device_(device),
+        most_tasks_(std::min(most_tasks, most_tasks_per_batch)),
         batch_elements_(count) {}
 
   // Pieces are made by the submitting thread and freed by lanes, one per small task: their
@@ -94,6 +102,7 @@ class elementwise_piece final : public piece_item<elementwise_job> {
 
   std::size_t slot_bytes_;
   int device_;
+  std::size_t most_tasks_;
   std::size_t batch_elements_;  // elements per input of this piece and every absorbed one
   std::vector<std::unique_ptr<elementwise_piece>> riders_;  // absorbed tasks, in queue order
   std::vector<elementwise_piece*> running_;  // batch tasks claimed, in order (capacity kept)
