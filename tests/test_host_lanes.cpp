@@ -135,6 +135,34 @@ TEST_P(HostLanesTest, TwoInputKernelsAndAlphasComputeAsOnTheDevices) {
   EXPECT_GT(ex.placement().host_tasks, 0u);
 }
 
+// Where a call runs must not change its result: on CUDA the devices' axpy rounds the product
+// before the sum, as the host lanes (and NumPy) do, rather than fusing the two.
+TEST_P(HostLanesTest, FloatingAxpyIsTheSameBitForBitOnEitherSide) {
+  executor ex(options(2));
+  std::vector<std::vector<double>> xs, ys;
+  std::vector<std::vector<float>> fxs, fys;
+  for (std::size_t i = 0; i < 400; ++i) {
+    xs.push_back(random_vector<double>(256, 31 + i));
+    ys.push_back(random_vector<double>(256, 7000 + i));
+    fxs.push_back(random_vector<float>(256, 51 + i));
+    fys.push_back(random_vector<float>(256, 9000 + i));
+  }
+  const double a = 1.0 / 3.0;
+  const auto got = ex.map(builtin_kernel::axpy(a), xs, ys).get();
+  const auto fgot = ex.map(builtin_kernel::axpy(a), fxs, fys).get();
+  const auto fa = static_cast<float>(a);
+  for (std::size_t i = 0; i < xs.size(); ++i)
+    for (std::size_t j = 0; j < xs[i].size(); ++j) {
+      const double product = a * xs[i][j];
+      ASSERT_EQ(got[i][j], product + ys[i][j]) << "float64 call " << i << " element " << j;
+      const float fproduct = fa * fxs[i][j];
+      ASSERT_EQ(fgot[i][j], fproduct + fys[i][j]) << "float32 call " << i << " element " << j;
+    }
+  const placement_stats p = ex.placement();
+  EXPECT_GT(p.host_tasks, 0u);
+  EXPECT_GT(p.device_tasks, 0u);
+}
+
 TEST(HostLanes, CallsLargerThanTheHostsLimitStayOnTheDevices) {
   executor_options o = testing::quiet_options(backend_kind::cpu, 1);
   o.host_lanes = 2;
@@ -222,16 +250,24 @@ TEST(HostLanes, TheTraceShowsTasksRunOnTheHostLanes) {
   EXPECT_NE(table.str().find("\nhost "), std::string::npos) << table.str();
 }
 
-TEST(HostLanes, PlacementMovesCallsToTheFasterSide) {
-  // A stand-in device whose copies run at 20 MB/s: a call of 8 KiB in and out takes about a
+// With 8 MiB chunks a call is one piece on the device; with 4 KiB ones, four: either way the
+// device's side of a group is measured once, as its last call ends.
+class PlacementTest : public ::testing::TestWithParam<std::size_t> {};
+
+INSTANTIATE_TEST_SUITE_P(Chunks, PlacementTest,
+                         ::testing::Values(std::size_t{8} << 20, std::size_t{4} << 10));
+
+TEST_P(PlacementTest, PlacementMovesCallsToTheFasterSide) {
+  // A stand-in device whose copies run at 20 MB/s: a call of 16 KiB in and out takes about a
   // millisecond there and microseconds on the host.
   executor_options o = one_device(1);
   o.cpu_copy_rate = 20e6;
+  o.chunk_bytes = GetParam();
   executor ex(o);
   const double first_share = ex.placement().host_share;
   EXPECT_DOUBLE_EQ(first_share, 0.5);  // one lane each side, nothing measured yet
   std::vector<std::vector<double>> inputs;
-  for (std::size_t i = 0; i < 64; ++i) inputs.push_back(random_vector<double>(1024, i));
+  for (std::size_t i = 0; i < 64; ++i) inputs.push_back(random_vector<double>(2048, i));
   for (int round = 0; round < 8; ++round) {
     auto results = ex.map(builtin_kernel::square(), inputs).get();
     for (std::size_t i = 0; i < inputs.size(); ++i)
@@ -242,6 +278,43 @@ TEST(HostLanes, PlacementMovesCallsToTheFasterSide) {
   EXPECT_GT(p.host_share, 0.9);
   EXPECT_GT(p.host_tasks, 3 * p.device_tasks);
   EXPECT_GT(p.device_tasks, 0u);  // the slower side still gets its least share
+}
+
+TEST(HostLanes, ShutdownCancelsTheCallsQueuedForTheHostLanes) {
+  executor ex(one_device(1));
+  held_lane device(ex);
+  // The host lane held too: the first callback it runs waits. The largest calls it takes, and
+  // many, so that it is still at them as the callbacks are added (from the last call back).
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  std::atomic<bool> host_held{false};
+  std::vector<std::vector<double>> first;
+  for (std::size_t i = 0; i < 400; ++i)
+    first.push_back(random_vector<double>(limits::most_host_task_bytes / 16, i));
+  auto holding = ex.map(builtin_kernel::square(), first);
+  for (std::size_t i = holding.size(); i-- > 0;)
+    holding[i].on_complete([&](future<host_vector<double>>&) {
+      if (ex.is_lane_thread() && !host_held.exchange(true)) opened.wait();
+    });
+  for (int i = 0; i < 10000 && !host_held; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  if (!host_held) open.set_value();  // let the lanes go before failing
+  ASSERT_TRUE(host_held) << "no callback ran on the host lane";
+  // Calls queued now wait on both sides.
+  const std::uint64_t host_before = ex.placement().host_tasks;
+  const auto inputs = small_inputs(200, 100);
+  auto futures = ex.map(builtin_kernel::square(), inputs);
+  const std::uint64_t placed_on_host = ex.placement().host_tasks - host_before;
+  ASSERT_GT(placed_on_host, 0u);
+  std::thread stopper([&] { ex.shutdown(/*cancel_pending=*/true); });
+  // Cancelling comes before waiting for the lanes: every queued call ends while both are held.
+  for (auto& f : futures) f.wait();
+  for (std::size_t i = 0; i < futures.size(); ++i)
+    EXPECT_EQ(futures[i].status(), task_status::cancelled) << "call " << i;
+  open.set_value();
+  device.release();
+  stopper.join();
+  EXPECT_EQ(ex.in_flight().bytes, 0u);
 }
 
 TEST(HostLanes, ShutdownThatCancelsPendingWorkEndsEveryCall) {

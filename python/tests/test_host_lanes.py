@@ -229,7 +229,6 @@ def test_a_trace_of_host_lanes_only_draws_aggregated_too():
     assert labels == ["host, lane 2", "host, lane 3"]
 
 
-
 def test_host_lanes_beside_each_backends_devices(backend):
     """On CUDA the devices' share goes through the GPU and the host's does not: every result is
     the kernel's either way, from map and from submit."""
