@@ -377,11 +377,12 @@ class Executor(_futures.Executor):
     def placement(self) -> dict[str, Any]:
         """Where small calls of built-in kernels over host arrays (at most
         ``gpupool._ext.MOST_HOST_TASK_BYTES`` in and out together) ran since the executor
-        started, with host lanes: ``host_tasks`` (placed on the host lanes) and ``device_tasks``
-        (small enough for them, placed on the devices); ``host_share``, the share of such calls the
-        next ones give the host lanes; and the rates behind it, ``host_bytes_per_second`` and
-        ``device_bytes_per_second`` (bytes in and out per second of each side's calls, from
-        their queueing to their end; 0 until measured). All 0 without host lanes."""
+        started, with host lanes: ``host_tasks`` (queued for the host lanes) and
+        ``device_tasks`` (small enough for them, queued for the devices); ``host_share``, the
+        share of such calls the next ones give the host lanes; and the rates behind it,
+        ``host_bytes_per_second`` and ``device_bytes_per_second`` (bytes in and out per second
+        of each side's calls, from their queueing to their end; 0 until measured). All 0 without
+        host lanes."""
         return self._core.placement()
 
     # -- tracing --------------------------------------------------------------------------------
