@@ -8,8 +8,6 @@
 // that the docs list every built-in).
 #pragma once
 
-#include <type_traits>
-
 #include "gpupool/types.hpp"
 
 #if defined(__CUDACC__)
@@ -58,16 +56,6 @@ struct builtin<op::axpy> {
   static constexpr builtin_kernel_info info{op::axpy, "axpy", 2, true, "alpha * x + y"};
   template <class T>
   GPUPOOL_HOST_DEVICE static T apply(T x, T y, T alpha) {
-#if defined(__CUDA_ARCH__)
-    // The product rounded before the sum, as on the host and in NumPy. nvcc would fuse the two
-    // into one FMA, and a call's result would then depend on whether a device or a host lane
-    // ran it.
-    if constexpr (std::is_same_v<T, float>) {
-      return __fadd_rn(__fmul_rn(alpha, x), y);
-    } else if constexpr (std::is_same_v<T, double>) {
-      return __dadd_rn(__dmul_rn(alpha, x), y);
-    }
-#endif
     return alpha * x + y;
   }
 };
