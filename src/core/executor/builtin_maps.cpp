@@ -156,7 +156,8 @@ void executor::impl::enqueue_elementwise_all(
     for (auto& item : items) (void)item->cancel();
     refuse(std::nullopt);  // a fork()ed child, shut down, or no device left
   }
-  placement.count(counts.host_calls, counts.device_calls);
+  if (counts.host_calls + counts.device_calls != 0)
+    placement.count(counts.host_calls, counts.device_calls);
 }
 
 std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(
