@@ -1,5 +1,5 @@
 // Host lanes (executor_options::host_lanes): small calls of built-in kernels shared between
-// threads that compute on the host and the devices' lanes, in proportion to the rates measured.
+// threads that compute on the host and the devices' lanes, as placement's model of each side says.
 // Whatever the placement, every call's result is the kernel's; calls too large, or writing over
 // their inputs part way, stay on the devices; the trace and placement() say where each ran.
 #include <gtest/gtest.h>

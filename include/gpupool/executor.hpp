@@ -54,16 +54,21 @@ struct coalescing_stats {
 /// Where small calls of built-in kernels ran (see executor_options::host_lanes): on the host
 /// lanes or on the devices, since the executor started.
 struct placement_stats {
-  std::uint64_t host_tasks = 0;    ///< Calls queued for the host lanes (then run, or cancelled).
+  std::uint64_t host_tasks = 0;  ///< Calls queued for the host lanes (then run, or cancelled).
   /// Calls small enough for the host lanes queued for the devices.
   std::uint64_t device_tasks = 0;
-  /// The share of such calls the next placement gives the host lanes, from the rates measured
-  /// so far (0 without host lanes).
+  /// The host lanes' share of a push large against both sides' latencies: the host's pace over
+  /// the sum of the two (before any is measured, from the lanes' counts; 0 without host lanes).
+  /// A smaller push goes mostly where it would end first.
   double host_share = 0;
-  /// The rates measured so far, in bytes (in and out) per second of each side's calls, counted
-  /// from their queueing to their completion; 0 until measured.
+  /// Each side's pace measured so far: bytes (in and out) per second of its calls once they
+  /// run, apart from its latency; 0 until measured.
   double host_bytes_per_second = 0;
   double device_bytes_per_second = 0;
+  /// Each side's latency measured so far: seconds from queueing a call to its end on a side with
+  /// nothing pending, apart from the time per byte; 0 until measured.
+  double host_latency_seconds = 0;
+  double device_latency_seconds = 0;
 };
 
 /// One call of executor::transform_each: `count` elements of `x` (and `y`, for a two-input

@@ -165,9 +165,9 @@ struct executor_options {
   /// Host lanes: threads beside the devices' lanes that run small calls of built-in kernels over
   /// host arrays (map, transform_each; each at most limits::most_host_task_bytes in and out) on
   /// the host itself, reading the inputs and writing the results directly, without staging or
-  /// copies. Such calls are shared between the host lanes and the devices in proportion to the
-  /// rates each side was measured to reach on earlier calls (executor::placement() reports
-  /// them); everything else runs on the devices. 0 to limits::most_host_lanes; 0 (the default):
+  /// copies. Such calls are shared between the host lanes and the devices so that both would
+  /// finish together, by a model of each side's latency and pace fitted from earlier calls
+  /// (executor::placement() reports it); everything else runs on the devices. 0 to limits::most_host_lanes; 0 (the default):
   /// none, every call runs on the devices.
   int host_lanes = 0;
 

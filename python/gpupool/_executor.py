@@ -228,9 +228,9 @@ class Executor(_futures.Executor):
         host_lanes: threads beside the devices' lanes, 0 to 256 (default 0: none), that run
             small calls of built-in kernels over host arrays (``map`` and ``submit``, each call
             at most 256 KiB in and out together) on the host itself, without staging or copies.
-            Such calls are shared between the host lanes and the devices in proportion to the
-            rates each side reached on earlier calls; ``placement()`` reports them. Everything
-            else runs on the devices.
+            Such calls are shared between the host lanes and the devices so that both would
+            finish together, by a model of each side's latency and pace fitted from earlier
+            calls; ``placement()`` reports it. Everything else runs on the devices.
         quiet: no messages on standard error: the notice of falling back to the CPU backend, a
             device taken out of service, a tuning sweep that failed (errors are still raised).
 
@@ -379,9 +379,11 @@ class Executor(_futures.Executor):
         ``gpupool._ext.MOST_HOST_TASK_BYTES`` in and out together) ran since the executor
         started, with host lanes: ``host_tasks`` (queued for the host lanes) and
         ``device_tasks`` (small enough for them, queued for the devices); ``host_share``, the
-        share of such calls the next ones give the host lanes; and the rates behind it,
-        ``host_bytes_per_second`` and ``device_bytes_per_second`` (bytes in and out per second
-        of each side's calls, from their queueing to their end; 0 until measured). All 0 without
+        host lanes' share of a push large against both sides' latencies; and each
+        side's model behind it: ``host_bytes_per_second`` and ``device_bytes_per_second`` (bytes
+        in and out per second once its calls run) and ``host_latency_seconds`` and
+        ``device_latency_seconds`` (from queueing to the end of a call on a side with nothing
+        pending, apart from the time per byte); 0 until measured. All 0 without
         host lanes."""
         return self._core.placement()
 

@@ -292,6 +292,8 @@ nb::dict placement_dict(const gpupool::placement_stats& p) {
   out["host_share"] = p.host_share;
   out["host_bytes_per_second"] = p.host_bytes_per_second;
   out["device_bytes_per_second"] = p.device_bytes_per_second;
+  out["host_latency_seconds"] = p.host_latency_seconds;
+  out["device_latency_seconds"] = p.device_latency_seconds;
   return out;
 }
 

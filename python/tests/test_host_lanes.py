@@ -1,7 +1,7 @@
 """Host lanes (``Executor(host_lanes=N)``): small calls of built-in kernels over host arrays are
-shared between threads computing on the host and the devices' lanes, in proportion to the rates
-each side reached. On the CPU backend, whose stand-in devices can be slowed with
-``cpu_copy_rate``."""
+shared between threads computing on the host and the devices' lanes, so that both sides would
+finish together by what each side's calls took so far. On the CPU backend, whose stand-in
+devices can be slowed with ``cpu_copy_rate``."""
 
 import threading
 import xml.etree.ElementTree as ET
@@ -13,7 +13,7 @@ from gpupool import _ext
 from gpupool._timeline import HOST_DEVICE, timeline_figure
 
 PLACEMENT_KEYS = {"host_tasks", "device_tasks", "host_share", "host_bytes_per_second",
-                  "device_bytes_per_second"}
+                  "device_bytes_per_second", "host_latency_seconds", "device_latency_seconds"}
 
 
 def host_executor(host_lanes=2, **kwargs):

@@ -87,37 +87,49 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
 }
 
 executor::impl::placed executor::impl::place_small_calls(
-    const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs, std::vector<char>& to_host) {
-  to_host.assign(jobs.size(), 0);
-  std::vector<std::size_t> candidates;
-  candidates.reserve(jobs.size());
+    const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
+  placed split;
+  split.to_host.assign(jobs.size(), 0);
+  std::vector<std::size_t> bytes;  // per candidate: its bytes in and out
+  split.candidates.reserve(jobs.size());
+  bytes.reserve(jobs.size());
   for (std::size_t i = 0; i < jobs.size(); ++i) {
     const detail::elementwise_job& job = *jobs[i];
-    if (detail::host_placement::candidate(job.bytes_in_and_out(limits::most_host_task_bytes)) &&
-        job.writable_in_one_pass())
-      candidates.push_back(i);
+    const std::size_t carried = job.bytes_in_and_out(limits::most_host_task_bytes);
+    if (detail::host_placement::candidate(carried) && job.writable_in_one_pass()) {
+      split.candidates.push_back(i);
+      bytes.push_back(carried);
+    }
   }
-  if (candidates.empty()) return {};
-  placed counts;
-  placement.place(candidates.size(), [&](std::size_t c, bool there) {
-    to_host[candidates[c]] = there ? 1 : 0;
-    counts.host_calls += there ? 1 : 0;
-  });
-  counts.device_calls = candidates.size() - counts.host_calls;
-  auto group =
-      std::make_shared<detail::placement_group>(placement, counts.host_calls, counts.device_calls);
-  for (std::size_t i : candidates) jobs[i]->place(group, to_host[i] != 0);
-  return counts;
+  if (split.candidates.empty()) return split;
+  split.reserved = placement.place(
+      split.candidates.size(), [&](std::size_t c) { return bytes[c]; },
+      [&](std::size_t c, bool there) {
+        split.to_host[split.candidates[c]] = there ? 1 : 0;
+        split.host_calls += there ? 1 : 0;
+      });
+  return split;
 }
 
 void executor::impl::enqueue_elementwise_all(
     std::vector<std::shared_ptr<detail::elementwise_job>>& jobs) {
   if (jobs.empty()) return;
-  std::vector<char> to_host;  // per job: placed on the host lanes
-  const placed counts = placement.enabled() ? place_small_calls(jobs, to_host) : placed{};
-  const auto on_host = [&](std::size_t i) { return !to_host.empty() && to_host[i] != 0; };
+  placed split;
+  if (placement.enabled()) split = place_small_calls(jobs);
+  const auto on_host = [&](std::size_t i) { return !split.to_host.empty() && split.to_host[i]; };
+  // Until the calls' jobs know their group, an error gives back the bytes placement counted as
+  // pending for them; from then on, each job gives back its own as it ends.
+  struct withdraw_unless_placed {
+    detail::host_placement& placement;
+    const detail::host_placement::reservation& reserved;
+    bool placed = false;
+    ~withdraw_unless_placed() {
+      if (!placed) placement.withdraw(reserved);
+    }
+  } pending{placement, split.reserved};
   std::vector<detail::work_item_ptr> items, host_items;
   items.reserve(jobs.size());
+  host_items.reserve(split.host_calls);
   std::size_t total = 0;
   for (std::size_t i = 0; i < jobs.size(); ++i)
     if (!on_host(i)) total += jobs[i]->count() * size_of(jobs[i]->type());
@@ -145,19 +157,36 @@ void executor::impl::enqueue_elementwise_all(
       stamp(*items.back(), now_us);
     }
   }
+  if (!split.candidates.empty()) {
+    // A push that also queues calls placement did not consider teaches the devices' side
+    // nothing: their time would count those calls too.
+    auto group = std::make_shared<detail::placement_group>(
+        placement, split.host_calls, split.candidates.size() - split.host_calls, split.reserved,
+        /*device_learns=*/split.candidates.size() == jobs.size());
+    for (std::size_t i : split.candidates) jobs[i]->place(group, on_host(i));
+  }
+  pending.placed = true;
   jobs.clear();
-  bool queued = !forked() && accepting.load();
-  if (queued && !host_items.empty()) queued = host->push_all(host_items);
-  if (queued && !items.empty()) queued = queue.push_all(items);
-  if (!queued) {
+  const auto cancel_all = [&] {
     // Ended, so that their futures give back the bytes they were admitted with (what was queued
     // already runs, or is cancelled by the shutdown that refused the rest).
     for (auto& item : host_items) (void)item->cancel();
     for (auto& item : items) (void)item->cancel();
+  };
+  bool queued = !forked() && accepting.load();
+  try {
+    if (queued && !host_items.empty()) queued = host->push_all(host_items);
+    if (queued && !items.empty()) queued = queue.push_all(items);
+  } catch (...) {
+    cancel_all();  // what a push could not queue (a push that throws queues nothing)
+    throw;
+  }
+  if (!queued) {
+    cancel_all();
     refuse(std::nullopt);  // a fork()ed child, shut down, or no device left
   }
-  if (counts.host_calls + counts.device_calls != 0)
-    placement.count(counts.host_calls, counts.device_calls);
+  if (!split.candidates.empty())
+    placement.count(split.host_calls, split.candidates.size() - split.host_calls);
 }
 
 std::vector<std::shared_ptr<detail::state_base>> executor::queue_maps(

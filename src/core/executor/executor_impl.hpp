@@ -208,15 +208,16 @@ struct executor::impl {
   // `jobs`.
   void enqueue_elementwise_all(std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
-  // Calls placement put on each side.
+  // How placement split one push's calls between the host lanes and the devices.
   struct placed {
-    std::size_t host_calls = 0;
-    std::size_t device_calls = 0;
+    std::vector<char> to_host;                     // per job: to the host lanes
+    std::vector<std::size_t> candidates;           // the jobs placement considered, by index
+    std::size_t host_calls = 0;                    // of those, how many go to the host lanes
+    detail::host_placement::reservation reserved;  // their bytes, pending from now on
   };
-  // Marks (in `to_host`, one entry per job) the calls among `jobs` that the host lanes take, as
-  // placement shares them, and puts every call it considered in one placement group.
-  placed place_small_calls(const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs,
-                           std::vector<char>& to_host);
+  // Splits the calls among `jobs` that the host lanes may take as placement shares them; the
+  // others go to the devices. Their bytes count as pending (see host_placement::place).
+  placed place_small_calls(const std::vector<std::shared_ptr<detail::elementwise_job>>& jobs);
 
   // Inputs queued together by map: one push (one lock per device, one wake-up pass) per batch,
   // small enough that lanes start while the rest is being prepared.

@@ -10,9 +10,7 @@
 namespace gpupool::detail {
 
 void elementwise_job::ended(bool succeeded) noexcept {
-  if (group_)
-    group_->finished(on_host_,
-                     succeeded ? bytes_in_and_out(limits::most_host_task_bytes) : std::size_t{0});
+  if (group_) group_->finished(on_host_, bytes_in_and_out(limits::most_host_task_bytes), succeeded);
 }
 
 void require_alpha_fits(const builtin_kernel& k, dtype t) {
