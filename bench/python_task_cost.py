@@ -150,7 +150,8 @@ def main() -> int:
                 placement = made.placement()
                 placed = placement["host_tasks"] + placement["device_tasks"]
                 print(f"  host lanes ran {placement['host_tasks'] / max(placed, 1):.0%} of "
-                      f"{placed:,} calls (share now {placement['host_share']:.2f})", flush=True)
+                      f"{placed:,} calls (of a large push now: {placement['host_share']:.2f})",
+                      flush=True)
         measure(f"gpupool square submit loop, pinned inputs, default lanes{when}",
                 looped(executor, None, square, pinned), squares_pinned)
         # One task in flight: the round trip of a task (a tenth of the tasks).
