@@ -452,7 +452,10 @@ class Executor(_futures.Executor):
                **kwargs: Any) -> _futures.Future[Any]:
         """Schedules ``fn(*args, **kwargs)`` on a lane; returns a concurrent.futures.Future.
 
-        With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++.
+        With a built-in kernel, ``submit(gpupool.kernels.square, x)`` runs in C++; its result
+        is a new NumPy array, or with ``out=`` (a writable C-contiguous NumPy array of the
+        input's dtype and shape: the input itself, or memory apart from the inputs) that array,
+        written by the call. Until the future is done, ``out`` may hold anything.
 
         ``priority`` (keyword only, -3 to 3, higher is more urgent; None: the executor's) orders
         the call among queued work; it is not passed to ``fn`` (give a function's own
@@ -588,14 +591,18 @@ class Executor(_futures.Executor):
             raise RuntimeError("cannot schedule new futures after interpreter shutdown")
 
     def _kernel_futures(self, kernel: BuiltinKernel, xs: List[object],
-                        ys: Optional[List[object]],
-                        priority: Optional[int] = None) -> List[_futures.Future[Any]]:
-        """Host arrays go through the pinned pipeline; device arrays stay on their GPU."""
+                        ys: Optional[List[object]], priority: Optional[int] = None,
+                        outs: Optional[List[object]] = None) -> List[_futures.Future[Any]]:
+        """Host arrays go through the pinned pipeline (into ``outs`` where given); device arrays
+        stay on their GPU."""
         if xs and _device.is_device_array(xs[0]):
+            if outs is not None:
+                raise TypeError("gpupool: out= of a built-in kernel takes host arrays (NumPy); "
+                                "over device arrays, give a compiled kernel's map out=")
             if not self._core.takes_cuda_arrays:
                 raise TypeError("gpupool: device arrays need the CUDA backend")
             return _device.launch(self._core, kernel, xs, ys, _Future, priority)
-        return self._core.map_kernel(kernel, xs, ys, _Future, priority)
+        return self._core.map_kernel(kernel, xs, ys, _Future, priority, outs)
 
     def _submit_calls(self, fn: Callable[..., Any], calls: Iterator[Tuple[Any, ...]],
                       priority: Optional[int] = None) -> List[_futures.Future[Any]]:
@@ -639,8 +646,11 @@ class Executor(_futures.Executor):
         if device is not None:
             raise TypeError("gpupool: kernels over arrays are spread over every device; "
                             "use submit() rather than submit_to()")
+        out = kwargs.pop("out", None) if isinstance(kernel, BuiltinKernel) else None
         if kwargs:
-            raise TypeError(f"gpupool: kernel '{kernel.name}' takes no keyword arguments")
+            allowed = " other than out" if isinstance(kernel, BuiltinKernel) else ""
+            raise TypeError(f"gpupool: kernel '{kernel.name}' takes no keyword arguments"
+                            f"{allowed}")
         if isinstance(kernel, BuiltinKernel) and len(args) != kernel.arity:
             raise TypeError(f"gpupool: kernel '{kernel.name}' takes {kernel.arity} array(s)")
         with self._lock:
@@ -656,4 +666,5 @@ class Executor(_futures.Executor):
                 return cast(_Future, self._core.launch_compiled(kernel, arguments, _Future,
                                                                 priority))
             return self._kernel_futures(
-                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None, priority)[0]
+                kernel, [args[0]], [args[1]] if kernel.arity == 2 else None, priority,
+                None if out is None else [out])[0]

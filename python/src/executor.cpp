@@ -31,6 +31,52 @@
 namespace gpupool_python {
 namespace {
 
+// Call `index`'s output as given by the caller (`Executor.submit(kernel, x, out=...)`): an array
+// it may write, C-contiguous, of the call's dtype and shape, that is one of the call's inputs
+// (in place) or apart from both: a call reads its input piece by piece as it writes, so a
+// partial overlap would read what it already wrote.
+host_array read_output_array(nb::handle obj, const checked_kernel_call& call, std::size_t index) {
+  const std::string which = "out[" + std::to_string(index) + "]";
+  // A numpy.ndarray exactly: its buffer export is what read_host_array reads, so the memory
+  // checked writable below is the memory written (another object could export other memory
+  // through DLPack than through its buffer).
+  const nb::object ndarray = nb::module_::import_("numpy").attr("ndarray");
+  if (!obj.type().is(ndarray))
+    throw nb::type_error(("gpupool: " + which + " is a " +
+                          nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
+                          "; give a numpy.ndarray")
+                             .c_str());
+  host_array out = read_host_array(obj, index, "out");
+  Py_buffer view;
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE) != 0) {
+    PyErr_Clear();
+    throw nb::value_error(("gpupool: " + which + " is read-only").c_str());
+  }
+  const bool same_memory = view.buf == out.data();
+  PyBuffer_Release(&view);
+  if (!same_memory)
+    throw nb::value_error(("gpupool: " + which + " exports other memory than it holds").c_str());
+  const nb::dlpack::dtype want = call.x.dtype();
+  if (out.dtype() != want)
+    throw nb::type_error(
+        ("gpupool: " + which + " has another dtype than its call's result (the input's)").c_str());
+  if (!out.same_shape(call.x))
+    throw nb::value_error(
+        ("gpupool: " + which + " has another shape than its call's input").c_str());
+  const auto apart_or_same = [&](const host_array& in) {
+    if (in.data() == out.data()) return true;
+    const auto o = reinterpret_cast<std::uintptr_t>(out.data());
+    const auto i = reinterpret_cast<std::uintptr_t>(in.data());
+    return o + out.nbytes() <= i || i + in.nbytes() <= o;
+  };
+  if (!apart_or_same(call.x) || (call.y && !apart_or_same(*call.y)))
+    throw nb::value_error(("gpupool: " + which +
+                           " overlaps an input of its call part way (give the input itself, "
+                           "or memory apart from it)")
+                              .c_str());
+  return out;
+}
+
 // Executors whose last reference died inside one of their own tasks are stopped by a thread of
 // their own (a lane cannot wait for itself). Those threads, and the lanes they stop, may still
 // release Python objects; the interpreter's exit waits for them (join_orphaned_executors, called
@@ -113,18 +159,42 @@ class py_executor {
   void set_runner(nb::object runner) { runner_ = std::move(runner); }
 
   // A built-in kernel over each host array (pair): one future (of `future_type`) per array,
-  // whose result is a new NumPy array in pinned memory. Every array is checked first.
+  // whose result is a new NumPy array in pinned memory, or with `outs`, the array given for that
+  // call, which the call writes. Every array is checked first.
   nb::list map_kernel(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, nb::sequence xs,
                       std::optional<nb::sequence> ys, nb::handle future_type,
-                      std::optional<int> priority) {
+                      std::optional<int> priority, std::optional<nb::sequence> outs) {
     const gpupool::builtin_kernel& k = *kernel.p;
     const gpupool::task_options options{priority};
     std::vector<checked_kernel_call> calls = check_kernel_inputs(kernel.h, k, xs, ys);
+    std::vector<host_array> given;     // per call, with `outs`: the output it writes
+    std::vector<nb::object> given_as;  // and the object it came from, the call's result
+    if (outs) {
+      if (nb::len(*outs) != calls.size())
+        throw nb::value_error(("gpupool: " + std::to_string(nb::len(*outs)) + " outputs for " +
+                               std::to_string(calls.size()) + " calls")
+                                  .c_str());
+      given.reserve(calls.size());
+      given_as.reserve(calls.size());
+      for (std::size_t i = 0; i < calls.size(); ++i) {
+        given_as.push_back((*outs)[i]);
+        given.push_back(read_output_array(given_as.back(), calls[i], i));
+      }
+    }
     nb::list out;
-    for (checked_kernel_call& in : calls) {
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      checked_kernel_call& in = calls[i];
       const host_array& x = in.x;
-      auto result = std::make_unique<pinned_block>(x.nbytes());
-      const gpupool::transform_call call{x.data(), in.y ? in.y->data() : nullptr, result->data(),
+      std::unique_ptr<pinned_block> result;
+      void* destination;
+      if (outs) {
+        // Checked writable (read_output_array); held with the inputs until the call ends.
+        destination = const_cast<void*>(given[i].data());
+      } else {
+        result = std::make_unique<pinned_block>(x.nbytes());
+        destination = result->data();
+      }
+      const gpupool::transform_call call{x.data(), in.y ? in.y->data() : nullptr, destination,
                                          x.size()};
       const std::span<const gpupool::transform_call> one(&call, 1);
       // Queued with the GIL held when there is room in the in-flight budget now: letting the GIL
@@ -137,11 +207,29 @@ class py_executor {
         queued = get().transform_each(k, in.type, one, options);
       }
       gpupool::future<void> f = std::move(queued->front());
-      pinned_result pinned{std::move(result), x.dtype(), x.shape()};
-      std::vector<host_array> held;
-      held.push_back(std::move(in.x));
-      if (in.y) held.push_back(std::move(*in.y));
-      out.append(adopt_kernel_task(std::move(f), future_type, std::move(held), std::move(pinned)));
+      const gpupool::future<void> task = f;  // a handle on the same task
+      try {
+        std::vector<host_array> held;
+        held.push_back(std::move(in.x));
+        if (in.y) held.push_back(std::move(*in.y));
+        if (outs) {
+          held.push_back(std::move(given[i]));
+          out.append(adopt_kernel_task(std::move(f), future_type, std::move(held), std::nullopt,
+                                       std::move(given_as[i])));
+        } else {
+          pinned_result pinned{std::move(result), held.front().dtype(), held.front().shape()};
+          out.append(
+              adopt_kernel_task(std::move(f), future_type, std::move(held), std::move(pinned)));
+        }
+      } catch (...) {
+        // Queued, but no future holds its arrays: it must not run on (or go on writing) once
+        // the caller has the error and may let them go.
+        gpupool::future<void> ending = task;
+        (void)ending.cancel();
+        nb::gil_scoped_release nogil;
+        ending.wait();
+        throw;
+      }
     }
     return out;
   }
@@ -395,7 +483,7 @@ void bind_executor(nb::module_& m) {
            "priority"_a = nb::none())
       .def("set_runner", &py_executor::set_runner, "runner"_a.none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
-           "future_type"_a, "priority"_a = nb::none())
+           "future_type"_a, "priority"_a = nb::none(), "outs"_a = nb::none())
       .def("map_kernel_results", &py_executor::map_kernel_results, "kernel"_a, "xs"_a,
            "ys"_a.none(), "timeout"_a.none(), "window_calls"_a, "window_bytes"_a, "lazy"_a,
            "priority"_a = nb::none(), nb::rv_policy::take_ownership)

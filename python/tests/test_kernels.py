@@ -236,3 +236,64 @@ def test_the_static_names_of_gpupool_kernels_equal_the_table():
     assert kernels == {k["name"] for k in table if not k["takes_alpha"]}
     assert factories == {k["name"] for k in table if k["takes_alpha"]}
     assert exported == gpupool.kernels.__all__
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_submit_writes_into_a_given_output(backend, dtype):
+    """``out=``: the call writes the array given (a large one in pieces, across lanes), in place
+    or apart from its inputs, and the future's result is that very array."""
+    rng = np.random.default_rng(11)
+    with gpupool.Executor(threads_per_gpu=3, backend=backend, chunk_bytes=64 << 10) as ex:
+        x = random_array(rng, (301, 333), dtype)  # several pieces
+        y = random_array(rng, x.shape, dtype)
+        out = np.full_like(x, 7)
+        assert ex.submit(gpupool.kernels.axpy(2), x, y, out=out).result() is out
+        assert close(out, dtype(2) * x + y, dtype)
+        # Slices of one array, each call its own place in it: no copy afterwards.
+        joined = np.empty((2 * x.shape[0],) + x.shape[1:], dtype)
+        halves = [ex.submit(gpupool.kernels.square, x, out=joined[:x.shape[0]]),
+                  ex.submit(gpupool.kernels.square, y, out=joined[x.shape[0]:])]
+        assert all(f.result().base is joined for f in halves)
+        assert close(joined, np.concatenate([x * x, y * y]), dtype)
+        in_place = x.copy()
+        assert ex.submit(gpupool.kernels.square, in_place, out=in_place).result() is in_place
+        assert close(in_place, x * x, dtype)
+
+
+def test_a_given_output_is_checked_before_any_work(executor):
+    x = np.arange(12.0)
+
+    def filled(out):
+        out.fill(-1.0)  # any write by a refused call would show
+        return out
+
+    read_only = np.full(12, -1.0)
+    read_only.setflags(write=False)
+
+    class Subclass(np.ndarray):
+        pass
+
+    cases = [(np.full(12, -1.0, np.float32), TypeError, "dtype"),
+             (filled(np.empty(11)), ValueError, "shape"),
+             (filled(np.empty(24))[::2], ValueError, "C-contiguous"),
+             (read_only, ValueError, "read-only"),
+             ([0.0] * 12, TypeError, "is a list"),
+             (filled(np.empty(12)).view(Subclass), TypeError, "Subclass; give a numpy.ndarray")]
+    for out, error, message in cases:
+        with pytest.raises(error, match=message):
+            executor.submit(gpupool.kernels.square, x, out=out)
+        if isinstance(out, np.ndarray):
+            assert np.all(np.asarray(out) == -1.0), f"{message}: written"
+    shifted = np.arange(13.0)
+    with pytest.raises(ValueError, match="overlaps an input of its call part way"):
+        executor.submit(gpupool.kernels.add, x, shifted[:12], out=shifted[1:])
+    assert np.array_equal(shifted, np.arange(13.0))
+    with pytest.raises(TypeError, match="no keyword arguments other than out"):
+        executor.submit(gpupool.kernels.square, x, output=x)
+    assert np.array_equal(x, np.arange(12.0))
+
+
+def test_out_may_be_the_second_input_of_a_two_input_kernel(executor):
+    x, y = np.arange(10.0), np.ones(10)
+    assert executor.submit(gpupool.kernels.axpy(2.0), x, y, out=y).result() is y
+    assert np.array_equal(y, 2.0 * np.arange(10.0) + 1.0)
