@@ -511,6 +511,10 @@ def _run_group(spec: _KernelSpec, axis: int, *columns: Any) -> np.ndarray:
         pool = worker_executor()
         built = spec.build()
         calls = [[_host_block(v) for v in rows[i]] for i in work]
+        if count > 1 and len(work) == count and spec.arity is not None:
+            joined = _run_into_one(pool, built, spec, axis, calls)
+            if joined is not None:
+                return joined
         if spec.arity is not None:
             outputs = pool.map(built, *zip(*calls))
         else:
@@ -522,6 +526,35 @@ def _run_group(spec: _KernelSpec, axis: int, *columns: Any) -> np.ndarray:
     return results[0] if count == 1 else np.concatenate(results, axis=axis)
 
 
+def _run_into_one(pool: Any, built: Any, spec: _KernelSpec, axis: int,
+                  calls: List[List[Any]]) -> Optional[np.ndarray]:
+    """A group's built-in kernel calls, each writing its result straight into its place in the
+    joined array (``submit(..., out=)``): the lanes fill it, with no copy afterwards. None where
+    that cannot be: blocks that are not NumPy arrays of one dtype and one shape beyond the
+    first axis, or a join along another axis (its places would not be contiguous)."""
+    firsts = [call[0] for call in calls]
+    if not all(type(a) is np.ndarray for call in calls for a in call):
+        return None
+    dtype = spec.output_dtype(firsts[0].dtype)
+    rest = firsts[0].shape[1:]
+    if axis != 0 or any(a.dtype != dtype or a.shape[1:] != rest for a in firsts):
+        return None
+    joined = np.empty((sum(a.shape[0] for a in firsts),) + rest, dtype)
+    futures: List[Any] = []
+    start = 0
+    try:
+        for call in calls:
+            stop = start + call[0].shape[0]
+            futures.append(pool.submit(built, *call, out=joined[start:stop]))
+            start = stop
+    finally:
+        # Every call that was queued ends before the array is handed on or dropped.
+        _futures.wait(futures)
+    for f in futures:
+        f.result()
+    return joined
+
+
 def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
                name: Optional[str] = None) -> "da.Array":
     """Maps a gpupool kernel over Dask arrays' blocks, ``blocks_per_task`` neighbouring blocks
@@ -531,8 +564,10 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
     A Dask task costs about a millisecond of scheduling, more than a GPU spends on a small
     block; grouping divides that cost by ``blocks_per_task`` without a rechunk (no extra
     tasks, no copies before the kernel). The result has the inputs' shape and chunks, except
-    that along ``axis`` each group's chunks are one chunk, joined with one host copy
-    (``blocks_per_task=1``: the inputs' chunks exactly, no copy).
+    that along ``axis`` each group's chunks are one chunk (``blocks_per_task=1``: the inputs'
+    chunks exactly). A built-in kernel over NumPy blocks joined along the first axis writes each
+    block's result into its place in the group's chunk; other groups are joined with one host
+    copy.
 
     ``args``: Dask arrays of one shape (arrays after the first are rechunked to its chunks if
     they differ) and, for compiled kernels, numbers passed to every call. Built-in kernels take

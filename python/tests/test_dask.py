@@ -47,6 +47,40 @@ def client():
 
 # -- map_blocks ------------------------------------------------------------------------------------
 
+def test_a_group_of_a_builtin_kernel_is_written_into_its_joined_chunk():
+    """The blocks' results land in one array, each in its place (no join afterwards); what
+    cannot be so (a join along another axis, blocks of different dtypes) is left to the join."""
+    rng = np.random.default_rng(5)
+    xs = [rng.random((n, 3)) for n in (4, 1, 6)]
+    ys = [rng.random(x.shape) for x in xs]
+    spec = gd._KernelSpec.of(gpupool.kernels.axpy(2.0))
+    with gpupool.Executor(backend="cpu", threads_per_gpu=2) as pool:
+        joined = gd._run_into_one(pool, spec.build(), spec, 0, [list(p) for p in zip(xs, ys)])
+        assert joined.shape == (11, 3) and joined.flags.owndata
+        assert np.array_equal(joined, np.concatenate([2.0 * x + y for x, y in zip(xs, ys)]))
+        assert gd._run_into_one(pool, spec.build(), spec, 1, [list(p) for p in zip(xs, ys)]) \
+            is None
+        mixed = [[xs[0], ys[0]], [xs[1].astype(np.float32), ys[1].astype(np.float32)]]
+        assert gd._run_into_one(pool, spec.build(), spec, 0, mixed) is None
+
+
+def test_a_grouped_task_joins_no_results_afterwards(monkeypatch):
+    """_run_group of a built-in kernel over NumPy blocks along the first axis never calls
+    numpy.concatenate: the pool wrote each result in its place."""
+    rng = np.random.default_rng(6)
+    xs = [rng.random(n) for n in (5, 7, 3)]
+    spec = gd._KernelSpec.of(gpupool.kernels.square)
+
+    def no_join(*args, **kwargs):
+        raise AssertionError("the results were joined afterwards")
+
+    with gpupool.Executor(backend="cpu", threads_per_gpu=2) as pool:
+        monkeypatch.setattr(gd, "worker_executor", lambda: pool)
+        monkeypatch.setattr(gd.np, "concatenate", no_join)
+        joined = gd._run_group(spec, 0, xs)
+    assert np.array_equal(joined, np.square(np.hstack(xs)))
+
+
 @pytest.mark.parametrize("blocks_per_task", [1, 7, 500])
 def test_grouped_map_blocks_equals_numpy(client, blocks_per_task):
     # 10,007 elements in 101 blocks, the last one short: groups of 7 leave a short group too.
