@@ -9,6 +9,7 @@
 #include <limits>
 #include <optional>
 #include <span>
+#include <string>
 #include <tuple>
 #include <type_traits>
 
@@ -197,11 +198,16 @@ std::optional<nb::dlpack::dtype> buffer_dtype(const char* format, Py_ssize_t ite
   return std::nullopt;
 }
 
-std::optional<host_array> read_numpy_array(nb::handle obj) {
+bool is_numpy_array(nb::handle obj) {
   PyTypeObject* ndarray = numpy_array_type();
-  if (ndarray == nullptr || Py_TYPE(obj.ptr()) != ndarray) return std::nullopt;
+  return ndarray != nullptr && Py_TYPE(obj.ptr()) == ndarray;
+}
+
+// `extra_flags`: more the export must give (PyBUF_WRITABLE).
+std::optional<host_array> read_numpy_array(nb::handle obj, int extra_flags = 0) {
+  if (!is_numpy_array(obj)) return std::nullopt;
   Py_buffer view;
-  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) != 0) {
+  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT | extra_flags) != 0) {
     PyErr_Clear();  // not C-contiguous, say: as_input says why
     return std::nullopt;
   }
@@ -221,6 +227,20 @@ std::optional<host_array> read_numpy_array(nb::handle obj) {
 host_array read_host_array(nb::handle obj, std::size_t index, const char* which) {
   if (std::optional<host_array> a = read_numpy_array(obj)) return std::move(*a);
   return host_array(as_input(obj, index, which));
+}
+
+host_array read_writable_host_array(nb::handle obj, std::size_t index, const char* which) {
+  const std::string name = std::string(which) + "[" + std::to_string(index) + "]";
+  if (!is_numpy_array(obj))
+    throw nb::type_error(("gpupool: " + name + " is a " +
+                          nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
+                          "; give a numpy.ndarray")
+                             .c_str());
+  if (std::optional<host_array> a = read_numpy_array(obj, PyBUF_WRITABLE)) return std::move(*a);
+  // Refused: read_host_array says why where it would refuse it too (not C-contiguous, a dtype
+  // gpupool does not take); what it takes was refused for being read-only.
+  (void)read_host_array(obj, index, which);
+  throw nb::value_error(("gpupool: " + name + " is read-only").c_str());
 }
 
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {

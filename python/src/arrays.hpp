@@ -88,6 +88,11 @@ class host_array {
 // read through the buffer protocol, which costs a fraction of a DLPack import; every other
 // object, and every array refused, goes through as_input, so that refusals read the same.
 host_array read_host_array(nb::handle obj, std::size_t index, const char* which);
+// An array a call writes: an exact numpy.ndarray, C-contiguous, of a dtype gpupool takes, read
+// through one writable buffer export, so that the memory checked writable is the memory
+// written. Throws TypeError for another object or dtype, ValueError for a read-only array or
+// one not C-contiguous (as read_host_array words them, naming `which`[`index`]).
+host_array read_writable_host_array(nb::handle obj, std::size_t index, const char* which);
 
 // A checked host array as a kernel argument (its dtype is checked against the parameter later).
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& name);

@@ -31,31 +31,13 @@
 namespace gpupool_python {
 namespace {
 
-// Call `index`'s output as given by the caller (`Executor.submit(kernel, x, out=...)`): an array
-// it may write, C-contiguous, of the call's dtype and shape, that is one of the call's inputs
-// (in place) or apart from both: a call reads its input piece by piece as it writes, so a
-// partial overlap would read what it already wrote.
+// Call `index`'s output as given by the caller (`Executor.submit(kernel, x, out=...)`): a
+// numpy.ndarray it may write (read_writable_host_array), of the call's dtype and shape, that is
+// one of the call's inputs (in place) or apart from both: a call reads its input piece by piece
+// as it writes, so a partial overlap would read what it already wrote.
 host_array read_output_array(nb::handle obj, const checked_kernel_call& call, std::size_t index) {
   const std::string which = "out[" + std::to_string(index) + "]";
-  // A numpy.ndarray exactly: its buffer export is what read_host_array reads, so the memory
-  // checked writable below is the memory written (another object could export other memory
-  // through DLPack than through its buffer).
-  const nb::object ndarray = nb::module_::import_("numpy").attr("ndarray");
-  if (!obj.type().is(ndarray))
-    throw nb::type_error(("gpupool: " + which + " is a " +
-                          nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
-                          "; give a numpy.ndarray")
-                             .c_str());
-  host_array out = read_host_array(obj, index, "out");
-  Py_buffer view;
-  if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE) != 0) {
-    PyErr_Clear();
-    throw nb::value_error(("gpupool: " + which + " is read-only").c_str());
-  }
-  const bool same_memory = view.buf == out.data();
-  PyBuffer_Release(&view);
-  if (!same_memory)
-    throw nb::value_error(("gpupool: " + which + " exports other memory than it holds").c_str());
+  host_array out = read_writable_host_array(obj, index, "out");
   const nb::dlpack::dtype want = call.x.dtype();
   if (out.dtype() != want)
     throw nb::type_error(
