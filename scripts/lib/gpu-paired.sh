@@ -17,9 +17,11 @@ COMMIT), the two interleaved round after round, so that the machine's drift move
 both alike.
 
 From C++ (the default): builds `gpupool` in build-base (the baseline) and
-build-paired (this tree), then runs `gpupool demo` on each workload with each build
-in turn (results checked: a wrong result fails the run):
+build-paired (this tree), then runs each workload with each build in turn (results
+checked: a wrong result fails the run): W1, W2 and W4 through `gpupool demo`, W5
+through gpupool_bench_w5 (the time of `map_on_device`; DEMO_ARGS do not apply):
   W1  5 x 1M float64 squared   W2  200 x 1M float64   W4  20,000 x 1,024 float64
+  W5  2,048 dependent FMAs over 32 chunks of float32 (gpupool_bench_w5's defaults)
 Prints per workload the median over the rounds of each build's median and the
 ratio this/baseline (time: below 1 is faster).
 
@@ -36,7 +38,7 @@ options:
   --out DIR          where the results go (default ./gpu-out; env OUT)
   --rounds N         interleaved rounds (default 5 from C++, 3 with --python;
                      env ROUNDS)
-  --workloads LIST   from C++: which of W1,W2,W4 (default all three; env WORKLOADS)
+  --workloads LIST   from C++: which of W1,W2,W4,W5 (default all four; env WORKLOADS)
   --backend B        from C++: the demo's backend, cuda (default) or cpu, which
                      checks the script itself on any machine (env BACKEND)
   -- DEMO_ARGS       from C++: more arguments for every `gpupool demo` (env DEMO_ARGS)
@@ -60,7 +62,7 @@ EOF
 
 python=0
 rounds=${ROUNDS:-}
-workloads=${WORKLOADS:-W1,W2,W4}
+workloads=${WORKLOADS:-W1,W2,W4,W5}
 backend=${BACKEND:-cuda}
 lanes=${LANES:-16,8}
 step=${STEP_SECONDS:-150}
@@ -107,7 +109,10 @@ case $backend in cuda | cpu) ;; *) usage_error "paired: --backend must be cuda o
 read -ra workload_list <<<"${workloads//,/ }"
 read -ra lane_list <<<"${lanes//,/ }"
 for w in "${workload_list[@]}"; do
-  case $w in W1 | W2 | W4) ;; *) usage_error "paired: unknown workload '$w' (W1, W2 or W4)" ;; esac
+  case $w in
+    W1 | W2 | W4 | W5) ;;
+    *) usage_error "paired: unknown workload '$w' (W1, W2, W4 or W5)" ;;
+  esac
 done
 for n in "${lane_list[@]}"; do need_count --lanes "$n"; done
 [ ${#workload_list[@]} -gt 0 ] || usage_error "paired: no workloads"
@@ -136,9 +141,23 @@ if [ $python = 0 ]; then
   (cd .baseline && configure "$OLDPWD/build-base" "${lean[@]}") || exit 1
   configure build-paired "${lean[@]}" || exit 1
   for build in build-base build-paired; do
-    cmake --build "$build" -j "$jobs" --target gpupool_cli >"$OUT/$build.log" 2>&1 ||
+    cmake --build "$build" -j "$jobs" --target gpupool_cli gpupool_bench_w5 \
+      >"$OUT/$build.log" 2>&1 ||
       { tail -40 "$OUT/$build.log"; exit 1; }
   done
+
+  # w5_line BUILD: W5 from that build as the demo's JSON would give it ({"median_ms": ...}),
+  # from gpupool_bench_w5's map_on_device line; the bench exits non-zero on a wrong result.
+  w5_line() {
+    local text
+    text=$("$1/bench/gpupool_bench_w5" --backend "$backend" --repeat 10) || return 1
+    python3 -c '
+import json, re, sys
+m = re.search(r"map_on_device\s+([0-9.]+) ms", sys.stdin.read())
+if not m:
+    sys.exit("no map_on_device line")
+print(json.dumps({"median_ms": float(m.group(1)), "wrong": 0}))' <<<"$text"
+  }
 
   results="$OUT/paired.jsonl"
   : >"$results"
@@ -148,10 +167,15 @@ if [ $python = 0 ]; then
         W1) shape=(--chunks 5 --size 1048576 --repeat 30) ;;
         W2) shape=(--chunks 200 --size 1048576 --repeat 5) ;;
         W4) shape=(--chunks 20000 --size 1024 --repeat 10) ;;
+        W5) shape=() ;;
       esac
       for build in build-base build-paired; do
-        line=$("$build/tools/gpupool" demo --backend "$backend" "${demo_args[@]}" "${shape[@]}" \
-          --json) || { echo "FAIL: $build $w"; exit 1; }
+        if [ "$w" = W5 ]; then
+          line=$(w5_line "$build") || { echo "FAIL: $build $w"; exit 1; }
+        else
+          line=$("$build/tools/gpupool" demo --backend "$backend" "${demo_args[@]}" \
+            "${shape[@]}" --json) || { echo "FAIL: $build $w"; exit 1; }
+        fi
         printf '{"round": %s, "workload": "%s", "build": "%s", "result": %s}\n' \
           "$round" "$w" "$build" "$line" >>"$results"
       done
