@@ -10,14 +10,19 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    start to the last end (median of --repeat runs).
 2. Dask: a cluster with one worker process per GPU (worker i: CUDA_VISIBLE_DEVICES=i, as
    dask-cuda's LocalCUDACluster lays them out; dask-cuda is not needed), gpupool.dask.install,
-   the blocks made on the workers (dask.array.random, persisted and spread evenly before the
-   clock starts), then gpupool.dask.map_blocks(square, x, blocks_per_task) persisted, for each
-   of --blocks-per-task: results stay on the workers, as the baseline's stay in its processes.
+   the blocks made on the workers (one seeded block per task of a small Blockwise graph,
+   persisted and spread evenly before the clock starts), then
+   gpupool.dask.map_blocks(square, x, blocks_per_task) persisted, for each of
+   --blocks-per-task: results stay on the workers, as the baseline's stay in its processes.
    Rate: input bytes over the wall time (median of --repeat). blocks_per_task=1 is one Dask
-   task per block; more join each group's results (one more host copy of the output).
-3. gpupool.dask.Executor: map(square, block futures, chunksize=blocks_per_task); its results come
-   back to this process, as concurrent.futures results must, so this one also measures the
-   link between the workers and the client (loopback TCP here).
+   task per block; more write each group's results into one chunk.
+   For reference, the same graph (the same tasks, each with the same inputs) with NumPy's
+   square run in the task instead of the pool (dask_numpy), and with a task that only hands on
+   its first block (dask_floor: what Dask itself costs for that grouping on these workers, the
+   most any pool could reach under it); --no-references leaves them out.
+3. gpupool.dask.Executor: map(square, block futures, chunksize=--executor-chunksize); its
+   results come back to this process, as concurrent.futures results must, so this one also
+   measures the link between the workers and the client (loopback TCP here).
 
 ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9). Every
 measurement checks its last run's results (each block squared) and stops at a wrong one.
@@ -32,6 +37,7 @@ against one process; two workers sharing the GPU against two processes sharing i
 """
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -80,6 +86,48 @@ def check_squares(blocks, results, who):
             raise SystemExit(f"{who}: result {i} is not its block squared")
 
 
+def random_block(index, elements, block_id=None):
+    """Block ``block_id`` of worker ``index``'s input: ``elements`` float64 uniform in [0, 1),
+    seeded by both."""
+    import numpy as np
+
+    rng = np.random.default_rng([index, block_id[0]])
+    return rng.random(elements)
+
+
+def square_group(*blocks):
+    """Dask's own cost, for reference: a group's blocks squared by NumPy in the task and joined,
+    as gpupool.dask.map_blocks joins them."""
+    import numpy as np
+
+    return np.concatenate([np.square(b) for b in blocks])
+
+
+def first_of_group(*blocks):
+    """Dask's floor, for reference: a task that only hands on its first block (no work, no
+    join)."""
+    return blocks[0]
+
+
+def numpy_groups(kernel, x, blocks_per_task, name, task=square_group):
+    """The graph gpupool.dask.map_blocks makes (one task per blocks_per_task neighbouring blocks
+    of a 1-d array, each with those blocks as its inputs), with NumPy's square in each task
+    instead of the pool: what Dask itself costs for that grouping."""
+    import dask.array as da
+    from dask.highlevelgraph import HighLevelGraph
+
+    del kernel
+    n = x.numblocks[0]
+    groups = [range(s, min(s + blocks_per_task, n)) for s in range(0, n, blocks_per_task)]
+    layer = {(name, g): (task, *[(x.name, i) for i in members])
+             for g, members in enumerate(groups)}
+    graph = HighLevelGraph.from_collections(name, layer, dependencies=[x])
+    sizes = [x.chunks[0][members[0]] if task is first_of_group else
+             sum(x.chunks[0][i] for i in members) for members in groups]
+    chunks = (tuple(sizes),)
+    return da.Array(graph, name, chunks, dtype=x.dtype)
+
+
 def visible(args, process):
     """CUDA_VISIBLE_DEVICES of baseline process or worker number `process`."""
     return "0" if args.one_gpu else str(process)
@@ -123,7 +171,8 @@ def baseline(args, script):
 def cluster_runs(args):
     import dask
     import dask.array as da
-    from distributed import Client, Nanny, Scheduler, SpecCluster, wait
+    import numpy as np
+    from distributed import Client, Nanny, Scheduler, SpecCluster, futures_of, wait
 
     import gpupool
     import gpupool.dask as gd
@@ -143,9 +192,14 @@ def cluster_runs(args):
         addresses = sorted(client.scheduler_info()["workers"])
         share = args.blocks // args.gpus
         xs = []
-        for address in addresses:
+        for w, address in enumerate(addresses):
+            # One Blockwise layer per worker, each block seeded by its index: a graph of a
+            # few kilobytes at any number of blocks (dask.array.random embeds every block's
+            # seed state in the graph).
             with dask.annotate(workers=[address], allow_other_workers=False):
-                xs.append(da.random.random(share * args.elements, chunks=args.elements))
+                xs.append(da.map_blocks(random_block, w, args.elements, dtype=np.float64,
+                                        chunks=((args.elements,) * share,),
+                                        name=f"input-{w}-{uuid.uuid4().hex}"))
         xs = client.persist(xs, optimize_graph=False)
         wait(xs)
         placed = client.has_what()
@@ -153,33 +207,53 @@ def cluster_runs(args):
             a: sum(1 for k in placed[a] if any(k[0] == x.name for x in xs)) for a in addresses}
         share_bytes = share * args.gpus * args.elements * 8
         out["dask"] = {}
+        inputs = [client.gather(futures_of(x)) for x in xs]  # for the checks, in order
         for bpt in [int(b) for b in args.blocks_per_task.split(",")]:
-            seconds = []
-            for run in range(args.repeat + 1):  # the first run warms up
+            floor = functools.partial(numpy_groups, task=first_of_group)
+            for what, make in (("dask", gd.map_blocks), ("dask_numpy", numpy_groups),
+                               ("dask_floor", floor)):
+                if what != "dask" and not args.references:
+                    continue
+                seconds = []
+                placed_out: dict = {}
+                for run in range(args.repeat + 1):  # the first run warms up
+                    ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt,
+                               name=f"{what}-square-{uuid.uuid4().hex}") for x in xs]
+                    start = time.perf_counter()
+                    ys = client.persist(ys)
+                    wait(ys)
+                    if run:
+                        seconds.append(time.perf_counter() - start)
+                    if run == args.repeat and what != "dask_floor":
+                        # Where the results are, before the check (it may copy some elsewhere).
+                        held = client.has_what()
+                        placed_out = {a: sum(1 for k in held[a]
+                                             if any(k[0] == y.name for y in ys))
+                                      for a in addresses}
+                        for blocks, y in zip(inputs, ys):
+                            got = np.concatenate(client.gather(futures_of(y)))
+                            if not np.array_equal(got, np.square(np.concatenate(blocks))):
+                                raise SystemExit(f"{what}: a result is not its block squared")
+                    del ys
+                out.setdefault(what, {})[f"blocks_per_task={bpt}"] = {
+                    "gb_s": share_bytes / statistics.median(seconds) / 1e9, "seconds": seconds,
+                    "result_chunks_per_worker": placed_out}
+            if args.trace:
+                # One more run of the pools' map, traced: each worker's stage times.
                 ys = [gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=bpt,
-                                    name=f"w2-square-{uuid.uuid4().hex}") for x in xs]
-                start = time.perf_counter()
-                ys = client.persist(ys)
-                wait(ys)
-                if run:
-                    seconds.append(time.perf_counter() - start)
-                if run == args.repeat:
-                    # Where the results are, before the check (it may copy some elsewhere).
-                    held = client.has_what()
-                    placed_out = {a: sum(1 for k in held[a] if any(k[0] == y.name for y in ys))
-                                  for a in addresses}
-                    # Checked on the workers, where the results are.
-                    for x, y in zip(xs, ys):
-                        if not bool((y == x * x).all().compute()):
-                            raise SystemExit("dask: a result is not its block squared")
+                                    name=f"traced-square-{uuid.uuid4().hex}") for x in xs]
+                with gd.trace(client) as recorded:
+                    start = time.perf_counter()
+                    ys = client.persist(ys)
+                    wait(ys)
+                    traced_s = time.perf_counter() - start
+                out.setdefault("traced", {})[f"blocks_per_task={bpt}"] = {
+                    "seconds": traced_s, "stats": recorded.stats_table()}
+                if args.trace_dir:
+                    recorded.write(os.path.join(args.trace_dir, f"dask-bpt{bpt}.json"))
                 del ys
-            out["dask"][f"blocks_per_task={bpt}"] = {
-                "gb_s": share_bytes / statistics.median(seconds) / 1e9, "seconds": seconds,
-                "result_chunks_per_worker": placed_out}
         total = share_bytes
         if args.executor:
-            from distributed import futures_of
-
             block_futures = [f for x in xs for f in sorted(futures_of(x), key=lambda f: f.key)]
             seconds = []
             with gd.Executor(client) as ex:
@@ -190,7 +264,7 @@ def cluster_runs(args):
                     if run:
                         seconds.append(time.perf_counter() - start)
                     if run == args.repeat:
-                        check_squares(client.gather(block_futures), results,
+                        check_squares([b for blocks in inputs for b in blocks], results,
                                       "gpupool.dask.Executor")
                     del results
             out["executor"] = {"gb_s": total / statistics.median(seconds) / 1e9,
@@ -215,6 +289,15 @@ def main():
     parser.add_argument("--executor-chunksize", type=int, default=10,
                         help="gpupool.dask.Executor.map's chunksize")
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-references", dest="references", action="store_false",
+                        help="skip dask_numpy and dask_floor: the same Dask graph with NumPy's "
+                        "square in each task instead of the pool, and with a task that only "
+                        "hands on its first block (what Dask itself costs for that grouping)")
+    parser.add_argument("--trace", action="store_true",
+                        help="one more traced run per blocks_per_task: each worker's pool stats "
+                        "(gpupool.dask.trace) under 'traced'")
+    parser.add_argument("--trace-dir", default=None,
+                        help="with --trace, also write each run's Chrome trace here")
     parser.add_argument("--no-executor", dest="executor", action="store_false",
                         help="skip the gpupool.dask.Executor measurement")
     parser.add_argument("--single", action="store_true", help=argparse.SUPPRESS)
@@ -234,6 +317,10 @@ def main():
     result.update(cluster_runs(args))
     result["ratio"] = {name: run["gb_s"] / result["baseline"]["gb_s"]
                        for name, run in result["dask"].items()}
+    for reference in ("dask_numpy", "dask_floor"):
+        if reference in result:
+            result[f"{reference}_ratio"] = {name: run["gb_s"] / result["baseline"]["gb_s"]
+                                            for name, run in result[reference].items()}
     if "executor" in result:
         result["executor_ratio"] = result["executor"]["gb_s"] / result["baseline"]["gb_s"]
     print(json.dumps(result, indent=1))
