@@ -55,7 +55,7 @@ except ImportError as _missing:  # pragma: no cover - exercised only without the
         "gpupool.dask needs dask[array] and distributed: pip install \"gpupool[dask]\" "
         f"({_missing})") from _missing
 
-from . import _executor, _map_paths, _map_stream
+from . import _executor, _map_paths, _map_stream, _pinned
 from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel, builtin_kernels
 from ._timeline import write_by_suffix
 
@@ -529,9 +529,10 @@ def _run_group(spec: _KernelSpec, axis: int, *columns: Any) -> np.ndarray:
 def _run_into_one(pool: Any, built: Any, spec: _KernelSpec, axis: int,
                   calls: List[List[Any]]) -> Optional[np.ndarray]:
     """A group's built-in kernel calls, each writing its result straight into its place in the
-    joined array (``submit(..., out=)``): the lanes fill it, with no copy afterwards. None where
-    that cannot be: blocks that are not NumPy arrays of one dtype and one shape beyond the
-    first axis, or a join along another axis (its places would not be contiguous)."""
+    joined array (``submit(..., out=)``), in pinned memory: the lanes fill it, with no copy
+    afterwards. None where that cannot be: blocks that are not NumPy arrays of one dtype and one
+    shape beyond the first axis, or a join along another axis (its places would not be
+    contiguous)."""
     firsts = [call[0] for call in calls]
     if not all(type(a) is np.ndarray for call in calls for a in call):
         return None
@@ -539,7 +540,14 @@ def _run_into_one(pool: Any, built: Any, spec: _KernelSpec, axis: int,
     rest = firsts[0].shape[1:]
     if axis != 0 or any(a.dtype != dtype or a.shape[1:] != rest for a in firsts):
         return None
-    joined = np.empty((sum(a.shape[0] for a in firsts),) + rest, dtype)
+    shape = (sum(a.shape[0] for a in firsts),) + rest
+    try:
+        # From gpupool's pinned cache, as the pool's own results are: the lanes download
+        # straight into it, where fresh pageable memory would cost each lane a staging copy
+        # and the first touch of every page.
+        joined = _pinned.empty_pinned(shape, dtype)
+    except MemoryError:
+        joined = np.empty(shape, dtype)
     futures: List[Any] = []
     start = 0
     try:

@@ -48,20 +48,37 @@ def client():
 # -- map_blocks ------------------------------------------------------------------------------------
 
 def test_a_group_of_a_builtin_kernel_is_written_into_its_joined_chunk():
-    """The blocks' results land in one array, each in its place (no join afterwards); what
-    cannot be so (a join along another axis, blocks of different dtypes) is left to the join."""
+    """The blocks' results land in one array in pinned memory (the lanes download straight into
+    it), each in its place (no join afterwards); what cannot be so (a join along another axis,
+    blocks of different dtypes) is left to the join."""
     rng = np.random.default_rng(5)
     xs = [rng.random((n, 3)) for n in (4, 1, 6)]
     ys = [rng.random(x.shape) for x in xs]
     spec = gd._KernelSpec.of(gpupool.kernels.axpy(2.0))
     with gpupool.Executor(backend="cpu", threads_per_gpu=2) as pool:
         joined = gd._run_into_one(pool, spec.build(), spec, 0, [list(p) for p in zip(xs, ys)])
-        assert joined.shape == (11, 3) and joined.flags.owndata
+        assert joined.shape == (11, 3) and joined.flags.c_contiguous
+        assert gpupool.is_pinned(joined)
         assert np.array_equal(joined, np.concatenate([2.0 * x + y for x, y in zip(xs, ys)]))
         assert gd._run_into_one(pool, spec.build(), spec, 1, [list(p) for p in zip(xs, ys)]) \
             is None
         mixed = [[xs[0], ys[0]], [xs[1].astype(np.float32), ys[1].astype(np.float32)]]
         assert gd._run_into_one(pool, spec.build(), spec, 0, mixed) is None
+
+
+def test_a_group_without_pinned_memory_is_written_into_ordinary_memory(monkeypatch):
+    """Where no pinned memory is to be had, the joined chunk is ordinary memory, still filled in
+    place by the lanes."""
+    def no_pinned(*args, **kwargs):
+        raise MemoryError("no pinned memory")
+
+    monkeypatch.setattr(gd._pinned, "empty_pinned", no_pinned)
+    xs = [np.arange(n, dtype=np.float64) for n in (3, 5)]
+    spec = gd._KernelSpec.of(gpupool.kernels.square)
+    with gpupool.Executor(backend="cpu", threads_per_gpu=2) as pool:
+        joined = gd._run_into_one(pool, spec.build(), spec, 0, [[x] for x in xs])
+    assert joined.flags.owndata and not gpupool.is_pinned(joined)
+    assert np.array_equal(joined, np.square(np.concatenate(xs)))
 
 
 def test_a_grouped_task_joins_no_results_afterwards(monkeypatch):
