@@ -574,8 +574,8 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
     tasks, no copies before the kernel). The result has the inputs' shape and chunks, except
     that along ``axis`` each group's chunks are one chunk (``blocks_per_task=1``: the inputs'
     chunks exactly). A built-in kernel over NumPy blocks joined along the first axis writes each
-    block's result into its place in the group's chunk; other groups are joined with one host
-    copy.
+    block's result into its place in the group's chunk, in pinned memory; other groups are
+    joined with one host copy.
 
     ``args``: Dask arrays of one shape (arrays after the first are rechunked to its chunks if
     they differ) and, for compiled kernels, numbers passed to every call. Built-in kernels take
