@@ -33,7 +33,8 @@ Optional steps, each bounded by --step-seconds:
   --dask          where dask and distributed import: bench/dask_gpus.py over every
                   GPU (two or more), and on GPU 0 alone with one worker against one
                   process and two sharing it against two processes sharing it (W2
-                  and W4 sizes)
+                  and W4 sizes), each beside Dask's floor for its graph; the first
+                  also traced (each worker's pool stats)
   --dask-model    where dask and distributed import: bench/dask_scaling.py and
                   bench/dask_cluster_model.py (CPU backend; the model's step may take
                   8 x --step-seconds)
@@ -251,7 +252,8 @@ if [ $dask = 1 ]; then
     say "(bench/dask_gpus.py over every GPU left out: it needs two or more GPUs)"
   fi
   w4=(--blocks 20000 --elements 1000 --blocks-per-task 100,1000 --executor-chunksize 1000)
-  dask_step "one worker against one process, GPU 0, W2 size" --gpus 1 --one-gpu
+  dask_step "one worker against one process, GPU 0, W2 size (and traced)" --gpus 1 --one-gpu \
+    --trace
   dask_step "one worker against one process, GPU 0, W4 size" --gpus 1 --one-gpu "${w4[@]}"
   dask_step "two workers sharing GPU 0 against two processes, W2 size" --gpus 2 --one-gpu
   dask_step "two workers sharing GPU 0 against two processes, W4 size" --gpus 2 --one-gpu \
