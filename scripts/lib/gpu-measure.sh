@@ -29,7 +29,8 @@ Optional steps, each bounded by --step-seconds:
                   (bench/shared_devices.py)
   --priority      a tiny urgent task behind a W2 map against its latency on an idle
                   executor, and the map's throughput with urgent tasks every
-                  millisecond (bench/priority_latency.py, W2's sizes)
+                  millisecond (bench/priority_latency.py, W2's sizes): with the
+                  defaults, with 1 MiB chunks, and with 4 lanes
   --dask          where dask and distributed import: bench/dask_gpus.py over every
                   GPU (two or more), and on GPU 0 alone with one worker against one
                   process and two sharing it against two processes sharing it (W2
@@ -222,10 +223,17 @@ if [ $shared = 1 ]; then
 fi
 
 if [ $priority = 1 ]; then
-  say "== A tiny urgent task behind a W2 map (bench/priority_latency.py)"
-  timeout "$step" python3 bench/priority_latency.py --backend cuda 2>&1 | tee "$OUT/priority.txt" |
-    tee -a "$log"
-  step_done "${PIPESTATUS[0]}" "bench/priority_latency.py"
+  # The defaults, then the bytes the lanes keep queued cut two ways (smaller chunks, fewer
+  # lanes): an urgent task's upload waits behind them in the copy engine's queue.
+  : >"$OUT/priority.txt"
+  for shape in "" "--lanes 16 --slots 2 --chunk-bytes 1048576" \
+    "--lanes 4 --slots 2 --chunk-bytes 4194304"; do
+    say "== A tiny urgent task behind a W2 map (bench/priority_latency.py ${shape:-(defaults)})"
+    # shellcheck disable=SC2086  # the shape is a list of arguments
+    timeout "$step" python3 bench/priority_latency.py --backend cuda $shape 2>&1 |
+      tee -a "$OUT/priority.txt" | tee -a "$log"
+    step_done "${PIPESTATUS[0]}" "bench/priority_latency.py $shape"
+  done
 fi
 
 # dask_step WHAT ARGS...: one run of bench/dask_gpus.py, its JSON into dask.txt.
@@ -251,6 +259,7 @@ if [ $dask = 1 ]; then
   else
     say "(bench/dask_gpus.py over every GPU left out: it needs two or more GPUs)"
   fi
+  # shellcheck disable=SC2054  # "100,1000" is one argument, a list
   w4=(--blocks 20000 --elements 1000 --blocks-per-task 100,1000 --executor-chunksize 1000)
   dask_step "one worker against one process, GPU 0, W2 size (and traced)" --gpus 1 --one-gpu \
     --trace
