@@ -25,7 +25,8 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    measures the link between the workers and the client (loopback TCP here).
 
 ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9). Every
-measurement checks its last run's results (each block squared) and stops at a wrong one.
+measurement that squares checks its last run's results (each block squared) and stops at a
+wrong one; the floor's tasks and the traced run compute nothing checked.
 
 With --one-gpu every process and worker sees GPU 0 alone: --gpus processes share one GPU, so
 that a machine with one GPU measures what Dask costs over the pools it drives (one worker
@@ -84,6 +85,15 @@ def check_squares(blocks, results, who):
     for i, (block, result) in enumerate(zip(blocks, results)):
         if not np.array_equal(np.asarray(result), np.square(block)):
             raise SystemExit(f"{who}: result {i} is not its block squared")
+
+
+def ordered_futures(array):
+    """The futures of a persisted 1-d dask array's blocks, in block order."""
+    from dask.core import flatten
+    from distributed import futures_of
+
+    by_key = {f.key: f for f in futures_of(array)}
+    return [by_key[k] for k in flatten(array.__dask_keys__())]
 
 
 def random_block(index, elements, block_id=None):
@@ -172,7 +182,7 @@ def cluster_runs(args):
     import dask
     import dask.array as da
     import numpy as np
-    from distributed import Client, Nanny, Scheduler, SpecCluster, futures_of, wait
+    from distributed import Client, Nanny, Scheduler, SpecCluster, wait
 
     import gpupool
     import gpupool.dask as gd
@@ -207,7 +217,7 @@ def cluster_runs(args):
             a: sum(1 for k in placed[a] if any(k[0] == x.name for x in xs)) for a in addresses}
         share_bytes = share * args.gpus * args.elements * 8
         out["dask"] = {}
-        inputs = [client.gather(futures_of(x)) for x in xs]  # for the checks, in order
+        inputs = [client.gather(ordered_futures(x)) for x in xs]  # for the checks
         for bpt in [int(b) for b in args.blocks_per_task.split(",")]:
             floor = functools.partial(numpy_groups, task=first_of_group)
             for what, make in (("dask", gd.map_blocks), ("dask_numpy", numpy_groups),
@@ -215,7 +225,7 @@ def cluster_runs(args):
                 if what != "dask" and not args.references:
                     continue
                 seconds = []
-                placed_out: dict = {}
+                placed_out = None  # where the results are (not looked at for the floor)
                 for run in range(args.repeat + 1):  # the first run warms up
                     ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt,
                                name=f"{what}-square-{uuid.uuid4().hex}") for x in xs]
@@ -231,7 +241,7 @@ def cluster_runs(args):
                                              if any(k[0] == y.name for y in ys))
                                       for a in addresses}
                         for blocks, y in zip(inputs, ys):
-                            got = np.concatenate(client.gather(futures_of(y)))
+                            got = np.concatenate(client.gather(ordered_futures(y)))
                             if not np.array_equal(got, np.square(np.concatenate(blocks))):
                                 raise SystemExit(f"{what}: a result is not its block squared")
                     del ys
@@ -254,7 +264,7 @@ def cluster_runs(args):
                 del ys
         total = share_bytes
         if args.executor:
-            block_futures = [f for x in xs for f in sorted(futures_of(x), key=lambda f: f.key)]
+            block_futures = [f for x in xs for f in ordered_futures(x)]
             seconds = []
             with gd.Executor(client) as ex:
                 for run in range(args.repeat + 1):
@@ -307,6 +317,8 @@ def main():
     parser.add_argument("--startup-s", type=float, default=20.0,
                         help="seconds the baseline's processes get to start and make their data")
     args = parser.parse_args()
+    if args.trace_dir and not os.path.isdir(args.trace_dir):
+        parser.error(f"--trace-dir {args.trace_dir}: no such directory")
     if args.single:
         single(args)
         return

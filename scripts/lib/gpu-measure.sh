@@ -30,7 +30,8 @@ Optional steps, each bounded by --step-seconds:
   --priority      a tiny urgent task behind a W2 map against its latency on an idle
                   executor, and the map's throughput with urgent tasks every
                   millisecond (bench/priority_latency.py, W2's sizes): with the
-                  defaults, with 1 MiB chunks, and with 4 lanes
+                  defaults, with 1 MiB chunks, and with 4 lanes (three runs, each
+                  bounded by --step-seconds)
   --dask          where dask and distributed import: bench/dask_gpus.py over every
                   GPU (two or more), and on GPU 0 alone with one worker against one
                   process and two sharing it against two processes sharing it (W2
