@@ -55,7 +55,7 @@ except ImportError as _missing:  # pragma: no cover - exercised only without the
         "gpupool.dask needs dask[array] and distributed: pip install \"gpupool[dask]\" "
         f"({_missing})") from _missing
 
-from . import _executor, _map_paths, _map_stream, _pinned
+from . import _executor, _ext, _map_paths, _map_stream, _pinned
 from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel, builtin_kernels
 from ._timeline import write_by_suffix
 
@@ -142,6 +142,7 @@ class PoolPlugin(distributed.WorkerPlugin):
         with self._lock:
             if self.executor is not None:
                 return
+            _bound_pinned_cache(worker)
             pool = _executor.Executor(**self.executor_kwargs)
             try:
                 self.clock_offset_us = _clock_offset_us(pool)
@@ -163,6 +164,29 @@ class PoolPlugin(distributed.WorkerPlugin):
                 tracing[0].__exit__(None, None, None)
         pool.shutdown(wait=True, cancel_futures=True)
         _pools_closed += 1
+
+
+#: The share of a worker's memory limit that gpupool's pinned cache may keep (see
+#: _bound_pinned_cache).
+PINNED_CACHE_SHARE = 8
+
+
+def _bound_pinned_cache(worker: Any) -> None:
+    """Caps gpupool's pinned cache in this worker's process at 1/PINNED_CACHE_SHARE of the
+    worker's memory limit, unless GPUPOOL_PINNED_CACHE_BYTES chose the cap. Freed pinned blocks
+    stay resident in the cache, which Dask counts as the worker's memory but cannot spill: by
+    default the cache may keep a quarter of the host's memory, more than the whole limit of a
+    worker that shares its host with three others. The pool's results (and a group's chunk) are
+    pinned, so the cache fills as Dask drops them."""
+    if "GPUPOOL_PINNED_CACHE_BYTES" in os.environ:
+        return
+    manager = getattr(worker, "memory_manager", None)
+    limit = getattr(manager, "memory_limit", None)
+    if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
+        return  # no limit (None or 0): Dask does not bound the worker's memory
+    bound = limit // PINNED_CACHE_SHARE
+    if _ext.pinned_memory_stats()["cache_limit"] > bound:
+        _ext.set_pinned_cache_limit(bound)
 
 
 def _clock_offset_us(pool: _executor.Executor) -> float:

@@ -81,6 +81,53 @@ def test_a_group_without_pinned_memory_is_written_into_ordinary_memory(monkeypat
     assert np.array_equal(joined, np.square(np.concatenate(xs)))
 
 
+class _Worker:
+    """What _bound_pinned_cache reads of a Dask worker."""
+
+    def __init__(self, memory_limit):
+        self.memory_manager = type("Manager", (), {"memory_limit": memory_limit})()
+
+
+@pytest.fixture
+def pinned_cache_limit():
+    """Puts the process's pinned cache limit back after the test."""
+    before = gpupool._ext.pinned_memory_stats()["cache_limit"]
+    yield before
+    gpupool._ext.set_pinned_cache_limit(before)
+
+
+def test_a_worker_caps_the_pinned_cache_at_a_share_of_its_memory_limit(monkeypatch,
+                                                                         pinned_cache_limit):
+    """Freed pinned blocks stay in the cache, resident, where Dask cannot spill them: a worker's
+    pool keeps at most 1/8 of the worker's memory limit there, unless the environment chose."""
+    monkeypatch.delenv("GPUPOOL_PINNED_CACHE_BYTES", raising=False)
+    stats = gpupool._ext.pinned_memory_stats
+    gd._bound_pinned_cache(_Worker(None))  # no limit: the cache keeps its own
+    gd._bound_pinned_cache(_Worker(0))
+    assert stats()["cache_limit"] == pinned_cache_limit
+    limit = 8 * 2**20
+    assert limit // 8 < pinned_cache_limit
+    gd._bound_pinned_cache(_Worker(limit))
+    assert stats()["cache_limit"] == limit // 8
+    gd._bound_pinned_cache(_Worker(limit * 64))  # never raised again
+    assert stats()["cache_limit"] == limit // 8
+    gpupool._ext.set_pinned_cache_limit(pinned_cache_limit)
+    monkeypatch.setenv("GPUPOOL_PINNED_CACHE_BYTES", str(pinned_cache_limit))
+    gd._bound_pinned_cache(_Worker(limit))  # the user's choice stands
+    assert stats()["cache_limit"] == pinned_cache_limit
+
+
+def test_a_cluster_worker_bounds_its_pinned_cache(client):
+    """Installed pools cap their worker's pinned cache (the fixture's workers have a memory
+    limit)."""
+    def cache_and_memory_limit(dask_worker):
+        return (gpupool._ext.pinned_memory_stats()["cache_limit"],
+                dask_worker.memory_manager.memory_limit)
+
+    for cache, limit in client.run(cache_and_memory_limit).values():
+        assert limit and cache <= limit // 8
+
+
 def test_a_grouped_task_joins_no_results_afterwards(monkeypatch):
     """_run_group of a built-in kernel over NumPy blocks along the first axis never calls
     numpy.concatenate: the pool wrote each result in its place."""
