@@ -168,11 +168,11 @@ class PoolPlugin(distributed.WorkerPlugin):
 
 #: The share of a worker's memory limit that gpupool's pinned cache may keep (see
 #: _bound_pinned_cache).
-PINNED_CACHE_SHARE = 8
+_PINNED_CACHE_SHARE = 8
 
 
 def _bound_pinned_cache(worker: Any) -> None:
-    """Caps gpupool's pinned cache in this worker's process at 1/PINNED_CACHE_SHARE of the
+    """Caps gpupool's pinned cache in this worker's process at 1/_PINNED_CACHE_SHARE of the
     worker's memory limit, unless GPUPOOL_PINNED_CACHE_BYTES chose the cap. Freed pinned blocks
     stay resident in the cache, which Dask counts as the worker's memory but cannot spill: by
     default the cache may keep a quarter of the host's memory, more than the whole limit of a
@@ -184,7 +184,7 @@ def _bound_pinned_cache(worker: Any) -> None:
     limit = getattr(manager, "memory_limit", None)
     if not isinstance(limit, int) or isinstance(limit, bool) or limit <= 0:
         return  # no limit (None or 0): Dask does not bound the worker's memory
-    bound = limit // PINNED_CACHE_SHARE
+    bound = limit // _PINNED_CACHE_SHARE
     if _ext.pinned_memory_stats()["cache_limit"] > bound:
         _ext.set_pinned_cache_limit(bound)
 
