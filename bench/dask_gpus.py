@@ -19,7 +19,8 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    For reference, the same graph (the same tasks, each with the same inputs) with NumPy's
    square run in the task instead of the pool (dask_numpy), and with a task that only hands on
    its first block (dask_floor: what Dask itself costs for that grouping on these workers, the
-   most any pool could reach under it); --no-references leaves them out.
+   most any pool could reach under it), each run timing the three graphs in turn;
+   --no-references leaves them out.
 3. gpupool.dask.Executor: map(square, block futures, chunksize=--executor-chunksize); its
    results come back to this process, as concurrent.futures results must, so this one also
    measures the link between the workers and the client (loopback TCP here).
@@ -220,34 +221,36 @@ def cluster_runs(args):
         inputs = [client.gather(ordered_futures(x)) for x in xs]  # for the checks
         for bpt in [int(b) for b in args.blocks_per_task.split(",")]:
             floor = functools.partial(numpy_groups, task=first_of_group)
-            for what, make in (("dask", gd.map_blocks), ("dask_numpy", numpy_groups),
-                               ("dask_floor", floor)):
-                if what != "dask" and not args.references:
-                    continue
-                seconds = []
-                placed_out = None  # where the results are (not looked at for the floor)
-                for run in range(args.repeat + 1):  # the first run warms up
+            graphs = [("dask", gd.map_blocks)]
+            if args.references:
+                graphs += [("dask_numpy", numpy_groups), ("dask_floor", floor)]
+            seconds: dict = {what: [] for what, _ in graphs}
+            placed_out: dict = {what: None for what, _ in graphs}  # the floor's: not looked at
+            # The graphs in turn within each run, so that the machine's drift moves them alike.
+            for run in range(args.repeat + 1):  # the first run warms up
+                for what, make in graphs:
                     ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt,
                                name=f"{what}-square-{uuid.uuid4().hex}") for x in xs]
                     start = time.perf_counter()
                     ys = client.persist(ys)
                     wait(ys)
                     if run:
-                        seconds.append(time.perf_counter() - start)
+                        seconds[what].append(time.perf_counter() - start)
                     if run == args.repeat and what != "dask_floor":
                         # Where the results are, before the check (it may copy some elsewhere).
                         held = client.has_what()
-                        placed_out = {a: sum(1 for k in held[a]
-                                             if any(k[0] == y.name for y in ys))
-                                      for a in addresses}
+                        placed_out[what] = {a: sum(1 for k in held[a]
+                                                   if any(k[0] == y.name for y in ys))
+                                            for a in addresses}
                         for blocks, y in zip(inputs, ys):
                             got = np.concatenate(client.gather(ordered_futures(y)))
                             if not np.array_equal(got, np.square(np.concatenate(blocks))):
                                 raise SystemExit(f"{what}: a result is not its block squared")
                     del ys
+            for what, _ in graphs:
                 out.setdefault(what, {})[f"blocks_per_task={bpt}"] = {
-                    "gb_s": share_bytes / statistics.median(seconds) / 1e9, "seconds": seconds,
-                    "result_chunks_per_worker": placed_out}
+                    "gb_s": share_bytes / statistics.median(seconds[what]) / 1e9,
+                    "seconds": seconds[what], "result_chunks_per_worker": placed_out[what]}
             if args.trace:
                 # One more run of the pools' map, traced: each worker's stage times.
                 ys = [gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=bpt,
