@@ -181,6 +181,10 @@ struct backend_traits {
   bool cuda_device_pointers;
   /// It runs raw kernels (CUDA source, raw_kernel).
   bool runs_raw_kernels;
+  /// Its kernels may read and write, in place, the pinned host memory its host_memory allocated
+  /// (on CUDA: mapped into every device's address space): an urgent item of few bytes then runs
+  /// without copies, in its lane's express slot (core/lanes/express_slot.hpp).
+  bool kernels_reach_pinned_host;
   /// Its code generator for elementwise kernels (never null).
   const kernel_generator* generator;
 };

@@ -72,6 +72,8 @@ constexpr backend_traits cpu_traits{
     .device_memory_is_host = true,
     .cuda_device_pointers = false,
     .runs_raw_kernels = false,
+    // Its device memory is host memory.
+    .kernels_reach_pinned_host = true,
     .generator = &generator,
 };
 

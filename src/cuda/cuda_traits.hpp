@@ -69,6 +69,8 @@ inline constexpr backend_traits cuda_traits{
     .device_memory_is_host = false,
     .cuda_device_pointers = true,
     .runs_raw_kernels = true,
+    // Pinned memory is mapped into every device's address space under unified addressing.
+    .kernels_reach_pinned_host = true,
     .generator = &cuda_traits_detail::generator,
 };
 

@@ -146,6 +146,11 @@ std::size_t elementwise_piece::bytes_out() const noexcept {
   return count_ * size_of(job_->type());
 }
 
+std::size_t elementwise_piece::staged_operand_bytes() const noexcept {
+  // The whole batch's (tasks cancelled since it formed included): every operand holds as much.
+  return batch_elements_ * size_of(job_->type());
+}
+
 std::size_t elementwise_piece::carried_count() const noexcept {
   return members().size();
 }

@@ -87,6 +87,7 @@ class elementwise_piece final : public piece_item<elementwise_job> {
   const char* trace_name() const noexcept override { return job_->kern().name(); }
   std::size_t bytes_in() const noexcept override;
   std::size_t bytes_out() const noexcept override;
+  std::size_t staged_operand_bytes() const noexcept override;
   std::size_t carried_count() const noexcept override;
   bool carried(std::size_t i, std::uint64_t& id, double& submitted, std::size_t& in,
                std::size_t& out) const noexcept override;

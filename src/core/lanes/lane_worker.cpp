@@ -38,7 +38,9 @@ void device_memory::reserve(std::size_t bytes) {
 lane_worker::lane_worker(const lane_setup& setup)
     : setup_(setup),
       buffers_(*this, setup.chunk_bytes),
-      tracer_({setup.recorder, setup.tracing, setup.epoch, setup.device, setup.index}) {}
+      tracer_({setup.recorder, setup.tracing, setup.epoch, setup.device, setup.index}),
+      express_(*this, setup.chunk_bytes,
+               {setup.recorder, setup.tracing, setup.epoch, setup.device, setup.index}) {}
 
 lane& lane_of(slot_context& slot) noexcept {
   return slot.owner();
@@ -77,6 +79,7 @@ void lane_worker::open() {
 }
 
 void lane_worker::close() noexcept {
+  express_.close();
   if (!stream_) return;
   recover();
   contexts_.clear();
@@ -115,6 +118,10 @@ void lane_worker::run(std::promise<void> ready) {
       work_item_ptr item = setup_.queue->pop(setup_.device, /*block=*/window.empty());
       if (item) {
         if (!item->claim()) continue;
+        if (express_slot::takes(*item, setup_.priority, setup_.owner->traits())) {
+          run_express(std::move(item));
+          continue;
+        }
         current_slot_ = next_slot;
         tracer_.begin(next_slot, *item, /*lane_idle=*/window.empty());
         try {
@@ -173,6 +180,37 @@ bool lane_worker::complete_oldest(std::deque<in_flight>& window, bool block) {
   }
   window.pop_front();
   return true;
+}
+
+void lane_worker::run_express(work_item_ptr item) {
+  completion_batch pass(setup_.budget);
+  bool traced = false;
+  try {
+    if (!express_.is_open())
+      express_.open(*setup_.owner, setup_.ordinal, faults_ ? &*faults_ : nullptr,
+                    setup_.coalescing);
+    // The express stream is idle whenever an item starts: a good moment for the clock.
+    express_.tracer().begin(0, *item, /*lane_idle=*/true);
+    traced = true;
+    if (faults_) faults_->maybe_fail(fault_kind::call);
+    item->start(express_.context());
+    express_.done().record();
+    {
+      GPUPOOL_NVTX_RANGE("gpupool: wait for an express item");
+      express_.done().wait();
+    }
+    item->finish(express_.context());
+    express_.tracer().end(0, *item, /*failed=*/false);
+    item->complete();
+  } catch (...) {
+    const std::exception_ptr failure = std::current_exception();
+    if (traced) express_.tracer().end(0, *item, /*failed=*/true);
+    // As in run(): the device's health learns of it, and the stream is waited out, before the
+    // item's futures end.
+    report_failure(failure);
+    express_.recover();
+    item->fail(failure);
+  }
 }
 
 void lane_worker::report_failure(const std::exception_ptr& failure) noexcept {

@@ -21,6 +21,7 @@
 
 #include "core/backend.hpp"
 #include "core/fault_injection.hpp"
+#include "core/lanes/express_slot.hpp"
 #include "core/lanes/slot_buffers.hpp"
 #include "core/lanes/slot_context.hpp"
 #include "core/scheduling/device_health.hpp"
@@ -117,6 +118,8 @@ class lane_worker final : public lane {
   void close() noexcept;
   /// Completes the oldest in-flight item if its work is done (or, with `block`, once it is).
   bool complete_oldest(std::deque<in_flight>& window, bool block);
+  /// Runs claimed `item` in the express slot to its end (express_slot::takes said it may).
+  void run_express(work_item_ptr item);
   /// After a failure: wait out whatever the stream still holds so slots can be reused.
   void recover() noexcept;
   /// Tells the executor's device_health of a task's failure on this lane.
@@ -134,6 +137,7 @@ class lane_worker final : public lane {
   slot_buffers buffers_;
   lane_tracer tracer_;
   std::vector<slot_context> contexts_;  // the handle each slot's item gets
+  express_slot express_;                // opened at the first urgent item of few bytes
   // Per staging buffer: the event recorded after its last copy, and whether that copy may still
   // run; next_staging_ is the buffer taken next.
   std::array<std::unique_ptr<backend_event>, 2> staging_done_;

@@ -11,14 +11,14 @@ void*& buffer_at(std::vector<void*>& buffers, int i) {
 }
 }  // namespace
 
-void slot_buffers::open(backend_stream& stream, int slots) {
+void slot_buffers::open(backend_stream& stream, int slots, bool device_buffers) {
   slots_.resize(static_cast<std::size_t>(slots));
   for (int k = 0; k < slots; ++k) {
     slots_[static_cast<std::size_t>(k)].done = stream.make_event();
     // The first buffer of every slot is needed by any elementwise work: take it now, off the hot
     // path. The second is only for two-input kernels and comes on first use.
     host(k, 0);
-    device(k, 0);
+    if (device_buffers) device(k, 0);
   }
 }
 

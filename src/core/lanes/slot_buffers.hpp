@@ -20,8 +20,9 @@ class slot_buffers {
   slot_buffers& operator=(const slot_buffers&) = delete;
   ~slot_buffers() { close(); }
 
-  /// Makes `slots` slots with their events on `stream`, and the first buffer pair of each.
-  void open(backend_stream& stream, int slots);
+  /// Makes `slots` slots with their events on `stream`, and the first buffer pair of each (the
+  /// host buffer alone without `device_buffers`: for slots whose kernels work on host buffers).
+  void open(backend_stream& stream, int slots, bool device_buffers = true);
   /// Frees every buffer (stream-ordered on the device side) and the events.
   void close() noexcept;
 

@@ -25,19 +25,26 @@ class slot_context {
  public:
   using mark = lane_tracer::mark;
 
+  /// `express`: the lane's express slot (express_slot.hpp), whose kernels work on its pinned
+  /// host buffers in place.
   slot_context(lane& owner, backend_stream& stream, slot_buffers& buffers, lane_tracer& tracer,
-               coalescing_counters* coalescing, int slot) noexcept
+               coalescing_counters* coalescing, int slot, bool express = false) noexcept
       : owner_(owner),
         stream_(stream),
         buffers_(buffers),
         tracer_(tracer),
         coalescing_(coalescing),
-        slot_(slot) {}
+        slot_(slot),
+        express_(express) {}
 
   [[nodiscard]] lane& owner() const noexcept { return owner_; }
   /// The executor's index of the lane's device.
   [[nodiscard]] int device() const noexcept { return owner_.device(); }
   [[nodiscard]] backend_stream& stream() const noexcept { return stream_; }
+
+  /// True in the lane's express slot: the staged pipeline copies nothing to or from the device,
+  /// and the kernel reads and writes the slot's pinned host buffers in place.
+  [[nodiscard]] bool express() const noexcept { return express_; }
 
   /// Bytes each of the slot's buffers holds (the executor's chunk_bytes).
   [[nodiscard]] std::size_t buffer_bytes() const noexcept { return buffers_.buffer_bytes(); }
@@ -80,6 +87,7 @@ class slot_context {
   lane_tracer& tracer_;
   coalescing_counters* coalescing_;
   int slot_;
+  bool express_;
 };
 
 }  // namespace gpupool::detail

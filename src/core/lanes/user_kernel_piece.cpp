@@ -1,5 +1,6 @@
 #include "core/lanes/user_kernel_piece.hpp"
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -44,6 +45,13 @@ std::size_t user_kernel_piece::bytes_in() const noexcept {
   for (const auto& in : job_->inputs())
     if (in.is_array) bytes += count_ * in.element_size;
   return bytes;
+}
+
+std::size_t user_kernel_piece::staged_operand_bytes() const noexcept {
+  std::size_t most = bytes_out();
+  for (const auto& in : job_->inputs())
+    if (in.is_array) most = std::max(most, count_ * in.element_size);
+  return most;
 }
 
 void device_batch_piece::start(slot_context& slot) {

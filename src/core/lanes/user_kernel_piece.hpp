@@ -64,6 +64,7 @@ class user_kernel_piece final : public piece_item<user_kernel_job> {
   const char* trace_name() const noexcept override { return job_->name().c_str(); }
   std::size_t bytes_in() const noexcept override;
   std::size_t bytes_out() const noexcept override { return count_ * job_->out_element(); }
+  std::size_t staged_operand_bytes() const noexcept override;
 
  private:
   host_out_part out_part_;
