@@ -179,7 +179,9 @@ elif [ -x "$sanitizer" ]; then
   fi
   # Not the journey test: under memcheck a launch takes long enough that lining the GPU clock up
   # with the host's is off by more than its 50 us of slack (ctest above runs it unhindered).
+  # The express slot's tests too: their kernels read and write pinned host memory in place.
   memchecked='Backends/ElementwiseTest.*/cuda:Backends/TraceTest.*/cuda:CudaTrace.*'
+  memchecked+=':Backends/ExpressTest.*/cuda'
   memchecked+='-Backends/TraceTest.EveryPieceHasAConsistentJourney/cuda'
   "$sanitizer" --tool memcheck --error-exitcode 3 build-gpu/tests/gpupool_tests \
     --gtest_filter="$memchecked" >"$OUT/memcheck.log" 2>&1 || status=1
