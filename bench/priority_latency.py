@@ -13,7 +13,9 @@ A probe is one `submit(gpupool.kernels.square, x, priority=P)` waited for with `
 a map runs, probes go one at a time, each at least --interval-ms after the one before (sooner
 is never: a probe waits for its result first); only probes submitted while some of the map was
 still queued (not yet taken by a lane) count as behind it. The map's consumer is a second thread reading its results,
-as a user's would. Idle probes are spaced the same way, so the idle figure includes waking a
+as a user's would. Idle probes (urgent ones, the figure the targets compare with, alternating
+with default-priority ones, which take the copy engines' path rather than the express slot) are
+spaced the same way, so the idle figure includes waking a
 lane that went to sleep. A fourth run sends the probes to a second executor of two lanes made
 with priority 3 (on CUDA its lanes' streams have a higher stream priority too), the way to give
 urgent work lanes a bulk map never holds. Rounds interleave the four runs of the map (no
@@ -129,8 +131,11 @@ def main() -> int:
         # Warm-up: the map's and the tiny task's paths, pinned blocks included.
         run_map(ex, xs, expected, tiny, tiny_expected, interval, URGENT, probing=True)
         idle: List[float] = []
+        idle_default: List[float] = []
         for _ in range(args.idle_probes):
             idle.append(probe(ex, tiny, tiny_expected, URGENT)[1])
+            time.sleep(interval)
+            idle_default.append(probe(ex, tiny, tiny_expected, None)[1])
             time.sleep(interval)
         plain_s: List[float] = []
         urgent_s: List[float] = []
@@ -160,8 +165,10 @@ def main() -> int:
     default_us = statistics.median(default_lat) * 1e6
     plain = statistics.median(plain_s)
     probed = statistics.median(urgent_s)
-    print(f"  tiny task, idle executor           {idle_us:10.1f} us median "
+    print(f"  tiny task, priority {URGENT}, idle      {idle_us:10.1f} us median "
           f"({len(idle)} probes)")
+    print(f"  tiny task, default, idle executor  {statistics.median(idle_default) * 1e6:10.1f} us "
+          f"median ({len(idle_default)} probes; the copy engines' path)")
     print(f"  tiny task, priority {URGENT}, behind map {urgent_us:10.1f} us median "
           f"({len(urgent_lat)} probes) = {urgent_us / idle_us:.2f}x idle")
     print(f"  tiny task, default, behind map     {default_us:10.1f} us median "
