@@ -179,6 +179,25 @@ TEST(HostLanes, CallsLargerThanTheHostsLimitStayOnTheDevices) {
   EXPECT_EQ(p.device_tasks, 0u);
 }
 
+TEST(TransformCall, AnOutputInPlaceOrApartMayBeWrittenInOnePass) {
+  alignas(8) double buffer[16] = {};
+  const auto call = [&](int x, int y, int out, std::size_t count) {
+    return transform_call{x < 0 ? nullptr : buffer + x, y < 0 ? nullptr : buffer + y,
+                          out < 0 ? nullptr : buffer + out, count};
+  };
+  EXPECT_TRUE(call(0, -1, -1, 4).output_in_place_or_apart(sizeof(double)));  // a new output
+  EXPECT_TRUE(call(0, -1, 0, 4).output_in_place_or_apart(sizeof(double)));   // in place
+  EXPECT_TRUE(call(0, 4, 4, 4).output_in_place_or_apart(sizeof(double)));    // over y
+  EXPECT_TRUE(call(0, 4, 8, 4).output_in_place_or_apart(sizeof(double)));    // apart, touching
+  EXPECT_TRUE(call(4, -1, 0, 4).output_in_place_or_apart(sizeof(double)));   // apart, before
+  EXPECT_FALSE(call(0, -1, 2, 4).output_in_place_or_apart(sizeof(double)));  // part way into x
+  EXPECT_FALSE(call(2, -1, 0, 4).output_in_place_or_apart(sizeof(double)));  // x part way in
+  EXPECT_FALSE(call(0, 8, 6, 4).output_in_place_or_apart(sizeof(double)));   // part way into y
+  // The count bounds each array: two elements of x end where out begins; five run into it.
+  EXPECT_TRUE(call(0, -1, 2, 2).output_in_place_or_apart(sizeof(double)));
+  EXPECT_FALSE(call(0, -1, 2, 5).output_in_place_or_apart(sizeof(double)));
+}
+
 TEST(HostLanes, OutputsOverlappingTheirInputsPartWayStayOnTheDevices) {
   executor_options o = testing::quiet_options(backend_kind::cpu, 1);
   o.host_lanes = 2;

@@ -71,15 +71,6 @@ struct placement_stats {
   double device_latency_seconds = 0;
 };
 
-/// One call of executor::transform_each: `count` elements of `x` (and `y`, for a two-input
-/// kernel; else null) in, `count` elements to `out`, all of the call's element type.
-struct transform_call {
-  const void* x = nullptr;
-  const void* y = nullptr;
-  void* out = nullptr;
-  std::size_t count = 0;
-};
-
 /// Runs tasks on every lane of every device. Thread-safe: any thread may submit, and tasks may
 /// submit further tasks (but a task that waits on another can deadlock a full executor).
 class executor {

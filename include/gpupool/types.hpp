@@ -192,6 +192,31 @@ class builtin_kernel {
   double alpha_;
 };
 
+/// One call of executor::transform_each: `count` elements of `x` (and `y`, for a two-input
+/// kernel; else null) in, `count` elements to `out`, all of the call's element type.
+struct transform_call {
+  const void* x = nullptr;
+  const void* y = nullptr;
+  void* out = nullptr;
+  std::size_t count = 0;
+
+  /// Whether `out` (elements of `element_bytes` each) is null, one of the inputs itself, or
+  /// apart from both: then one pass over the elements in order may write each result over the
+  /// output as it goes, where an output overlapping an input part way would overwrite elements
+  /// of it not yet read.
+  [[nodiscard]] bool output_in_place_or_apart(std::size_t element_bytes) const noexcept {
+    if (out == nullptr) return true;
+    const std::size_t bytes = count * element_bytes;
+    const auto o = reinterpret_cast<std::uintptr_t>(out);
+    const auto in_place_or_apart = [&](const void* in) {
+      if (in == nullptr || in == out) return true;
+      const auto i = reinterpret_cast<std::uintptr_t>(in);
+      return o + bytes <= i || i + bytes <= o;
+    };
+    return in_place_or_apart(x) && in_place_or_apart(y);
+  }
+};
+
 /// The old name of `builtin_kernel`, kept so that code written against it still compiles.
 using kernel [[deprecated("gpupool::kernel is now gpupool::builtin_kernel")]] = builtin_kernel;
 

@@ -230,9 +230,10 @@ host_array read_host_array(nb::handle obj, std::size_t index, const char* which)
 }
 
 host_array read_writable_host_array(nb::handle obj, std::size_t index, const char* which) {
-  const std::string name = std::string(which) + "[" + std::to_string(index) + "]";
+  // Named only when refused: this runs once per output of a call.
+  const auto name = [&] { return std::string(which) + "[" + std::to_string(index) + "]"; };
   if (!is_numpy_array(obj))
-    throw nb::type_error(("gpupool: " + name + " is a " +
+    throw nb::type_error(("gpupool: " + name() + " is a " +
                           nb::cast<std::string>(nb::str(obj.type().attr("__name__"))) +
                           "; give a numpy.ndarray")
                              .c_str());
@@ -240,7 +241,7 @@ host_array read_writable_host_array(nb::handle obj, std::size_t index, const cha
   // Refused: read_host_array says why where it would refuse it too (not C-contiguous, a dtype
   // gpupool does not take); what it takes was refused for being read-only.
   (void)read_host_array(obj, index, which);
-  throw nb::value_error(("gpupool: " + name + " is read-only").c_str());
+  throw nb::value_error(("gpupool: " + name() + " is read-only").c_str());
 }
 
 gpupool::kernel_argument argument_of(const input_array& a, const std::string& /*name*/) {

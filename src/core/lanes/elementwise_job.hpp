@@ -112,16 +112,9 @@ class elementwise_job : public split_job {
   /// apart from both. The staged path reads every input before it writes, so it has no such
   /// condition.
   [[nodiscard]] bool writable_in_one_pass() const noexcept {
-    const void* out = given_output();
-    if (out == nullptr) return true;
-    const std::size_t bytes = count_ * size_of(type_);
-    const auto apart_or_same = [&](const void* in) {
-      if (in == nullptr || in == out) return true;
-      const auto o = reinterpret_cast<std::uintptr_t>(out);
-      const auto i = reinterpret_cast<std::uintptr_t>(in);
-      return o + bytes <= i || i + bytes <= o;
-    };
-    return apart_or_same(x_) && apart_or_same(y_);
+    // The call's output is only read through here: the predicate takes it as the call spells it.
+    const transform_call call{x_, y_, const_cast<void*>(given_output()), count_};
+    return call.output_in_place_or_apart(size_of(type_));
   }
 
   /// Where placement (core/scheduling/placement.hpp) put this call: its group, and whether on the
