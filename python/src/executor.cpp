@@ -27,35 +27,10 @@
 #include "kernels.hpp"
 #include "lane.hpp"
 #include "python_calls.hpp"
+#include "reports.hpp"
 
 namespace gpupool_python {
 namespace {
-
-// Call `index`'s output as given by the caller (`Executor.submit(kernel, x, out=...)`): a
-// numpy.ndarray it may write (read_writable_host_array), of the call's dtype and shape, that is
-// one of the call's inputs (in place) or apart from both: a call reads its input piece by piece
-// as it writes, so a partial overlap would read what it already wrote.
-host_array read_output_array(nb::handle obj, const checked_kernel_call& call, std::size_t index) {
-  const auto which = [&] { return "out[" + std::to_string(index) + "]"; };  // when refused
-  host_array out = read_writable_host_array(obj, index, "out");
-  const nb::dlpack::dtype want = call.x.dtype();
-  if (out.dtype() != want)
-    throw nb::type_error(
-        ("gpupool: " + which() + " has another dtype than its call's result (the input's)")
-            .c_str());
-  if (!out.same_shape(call.x))
-    throw nb::value_error(
-        ("gpupool: " + which() + " has another shape than its call's input").c_str());
-  // Same dtype and shape as the input (checked above), so the call's count covers each array.
-  const gpupool::transform_call as_queued{call.x.data(), call.y ? call.y->data() : nullptr,
-                                          const_cast<void*>(out.data()), call.x.size()};
-  if (!as_queued.output_in_place_or_apart(call.x.dtype().bits / 8u))
-    throw nb::value_error(("gpupool: " + which() +
-                           " overlaps an input of its call part way (give the input itself, "
-                           "or memory apart from it)")
-                              .c_str());
-  return out;
-}
 
 // Executors whose last reference died inside one of their own tasks are stopped by a thread of
 // their own (a lane cannot wait for itself). Those threads, and the lanes they stop, may still
@@ -337,53 +312,6 @@ class py_executor {
     chain_python_calls(*python_calls_, !on);
   }
 };
-
-nb::dict device_dict(const gpupool::device_info& d, int lanes) {
-  nb::dict out;
-  out["id"] = d.id;
-  out["ordinal"] = d.ordinal;
-  out["name"] = d.name;
-  out["backend"] = gpupool::to_string(d.backend);
-  out["total_memory"] = d.total_memory;
-  out["free_memory"] = d.free_memory;
-  out["compute_capability"] = nb::make_tuple(d.compute_major, d.compute_minor);
-  out["multiprocessors"] = d.multiprocessors;
-  out["lanes"] = lanes;
-  return out;
-}
-
-// Executor.placement()'s dict: the fields of gpupool::placement_stats, under their names.
-nb::dict placement_dict(const gpupool::placement_stats& p) {
-  nb::dict out;
-  out["host_tasks"] = p.host_tasks;
-  out["device_tasks"] = p.device_tasks;
-  out["host_share"] = p.host_share;
-  out["host_bytes_per_second"] = p.host_bytes_per_second;
-  out["device_bytes_per_second"] = p.device_bytes_per_second;
-  out["host_latency_seconds"] = p.host_latency_seconds;
-  out["device_latency_seconds"] = p.device_latency_seconds;
-  return out;
-}
-
-nb::dict settings_dict(const gpupool::executor_settings& s) {
-  nb::dict out;
-  out["threads_per_gpu"] = s.lanes_per_device;
-  out["chunk_bytes"] = s.chunk_bytes;
-  out["threads_per_gpu_from"] = gpupool::to_string(s.lanes_from);
-  out["chunk_bytes_from"] = gpupool::to_string(s.chunk_from);
-  nb::list samples;
-  for (const auto& sample : s.samples) {
-    nb::dict d;
-    d["threads_per_gpu"] = sample.lanes_per_device;
-    d["chunk_bytes"] = sample.chunk_bytes;
-    d["bytes_per_second"] = sample.bytes_per_second;
-    samples.append(d);
-  }
-  out["samples"] = samples;
-  out["cache_file"] = s.cache_file.empty() ? nb::none() : nb::cast(s.cache_file);
-  out["note"] = s.note;
-  return out;
-}
 
 }  // namespace
 

@@ -30,6 +30,12 @@ checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::b
                                       nb::handle x, nb::handle y, std::size_t index,
                                       std::vector<gpupool::dtype>& alpha_checked);
 
+// Call `index`'s output as given by the caller (`Executor.submit(kernel, x, out=...)`): a
+// numpy.ndarray it may write (read_writable_host_array), of the call's dtype and shape, that is
+// one of the call's inputs (in place) or apart from both: a call reads its input piece by piece
+// as it writes, so a partial overlap would read what it already wrote.
+host_array read_output_array(nb::handle obj, const checked_kernel_call& call, std::size_t index);
+
 // The arrays of a built-in kernel's calls, checked before any work starts.
 std::vector<checked_kernel_call> check_kernel_inputs(nb::handle kernel_object,
                                                      const gpupool::builtin_kernel& k,
