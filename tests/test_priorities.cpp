@@ -19,6 +19,7 @@
 
 #include "core/scheduling/task_queue.hpp"
 #include "gpupool/executor.hpp"
+#include "inert_item.hpp"
 #include "test_support.hpp"
 
 namespace gpupool {
@@ -30,18 +31,9 @@ using detail::work_item;
 using detail::work_item_ptr;
 
 // An item with an id (its submission order) and a priority.
-class prio_item final : public work_item {
+class prio_item final : public inert_item {
  public:
-  prio_item(int id, int p) : id_(id) {
-    trace_id = static_cast<std::uint64_t>(id);
-    priority = p;
-  }
-  bool claim() override { return true; }
-  void start(detail::slot_context& /*slot*/) override {}
-  void finish(detail::slot_context& /*slot*/) override {}
-  void complete() noexcept override {}
-  void fail(std::exception_ptr /*e*/) noexcept override {}
-  bool cancel() noexcept override { return true; }
+  prio_item(int id, int p) : inert_item(p), id_(id) { trace_id = static_cast<std::uint64_t>(id); }
   [[nodiscard]] int id() const { return id_; }
 
  private:

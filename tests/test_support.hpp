@@ -163,6 +163,19 @@ template <class T>
   return ::testing::AssertionSuccess();
 }
 
+/// Runs `check` (which gets a result and checks it): true where it ran through, false where it
+/// threw gpupool's error for a fault injected by GPUPOOL_FAULTS; any other error fails the test.
+template <class Check>
+bool ran_or_hit_injected_fault(Check&& check) {
+  try {
+    check();
+    return true;
+  } catch (const error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected fault"), std::string::npos) << e.what();
+    return false;
+  }
+}
+
 /// Same, for any contiguous result (e.g. host_vector) against a std::vector reference.
 template <class Range, class T>
 ::testing::AssertionResult matches_reference(const Range& got, const std::vector<T>& want,

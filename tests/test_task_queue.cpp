@@ -23,6 +23,7 @@
 #include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "gpupool/executor.hpp"
+#include "inert_item.hpp"
 #include "test_support.hpp"
 
 namespace gpupool::detail {
@@ -32,19 +33,13 @@ using namespace std::chrono_literals;
 
 // An item that only carries an id; items of one kind absorb the items queued behind them, up to
 // `capacity` ids in all (kind 0 absorbs nothing).
-class test_item final : public work_item {
+class test_item final : public gpupool::testing::inert_item {
  public:
   explicit test_item(int id, int kind = 0, std::size_t capacity = 1)
       : id_(id), kind_(kind), capacity_(capacity) {
     trace_id = static_cast<std::uint64_t>(id);
     carried_.reserve(capacity);  // absorb must not allocate (it cannot throw)
   }
-  bool claim() override { return true; }
-  void start(slot_context& /*slot*/) override {}
-  void finish(slot_context& /*slot*/) override {}
-  void complete() noexcept override {}
-  void fail(std::exception_ptr /*e*/) noexcept override {}
-  bool cancel() noexcept override { return true; }
 
   bool absorb(work_item_ptr& next) noexcept override {
     auto* other = dynamic_cast<test_item*>(next.get());
