@@ -43,6 +43,21 @@ from typing import Any, Callable, Dict, Iterable, Iterator, List, Optional, Tupl
 
 import numpy as np
 
+
+def _extra_missing(error: ImportError) -> str:
+    """Why gpupool.dask cannot import: what of the extra is installed, in which versions (a
+    distributed older than its dask fails inside its own import), and how to install it."""
+    from importlib import metadata
+    found = []
+    for name in ("dask", "distributed"):
+        try:
+            found.append(f"{name} {metadata.version(name)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"no {name}")
+    return (f"gpupool.dask needs dask[array] and distributed of one release (here: "
+            f"{', '.join(found)}): pip install \"gpupool[dask]\" ({error})")
+
+
 try:
     import dask
     import dask.array as da
@@ -50,10 +65,8 @@ try:
     import distributed.utils
     from dask.highlevelgraph import HighLevelGraph
     from distributed.worker import WORKER_ANY_RUNNING
-except ImportError as _missing:  # pragma: no cover - exercised only without the extra
-    raise ImportError(
-        "gpupool.dask needs dask[array] and distributed: pip install \"gpupool[dask]\" "
-        f"({_missing})") from _missing
+except ImportError as _missing:
+    raise ImportError(_extra_missing(_missing)) from _missing
 
 from . import _executor, _ext, _map_paths, _map_stream, _pinned
 from ._ext import BuiltinKernel, ElementwiseKernel, RawKernel, builtin_kernels

@@ -57,3 +57,20 @@ def test_errors_form_one_family_under_gpupool_error():
     assert issubclass(gpupool.GpupoolError, RuntimeError)
     assert issubclass(gpupool.OutOfMemoryError, MemoryError)
     assert "device" in (gpupool.DeviceFaultError.__doc__ or "")
+
+
+def test_gpupool_dask_without_a_working_distributed_says_what_is_installed():
+    import subprocess
+    import sys
+    # distributed made unimportable, as one from before its dask's release fails to import.
+    code = ("import sys; sys.modules['distributed'] = None\n"
+            "try:\n    import gpupool.dask\n"
+            "except ImportError as e:\n    print(e)\n"
+            "else:\n    print('imported')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, check=True)
+    message = done.stdout
+    assert "gpupool.dask needs dask[array] and distributed of one release" in message, message
+    assert 'pip install "gpupool[dask]"' in message
+    here = message.split("(here: ", 1)[1]
+    assert "dask" in here and "distributed" in here, message
