@@ -191,7 +191,7 @@ def _bound_pinned_cache(worker: Any) -> None:
     default the cache may keep a quarter of the host's memory, more than the whole limit of a
     worker that shares its host with three others. The pool's results (and a group's chunk) are
     pinned, so the cache fills as Dask drops them."""
-    if "GPUPOOL_PINNED_CACHE_BYTES" in os.environ:
+    if os.environ.get("GPUPOOL_PINNED_CACHE_BYTES"):  # empty is unset, as gpupool reads it
         return
     manager = getattr(worker, "memory_manager", None)
     limit = getattr(manager, "memory_limit", None)

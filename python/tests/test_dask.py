@@ -115,6 +115,9 @@ def test_a_worker_caps_the_pinned_cache_at_a_share_of_its_memory_limit(monkeypat
     monkeypatch.setenv("GPUPOOL_PINNED_CACHE_BYTES", str(pinned_cache_limit))
     gd._bound_pinned_cache(_Worker(limit))  # the user's choice stands
     assert stats()["cache_limit"] == pinned_cache_limit
+    monkeypatch.setenv("GPUPOOL_PINNED_CACHE_BYTES", "")  # empty: unset, as the core reads it
+    gd._bound_pinned_cache(_Worker(limit))
+    assert stats()["cache_limit"] == limit // 8
 
 
 def test_a_cluster_worker_bounds_its_pinned_cache(client):
