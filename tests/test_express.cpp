@@ -17,6 +17,7 @@
 
 #include "core/backend.hpp"
 #include "core/lanes/express_slot.hpp"
+#include "core/memory/host_memory.hpp"
 #include "gpupool/gpupool.hpp"
 #include "inert_item.hpp"
 #include "test_support.hpp"
@@ -38,19 +39,32 @@ class staged_item final : public testing::inert_item {
 };
 
 TEST(ExpressSlot, TakesOnlyItemsMoreUrgentThanTheDefaultWithFewStagedBytes) {
-  const detail::backend_traits& cpu = detail::traits_of(backend_kind::cpu);
   constexpr std::size_t most = express_slot::most_operand_bytes;
-  EXPECT_TRUE(express_slot::takes(staged_item(1, 8192), 0, cpu));
-  EXPECT_TRUE(express_slot::takes(staged_item(3, most), 2, cpu));
-  EXPECT_TRUE(express_slot::takes(staged_item(-1, 1), -2, cpu));
-  EXPECT_FALSE(express_slot::takes(staged_item(0, 8192), 0, cpu));   // the default
-  EXPECT_FALSE(express_slot::takes(staged_item(1, 8192), 1, cpu));   // the executor's default
-  EXPECT_FALSE(express_slot::takes(staged_item(-1, 8192), 0, cpu));  // below it
-  EXPECT_FALSE(express_slot::takes(staged_item(1, most + 1), 0, cpu));
-  EXPECT_FALSE(express_slot::takes(staged_item(1, 0), 0, cpu));  // not staged alone
-  detail::backend_traits unreachable = cpu;
-  unreachable.kernels_reach_pinned_host = false;
-  EXPECT_FALSE(express_slot::takes(staged_item(1, 8192), 0, unreachable));
+  constexpr bool reaches = true;
+  EXPECT_TRUE(express_slot::takes(staged_item(1, 8192), 0, reaches));
+  EXPECT_TRUE(express_slot::takes(staged_item(3, most), 2, reaches));
+  EXPECT_TRUE(express_slot::takes(staged_item(-1, 1), -2, reaches));
+  EXPECT_FALSE(express_slot::takes(staged_item(0, 8192), 0, reaches));   // the default
+  EXPECT_FALSE(express_slot::takes(staged_item(1, 8192), 1, reaches));   // the executor's default
+  EXPECT_FALSE(express_slot::takes(staged_item(-1, 8192), 0, reaches));  // below it
+  EXPECT_FALSE(express_slot::takes(staged_item(1, most + 1), 0, reaches));
+  EXPECT_FALSE(express_slot::takes(staged_item(1, 0), 0, reaches));  // not staged alone
+  EXPECT_FALSE(express_slot::takes(staged_item(1, 8192), 0, /*reaches_pinned=*/false));
+}
+
+// Kernels on the host reach any host memory; CUDA's reach gpupool's pinned blocks where those are
+// memory the driver itself calls pinned (not where GPUPOOL_BACKEND=cpu made them pageable).
+TEST(ExpressSlot, RunsOnlyWhereTheBackendsKernelsReachThePinnedBlocks) {
+  EXPECT_TRUE(detail::kernels_reach_pinned_blocks(backend_kind::cpu));
+  if (!cuda_availability().usable) {
+    EXPECT_FALSE(detail::kernels_reach_pinned_blocks(backend_kind::cuda));
+    return;
+  }
+  void* block = allocate_pinned(4096);
+  const bool driver_pinned =
+      detail::cuda_backend_registration.host().describe(block).kind == memory_kind::pinned_host;
+  deallocate_pinned(block, 4096);
+  EXPECT_EQ(detail::kernels_reach_pinned_blocks(backend_kind::cuda), driver_pinned);
 }
 
 TEST(ExpressSlot, AnUrgentTaskSkipsAStandInsPacedCopies) {
@@ -87,6 +101,7 @@ TEST(ExpressSlot, AnUrgentTaskSkipsAStandInsPacedCopies) {
   EXPECT_LT(r.download.end - r.download.begin, paced * 1e6 / 2);
   EXPECT_LE(r.upload.end, r.kernel.begin + 1e-3);
   EXPECT_EQ(r.bytes_in, 8192U);
+  EXPECT_TRUE(r.express);
 }
 
 // --- on each backend: the results of the express path are those of the ordinary one ---
@@ -106,27 +121,38 @@ INSTANTIATE_TEST_SUITE_P(Backends, ExpressTest,
                          ::testing::Values(backend_kind::cpu, backend_kind::cuda),
                          testing::backend_name);
 
+// Every record of the tasks numbered `first` or later (at least one) ran express, or none did.
+void expect_express(executor& ex, std::uint64_t first, bool express, const std::string& what) {
+  const auto records = ex.trace(first).records();
+  ASSERT_FALSE(records.empty()) << what;
+  for (const task_record& r : records) EXPECT_EQ(r.express, express) << what << ", task " << r.id;
+}
+
 template <class T>
 void expect_urgent_as_ordinary(executor& ex, const builtin_kernel& k) {
-  // Sizes up to the express slot's bound and one element past it (which goes the ordinary way).
+  // Sizes up to the express slot's bound, which go express when urgent, and one element past it,
+  // which goes the ordinary way. One call at a time: calls queued together could coalesce into
+  // a batch past the bound.
   constexpr std::size_t most = express_slot::most_operand_bytes / sizeof(T);
-  std::vector<std::vector<T>> xs, ys;
   std::uint64_t seed = 1;
+  ex.set_tracing(true);
   for (std::size_t n : {std::size_t{1}, std::size_t{1000}, most, most + 1}) {
-    xs.push_back(random_vector<T>(n, seed++));
-    ys.push_back(random_vector<T>(n, seed++));
+    const std::vector<std::vector<T>> x{random_vector<T>(n, seed++)};
+    const std::vector<std::vector<T>> y{random_vector<T>(n, seed++)};
+    const std::string what = std::string(k.name()) + " over " + std::to_string(n) + " elements";
+    const auto run = [&](const task_options& options) {
+      const std::uint64_t first = ex.next_task_id();
+      auto results = k.arity() == 2 ? ex.map(k, x, y, options).get() : ex.map(k, x, options).get();
+      expect_express(ex, first, options.priority.has_value() && n <= most, what);
+      return std::move(results[0]);
+    };
+    const auto ordinary = run({});
+    const auto urgent = run({.priority = 2});
+    ASSERT_EQ(urgent.size(), n) << what;
+    for (std::size_t j = 0; j < n; ++j)
+      ASSERT_EQ(urgent[j], ordinary[j]) << what << ", element " << j;
   }
-  const bool two = k.arity() == 2;
-  auto ordinary = two ? ex.map(k, xs, ys).get() : ex.map(k, xs).get();
-  auto urgent = two ? ex.map(k, xs, ys, task_options{.priority = 2}).get()
-                    : ex.map(k, xs, task_options{.priority = 2}).get();
-  ASSERT_EQ(urgent.size(), ordinary.size());
-  for (std::size_t i = 0; i < urgent.size(); ++i) {
-    ASSERT_EQ(urgent[i].size(), xs[i].size());
-    for (std::size_t j = 0; j < xs[i].size(); ++j)
-      ASSERT_EQ(urgent[i][j], ordinary[i][j])
-          << k.name() << ", input " << i << " (" << xs[i].size() << " elements), element " << j;
-  }
+  ex.set_tracing(false);
 }
 
 TEST_P(ExpressTest, UrgentBuiltInKernelsGiveTheOrdinaryResults) {
@@ -155,11 +181,17 @@ TEST_P(ExpressTest, AnUrgentBatchGivesEachTaskItsResult) {
       g.wait();
     });
     while (!holding) std::this_thread::yield();
+    ex.set_tracing(true);
     urgent = ex.map(builtin_kernel::square(), xs, task_options{.priority = 1});
     g.open();
     held.get();
   }
   const auto results = urgent->get();
+  // Every task's record, those that ran coalesced with others included.
+  auto records = ex.trace().records();
+  std::erase_if(records, [](const task_record& r) { return r.name == "task"; });  // the holder
+  EXPECT_EQ(records.size(), xs.size());
+  for (const task_record& r : records) EXPECT_TRUE(r.express) << "task " << r.id;
   for (std::size_t i = 0; i < xs.size(); ++i) {
     ASSERT_EQ(results[i].size(), xs[i].size());
     for (std::size_t j = 0; j < xs[i].size(); ++j)
@@ -174,10 +206,15 @@ TEST_P(ExpressTest, AnUrgentCompiledKernelWithAScalarGivesTheOrdinaryResult) {
   const auto x = random_vector<double>(3000, 3);
   const auto n = random_vector<std::int32_t>(3000, 4);
   std::vector<double> ordinary(x.size()), urgent(x.size());
+  ex.set_tracing(true);
+  std::uint64_t first = ex.next_task_id();
   ex.launch_elementwise(k, {x, 0.5, n}, dtype::float64, ordinary.data(), x.size()).get();
+  expect_express(ex, first, false, "the ordinary call");
+  first = ex.next_task_id();
   ex.launch_elementwise(k, {x, 0.5, n}, dtype::float64, urgent.data(), x.size(),
                         task_options{.priority = 3})
       .get();
+  expect_express(ex, first, true, "the urgent call");
   for (std::size_t i = 0; i < x.size(); ++i) {
     ASSERT_EQ(urgent[i], ordinary[i]) << "element " << i;
     ASSERT_EQ(urgent[i], 0.5 * x[i] + n[i]) << "element " << i;
@@ -191,6 +228,7 @@ TEST_P(ExpressTest, AFailedExpressTaskFailsAloneAndTheSlotServesTheNext) {
     made = std::make_unique<executor>(options(/*lanes=*/1));
   }
   const std::vector<std::vector<double>> one{random_vector<double>(100, 5)};
+  made->set_tracing(true);
   int failed = 0, succeeded = 0;
   for (int i = 0; i < 40; ++i) {
     const bool ran = testing::ran_or_hit_injected_fault([&] {
@@ -201,6 +239,46 @@ TEST_P(ExpressTest, AFailedExpressTaskFailsAloneAndTheSlotServesTheNext) {
   }
   EXPECT_GT(failed, 0);
   EXPECT_GT(succeeded, 0);
+  expect_express(*made, 0, true, "every try, failed or not");
+}
+
+constexpr const char* raw_saxpy = R"(
+extern "C" __global__ void saxpy(const double* x, double a, const double* y, double* out,
+                                 unsigned long long n) {
+  for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
+       i += (unsigned long long)gridDim.x * blockDim.x)
+    out[i] = a * x[i] + y[i];
+}
+)";
+
+// The bound holds per call, however the call is split into pieces: an urgent call of few bytes
+// in all goes express piece by piece, every piece of a larger one the ordinary way. A raw
+// kernel, whose body is the user's, always goes the ordinary way.
+TEST_P(ExpressTest, OnlyCallsOfFewBytesInAllGoExpressAndNoRawKernel) {
+  executor_options o = options(/*lanes=*/1);
+  o.chunk_bytes = std::size_t{64} << 10;
+  executor ex(o);
+  ex.set_tracing(true);
+  for (const std::size_t bytes :
+       {express_slot::most_operand_bytes / 2, express_slot::most_operand_bytes * 2}) {
+    const std::vector<std::vector<double>> x{random_vector<double>(bytes / sizeof(double), 9)};
+    const std::uint64_t first = ex.next_task_id();
+    const auto r = ex.map(builtin_kernel::square(), x, task_options{.priority = 1}).get();
+    for (std::size_t i = 0; i < x[0].size(); ++i) ASSERT_EQ(r[0][i], x[0][i] * x[0][i]) << i;
+    EXPECT_GT(ex.trace(first).records().size(), 1U) << "a call of " << bytes << " bytes";
+    expect_express(ex, first, bytes <= express_slot::most_operand_bytes,
+                   "a call of " + std::to_string(bytes) + " bytes in pieces");
+  }
+  if (!detail::traits_of(GetParam()).runs_raw_kernels) return;
+  const raw_kernel k(raw_saxpy, "saxpy", "float64* x, float64 a, float64* y", "float64* out");
+  const auto x = random_vector<double>(1000, 10);
+  const auto y = random_vector<double>(1000, 11);
+  std::vector<double> out(x.size());
+  const std::uint64_t first = ex.next_task_id();
+  ex.launch_raw(k, {x, 2.0, y}, dtype::float64, out.data(), x.size(), task_options{.priority = 1})
+      .get();
+  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], 2.0 * x[i] + y[i]) << i;
+  expect_express(ex, first, false, "an urgent raw kernel");
 }
 
 }  // namespace

@@ -45,6 +45,9 @@ struct task_record {
   std::size_t bytes_in = 0;
   std::size_t bytes_out = 0;
   bool failed = false;
+  /// Ran in its lane's express slot (an urgent call of few bytes): its kernel read and wrote
+  /// pinned host memory in place, and its `upload` and `download` copied nothing.
+  bool express = false;
 };
 
 /// Where a stage runs: on the lane's thread (host copies) or in the lane's stream, in stream order.

@@ -35,6 +35,7 @@ nb::dict record_dict(const gpupool::task_record& r) {
   d["bytes_in"] = r.bytes_in;
   d["bytes_out"] = r.bytes_out;
   d["failed"] = r.failed;
+  d["express"] = r.express;
   d["on_stream"] = gpupool::went_through_stream(r);
   return d;
 }

@@ -252,3 +252,21 @@ def test_a_compiled_kernel_map_and_submit_carry_their_priority(one_lane, hold_ev
     tasks = sorted((r for r in t.records() if r["name"] == "task"), key=lambda r: r["id"])
     plain_start = tasks[-1]["started"]  # the plain call's (submitted after the holder's)
     assert all(r["started"] < plain_start for r in t.records() if r["priority"] == 2)
+
+
+def test_an_urgent_small_call_runs_express_and_its_record_says_so(one_lane):
+    """A call above the executor's default priority whose arrays hold at most 256 KiB runs in its
+    lane's express slot; its trace record says so, an ordinary call's and a larger urgent
+    call's do not."""
+    ex = one_lane
+    small = np.arange(1000, dtype=np.float64)
+    large = np.arange(40_000, dtype=np.float64)  # 320 KB: past the express bound
+    with ex.trace() as t:
+        for x, priority in ((small, None), (small, 1), (large, 1)):
+            assert np.array_equal(ex.submit(gpupool.kernels.square, x, priority=priority)
+                                  .result(timeout=30), x * x)
+    records = sorted(t.records(), key=lambda r: r["id"])
+    by_size = [(r["bytes_in"], r["priority"], r["express"]) for r in records]
+    assert by_size[0] == (small.nbytes, 0, False)
+    assert by_size[1] == (small.nbytes, 1, True)
+    assert by_size[2:] and all(not express for _, _, express in by_size[2:])

@@ -291,6 +291,13 @@ struct backend_registration {
 /// without a registration.
 [[nodiscard]] const backend_traits& traits_of(backend_kind kind);
 
+/// Whether `kind`'s kernels reach gpupool's pinned blocks in place: its traits say its kernels
+/// reach the pinned memory its own host memory allocates, and the process's pinned blocks come
+/// from there (process_host_memory()), or its kernels run on the host. The blocks come from
+/// another backend's memory where GPUPOOL_BACKEND names that one and an executor asks for `kind`
+/// by name: for CUDA they are then pageable memory, which its kernels cannot reach.
+[[nodiscard]] bool kernels_reach_pinned_blocks(backend_kind kind) noexcept;
+
 /// `base` as the backend's own type `Derived`, checked: a core interface (a timer, a compiled
 /// kernel) handed to a backend is one that backend made. The check is a type-identity
 /// comparison, cheap enough for per-task paths. @throw std::logic_error naming both types.

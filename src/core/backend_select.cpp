@@ -102,6 +102,18 @@ const backend_traits& traits_of(backend_kind kind) {
   return *registration(kind).traits;
 }
 
+bool kernels_reach_pinned_blocks(backend_kind kind) noexcept {
+  try {
+    const backend_registration& r = registration(kind);
+    if (!r.traits->kernels_reach_pinned_host) return false;
+    // Kernels that run on the host reach host memory of any kind.
+    if (r.traits->device_memory_is_host) return true;
+    return r.host != nullptr && can_run(r) && &r.host() == &process_host_memory();
+  } catch (...) {  // no registration for it
+    return false;
+  }
+}
+
 void throw_wrong_type(const std::type_info& actual, const std::type_info& expected) {
   throw std::logic_error(std::string("gpupool: a backend was handed an object of type ") +
                          actual.name() + " where it expects its own " + expected.name() +

@@ -2,6 +2,7 @@
 // every device at the call, then streamed through the lanes in pieces like the built-in kernels.
 #include <cstddef>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 #include "core/executor/executor_impl.hpp"
@@ -32,7 +33,8 @@ future<void> executor::impl::launch_user(const K& k, const std::vector<kernel_ar
   const std::size_t widest = call.widest;
   try {
     auto job = std::make_shared<detail::user_kernel_job>(
-        k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state);
+        k.name(), std::move(compiled), std::move(call), out, size_of(out_type), count, state,
+        /*operands_only=*/std::is_same_v<K, elementwise_kernel>);
     enqueue_pieces<detail::user_kernel_piece>(job, count, widest);
   } catch (...) {
     state->try_cancel();  // never queued: ending it gives the bytes back

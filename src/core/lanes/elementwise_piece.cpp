@@ -147,8 +147,10 @@ std::size_t elementwise_piece::bytes_out() const noexcept {
 }
 
 std::size_t elementwise_piece::staged_operand_bytes() const noexcept {
-  // The whole batch's (tasks cancelled since it formed included): every operand holds as much.
-  return batch_elements_ * size_of(job_->type());
+  // Every operand holds as much. A batch of whole calls counts its elements (tasks cancelled
+  // since it formed included); a piece of a call split in several counts the whole call's, so
+  // that the pieces of a large call all go the ordinary way.
+  return (whole_job() ? batch_elements_ : job_->count()) * size_of(job_->type());
 }
 
 std::size_t elementwise_piece::carried_count() const noexcept {

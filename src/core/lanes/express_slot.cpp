@@ -9,11 +9,24 @@
 
 namespace gpupool::detail {
 
+namespace {
+
+lane_tracer::where express_where(lane_tracer::where where) {
+  where.express = true;
+  return where;
+}
+
+}  // namespace
+
 express_slot::express_slot(lane& owner, std::size_t buffer_bytes, const lane_tracer::where& where)
-    : owner_(owner), buffers_(owner, std::min(buffer_bytes, most_operand_bytes)), tracer_(where) {}
+    : owner_(owner),
+      buffers_(owner, std::min(buffer_bytes, most_operand_bytes)),
+      tracer_(express_where(where)) {}
 
 void express_slot::open(backend& owner, int ordinal, fault_injector* faults,
                         coalescing_counters* coalescing) {
+  // The lane's thread may have run a user's callable since it was bound.
+  owner.bind_thread(ordinal);
   // The most urgent level the device has within gpupool's range: the express kernel should
   // take the multiprocessors ahead of the bulk work's.
   std::unique_ptr<backend_stream> stream;

@@ -7,7 +7,8 @@
 // an item more urgent than its executor's default, whose operands are small, runs here instead:
 // its inputs are gathered into the slot's pinned host buffers, its kernel reads them and writes
 // its output there in place (pinned memory the backend allocated is in every device's address
-// space), on a stream of the slot's own at the most urgent level the device gives, and the lane
+// space), on a stream of the slot's own at the most urgent of gpupool's levels that the device
+// gives, and the lane
 // waits for it before it takes anything else. The kernel's reads and writes cross the bus beside
 // the copy engines' transfers rather than behind them.
 #pragma once
@@ -33,12 +34,14 @@ class express_slot {
   /// across the bus, which pays for small operands only.
   static constexpr std::size_t most_operand_bytes = std::size_t{256} << 10;
 
-  /// Whether `item` runs express on a lane of a backend described by `traits`, in an executor
-  /// whose default priority is `default_priority`: it is more urgent than that, runs through the
-  /// staged pipeline alone, and no operand holds more than most_operand_bytes.
+  /// Whether `item` runs express on a lane whose kernels reach gpupool's pinned blocks or not
+  /// (`reaches_pinned`: kernels_reach_pinned_blocks), in an executor whose default priority is
+  /// `default_priority`: it is more urgent than that, runs through the staged pipeline alone,
+  /// and no operand of its call (of its batch, for coalesced calls) holds more than
+  /// most_operand_bytes.
   [[nodiscard]] static bool takes(const work_item& item, int default_priority,
-                                  const backend_traits& traits) noexcept {
-    if (!traits.kernels_reach_pinned_host || item.priority <= default_priority) return false;
+                                  bool reaches_pinned) noexcept {
+    if (!reaches_pinned || item.priority <= default_priority) return false;
     const std::size_t bytes = item.staged_operand_bytes();
     return bytes > 0 && bytes <= most_operand_bytes;
   }

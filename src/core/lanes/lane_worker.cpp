@@ -64,6 +64,7 @@ void lane_worker::join() {
 
 void lane_worker::open() {
   setup_.owner->bind_thread(setup_.ordinal);
+  reaches_pinned_ = kernels_reach_pinned_blocks(setup_.owner->kind());
   stream_ = setup_.owner->open_stream(setup_.ordinal, setup_.priority);
   for (auto& done : staging_done_) done = stream_->make_event();
   buffers_.open(*stream_, setup_.slots);
@@ -118,7 +119,7 @@ void lane_worker::run(std::promise<void> ready) {
       work_item_ptr item = setup_.queue->pop(setup_.device, /*block=*/window.empty());
       if (item) {
         if (!item->claim()) continue;
-        if (express_slot::takes(*item, setup_.priority, setup_.owner->traits())) {
+        if (express_slot::takes(*item, setup_.priority, reaches_pinned_)) {
           run_express(std::move(item));
           continue;
         }

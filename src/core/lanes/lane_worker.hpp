@@ -138,6 +138,7 @@ class lane_worker final : public lane {
   lane_tracer tracer_;
   std::vector<slot_context> contexts_;  // the handle each slot's item gets
   express_slot express_;                // opened at the first urgent item of few bytes
+  bool reaches_pinned_ = false;         // kernels_reach_pinned_blocks: whether express may run
   // Per staging buffer: the event recorded after its last copy, and whether that copy may still
   // run; next_staging_ is the buffer taken next.
   std::array<std::unique_ptr<backend_event>, 2> staging_done_;

@@ -48,9 +48,14 @@ std::size_t user_kernel_piece::bytes_in() const noexcept {
 }
 
 std::size_t user_kernel_piece::staged_operand_bytes() const noexcept {
-  std::size_t most = bytes_out();
+  // A raw kernel's body is the user's: it may do with its pointers what pinned host memory
+  // across the bus does not serve (atomics, say), so it always goes the ordinary way.
+  if (!job_->operands_only()) return 0;
+  // The whole call's, however it was split (see elementwise_piece).
+  const std::size_t n = job_->count();
+  std::size_t most = n * job_->out_element();
   for (const auto& in : job_->inputs())
-    if (in.is_array) most = std::max(most, count_ * in.element_size);
+    if (in.is_array) most = std::max(most, n * in.element_size);
   return most;
 }
 

@@ -19,17 +19,20 @@ namespace gpupool::detail {
 
 class user_kernel_job final : public split_job {
  public:
-  /// `kernels[d]` is the kernel compiled for executor device `d`.
+  /// `kernels[d]` is the kernel compiled for executor device `d`. `operands_only`: the kernel is
+  /// gpupool's making (an elementwise kernel's), which touches its operands element by element
+  /// and nothing else; a raw kernel's body is the user's.
   user_kernel_job(std::string name, std::vector<std::shared_ptr<const compiled_kernel>> kernels,
                   prepared_call call, void* out, std::size_t out_element, std::size_t count,
-                  std::shared_ptr<shared_state<void>> state)
+                  std::shared_ptr<shared_state<void>> state, bool operands_only)
       : name_(std::move(name)),
         kernels_(std::move(kernels)),
         call_(std::move(call)),
         out_(static_cast<char*>(out)),
         out_element_(out_element),
         count_(count),
-        state_(std::move(state)) {}
+        state_(std::move(state)),
+        operands_only_(operands_only) {}
 
   state_base& state() noexcept override { return *state_; }
   [[nodiscard]] const std::string& name() const noexcept { return name_; }
@@ -41,6 +44,7 @@ class user_kernel_job final : public split_job {
   [[nodiscard]] char* out() const noexcept { return out_; }
   [[nodiscard]] std::size_t out_element() const noexcept { return out_element_; }
   [[nodiscard]] std::size_t count() const noexcept { return count_; }
+  [[nodiscard]] bool operands_only() const noexcept { return operands_only_; }
 
  protected:
   void deliver() override { state_->set_value(); }
@@ -53,6 +57,7 @@ class user_kernel_job final : public split_job {
   std::size_t out_element_;
   std::size_t count_;
   std::shared_ptr<shared_state<void>> state_;
+  bool operands_only_;
 };
 
 class user_kernel_piece final : public piece_item<user_kernel_job> {

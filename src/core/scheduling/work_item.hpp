@@ -55,11 +55,12 @@ class work_item {
   [[nodiscard]] virtual std::size_t bytes_in() const noexcept { return 0; }
   [[nodiscard]] virtual std::size_t bytes_out() const noexcept { return 0; }
 
-  /// The most bytes any one of its operands (each input and the output) holds in a slot, for an
-  /// item that runs through the staged pipeline alone (start_staged: its kernel touches only its
-  /// operands, in the slot's buffers); 0 for an item that does anything else on its lane (a
-  /// user's callable). An urgent item of few bytes runs in the lane's express slot (see
-  /// core/lanes/express_slot.hpp).
+  /// The most bytes any one operand (each input and the output) of its call holds, for an item
+  /// that runs through the staged pipeline alone (start_staged: a kernel of gpupool's making
+  /// touches only its operands, in the slot's buffers): of the whole call where it is one piece
+  /// of several, of its batch where calls were coalesced. 0 for an item that does anything else
+  /// (a user's callable, a raw kernel). An urgent item of few bytes runs in the lane's express
+  /// slot (see core/lanes/express_slot.hpp).
   [[nodiscard]] virtual std::size_t staged_operand_bytes() const noexcept { return 0; }
 
   /// Tasks this item carries: more than one once it absorbed others. The trace keeps one record

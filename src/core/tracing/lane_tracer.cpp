@@ -56,6 +56,7 @@ void lane_tracer::begin(int slot, const work_item& item, bool lane_idle) noexcep
     t.record.device = where_.device;
     t.record.lane = where_.lane;
     t.record.priority = item.priority;
+    t.record.express = where_.express;
     t.record.submitted = item.submitted_us;
     t.record.started = now_us();
     for (bool& m : t.marked) m = false;

@@ -63,6 +63,7 @@ class lane_tracer {
     std::chrono::steady_clock::time_point epoch{};
     int device = 0;
     int lane = 0;
+    bool express = false;  // the lane's express slot's tracer: its records say so
   };
 
   explicit lane_tracer(const where& w) : where_(w) {}

@@ -201,7 +201,8 @@ void trace::write_chrome_json(std::ostream& out) const {
                         {"queued_us", microseconds(r.started - r.submitted)},
                         {"bytes_in", r.bytes_in},
                         {"bytes_out", r.bytes_out},
-                        {"failed", r.failed}}}});
+                        {"failed", r.failed},
+                        {"express", r.express}}}});
     // A submit() task's run is the task event itself: its `kernel` span is not stream work.
     const bool on_stream = went_through_stream(r);
     for (const trace_stage& stage : trace_stages) {
@@ -246,6 +247,7 @@ void trace::write_records_json(std::ostream& out) const {
                    {"bytes_in", r.bytes_in},
                    {"bytes_out", r.bytes_out},
                    {"failed", r.failed},
+                   {"express", r.express},
                    {"on_stream", went_through_stream(r)}};
     for (const trace_stage& stage : trace_stages) record[stage.key] = span(r.*stage.span);
     records.push_back(std::move(record));
