@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -281,7 +282,9 @@ TEST_P(ExpressTest, OnlyCallsOfFewBytesInAllGoExpressAndNoRawKernel) {
   const std::uint64_t first = ex.next_task_id();
   ex.launch_raw(k, {x, 2.0, y}, dtype::float64, out.data(), x.size(), task_options{.priority = 1})
       .get();
-  for (std::size_t i = 0; i < x.size(); ++i) ASSERT_EQ(out[i], 2.0 * x[i] + y[i]) << i;
+  // The GPU may fuse the multiply and the add, which rounds once where the host rounds twice.
+  for (std::size_t i = 0; i < x.size(); ++i)
+    ASSERT_NEAR(out[i], 2.0 * x[i] + y[i], 1e-12 * (1 + std::abs(out[i]))) << i;
   expect_express(ex, first, false, "an urgent raw kernel");
 }
 
