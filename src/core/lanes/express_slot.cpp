@@ -25,7 +25,7 @@ express_slot::express_slot(lane& owner, std::size_t buffer_bytes, const lane_tra
 
 void express_slot::open(backend& owner, int ordinal, fault_injector* faults,
                         coalescing_counters* coalescing) {
-  // The lane's thread may have run a user's callable since it was bound.
+  // Made current again where the stream is made, as lane_worker::open does for the lane's.
   owner.bind_thread(ordinal);
   // The most urgent level the device has within gpupool's range: the express kernel should
   // take the multiprocessors ahead of the bulk work's.

@@ -8,9 +8,8 @@
 // its inputs are gathered into the slot's pinned host buffers, its kernel reads them and writes
 // its output there in place (pinned memory the backend allocated is in every device's address
 // space), on a stream of the slot's own at the most urgent of gpupool's levels that the device
-// gives, and the lane
-// waits for it before it takes anything else. The kernel's reads and writes cross the bus beside
-// the copy engines' transfers rather than behind them.
+// gives, and the lane waits for it before it takes anything else. The kernel's reads and writes
+// cross the bus beside the copy engines' transfers rather than behind them.
 #pragma once
 
 #include <cstddef>
