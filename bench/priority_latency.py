@@ -19,7 +19,9 @@ spaced the same way, so the idle figure includes waking a
 lane that went to sleep. A fourth run sends the probes to a second executor of two lanes made
 with priority 3 (on CUDA its lanes' streams have a higher stream priority too), the way to give
 urgent work lanes a bulk map never holds. Rounds interleave the four runs of the map (no
-probes, urgent probes, default-priority probes, probes to the urgent executor). Prints the medians and whether the issue's targets hold
+probes, urgent probes, default-priority probes, probes to the urgent executor). Prints which
+path each kind of probe took (the trace's `express`), the medians and whether the issue's
+targets hold
 (urgent latency behind the backlog <= 2x idle; the map's throughput with urgent probes >= 0.95x
 without); exits 1 if a result is wrong.
 """
@@ -130,6 +132,15 @@ def main() -> int:
               f">= {args.interval_ms} ms")
         # Warm-up: the map's and the tiny task's paths, pinned blocks included.
         run_map(ex, xs, expected, tiny, tiny_expected, interval, URGENT, probing=True)
+        # Which path each kind of probe takes, from the trace (untimed): an urgent one should run
+        # in its lane's express slot, a default one the copy engines' way.
+        with ex.trace() as traced:
+            probe(ex, tiny, tiny_expected, URGENT)
+            probe(ex, tiny, tiny_expected, None)
+        paths = {r["priority"]: "express" if r["express"] else "ordinary"
+                 for r in traced.records()}
+        print(f"  paths: an urgent probe {paths.get(URGENT, 'untraced')}, a default one "
+              f"{paths.get(ex.priority, 'untraced')}")
         idle: List[float] = []
         idle_default: List[float] = []
         for _ in range(args.idle_probes):
