@@ -53,10 +53,6 @@ checked_kernel_call check_kernel_call(nb::handle kernel_object, const gpupool::b
   return call;
 }
 
-// Call `index`'s output as given by the caller (`Executor.submit(kernel, x, out=...)`): a
-// numpy.ndarray it may write (read_writable_host_array), of the call's dtype and shape, that is
-// one of the call's inputs (in place) or apart from both: a call reads its input piece by piece
-// as it writes, so a partial overlap would read what it already wrote.
 host_array read_output_array(nb::handle obj, const checked_kernel_call& call, std::size_t index) {
   const auto which = [&] { return "out[" + std::to_string(index) + "]"; };  // when refused
   host_array out = read_writable_host_array(obj, index, "out");
@@ -71,7 +67,7 @@ host_array read_output_array(nb::handle obj, const checked_kernel_call& call, st
   // Same dtype and shape as the input (checked above), so the call's count covers each array.
   const gpupool::transform_call as_queued{call.x.data(), call.y ? call.y->data() : nullptr,
                                           const_cast<void*>(out.data()), call.x.size()};
-  if (!as_queued.output_in_place_or_apart(call.x.dtype().bits / 8u))
+  if (!as_queued.output_in_place_or_apart(gpupool::size_of(call.type)))
     throw nb::value_error(("gpupool: " + which() +
                            " overlaps an input of its call part way (give the input itself, "
                            "or memory apart from it)")
