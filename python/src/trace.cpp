@@ -93,6 +93,7 @@ nb::dict record_columns(const gpupool::trace& t) {
   auto started = std::make_unique<double[]>(n);
   auto done = std::make_unique<double[]>(n);
   auto on_stream = std::make_unique<bool[]>(n);
+  auto express = std::make_unique<bool[]>(n);
   std::uint64_t bytes_in = 0;
   for (std::size_t i = 0; i < n; ++i) {
     const gpupool::task_record& r = records[i];
@@ -101,6 +102,7 @@ nb::dict record_columns(const gpupool::trace& t) {
     started[i] = r.started;
     done[i] = r.done;
     on_stream[i] = gpupool::went_through_stream(r);
+    express[i] = r.express;
     bytes_in += r.bytes_in;
   }
   nb::dict spans;
@@ -120,6 +122,7 @@ nb::dict record_columns(const gpupool::trace& t) {
   d["started"] = numpy_array(std::move(started), n);
   d["done"] = numpy_array(std::move(done), n);
   d["on_stream"] = numpy_array(std::move(on_stream), n);
+  d["express"] = numpy_array(std::move(express), n);
   d["bytes_in"] = bytes_in;
   d["spans"] = spans;
   return d;
@@ -154,8 +157,8 @@ void bind_trace(nb::module_& m) {
           "microseconds since the executor started, stages as (begin, end) or None.")
       .def("columns", &record_columns,
            "The records' fields as NumPy arrays, one per field: device, lane (int64), started,\n"
-           "done (float64), on_stream (bool); bytes_in, the total; spans: per stage key, an\n"
-           "(n, 2) float64 array of (begin, end), NaN where a record lacks the stage.")
+           "done (float64), on_stream, express (bool); bytes_in, the total; spans: per stage\n"
+           "key, an (n, 2) float64 array of (begin, end), NaN where a record lacks the stage.")
       .def(
           "stats",
           [](const gpupool::trace& t) {

@@ -272,6 +272,8 @@ def test_the_columns_a_picture_is_drawn_from_match_the_records(executor):
     with executor.trace() as t:
         list(executor.map(gpupool.kernels.square, [np.ones(1000)] * 50))
         executor.submit(lambda: None).result()
+        # Urgent and small: runs express where the backend's kernels reach pinned memory.
+        executor.submit(gpupool.kernels.square, np.ones(1000), priority=1).result()
     records = t.records()
     columns = t._core().columns()
     assert columns["device"].tolist() == [r["device"] for r in records]
@@ -279,6 +281,7 @@ def test_the_columns_a_picture_is_drawn_from_match_the_records(executor):
     assert columns["started"].tolist() == [r["started"] for r in records]
     assert columns["done"].tolist() == [r["done"] for r in records]
     assert columns["on_stream"].tolist() == [r["on_stream"] for r in records]
+    assert columns["express"].tolist() == [r["express"] for r in records]
     assert columns["bytes_in"] == sum(r["bytes_in"] for r in records)
     for stage in t.stages():
         spans = columns["spans"][stage["key"]]
