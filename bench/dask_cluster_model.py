@@ -22,6 +22,13 @@ takes as long as a real block takes a GPU (--block-seconds: by default an 8 MiB 
 that pace as a GPU's lanes share its copy engines. Blocks are small (--block-elements float64),
 made on the workers and persisted before the clock starts; results stay there.
 
+Where a task's blocks are matters. --placement grouped (the default) makes them B to a chunk and
+splits each chunk into blocks, so that every task finds its B blocks on one worker and nothing
+moves: the models' terms alone. --placement interleaved makes every block its own chunk, which
+Dask spreads over the workers one at a time, so that a task of B blocks fetches most of them
+from other workers first (the model's ingest term, which on a cluster crosses the network).
+Each point reports the share of its blocks that moved between workers.
+
 1. g: one pool alone (no Dask) over --blocks-alone blocks, in this process: blocks/s.
 2. For each N and B: the measured rate of gpupool.dask.map_blocks(square, x, blocks_per_task=B)
    persisted (results checked once per point).
@@ -50,6 +57,9 @@ import uuid
 
 os.environ.setdefault("GPUPOOL_BACKEND", "cpu")
 os.environ.setdefault("GPUPOOL_QUIET", "1")
+# Blocks moved between workers are counted from each worker's log of incoming transfers, which
+# keeps this many entries (a few per task).
+os.environ.setdefault("DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH", "1000000")
 
 import dask  # noqa: E402
 import dask.array as da  # noqa: E402
@@ -98,17 +108,29 @@ def cpu_seconds():
     return total
 
 
+def blocks_fetched(dask_worker):
+    """Blocks this worker fetched from others since its log was last cleared (run on it)."""
+    return sum(len(transfer["keys"]) for transfer in dask_worker.transfer_incoming_log)
+
+
+def clear_fetched(dask_worker):
+    dask_worker.transfer_incoming_log.clear()
+
+
 def cluster_rate(client, x, blocks_per_task, repeat):
-    """Median blocks/s of map_blocks(square) over `x` persisted, and the CPU seconds per block
-    of the timed runs; the first run warms up. Every run's first and last blocks are checked
-    against NumPy's squares of the same blocks, after its clock stops."""
+    """Median blocks/s of map_blocks(square) over `x` persisted, the CPU seconds per block and
+    the share of blocks moved between workers of the timed runs; the first run warms up. Every
+    run's first and last blocks are checked against NumPy's squares of the same blocks, after
+    its clock stops."""
     times = []
     cpu = 0.0
+    moved = 0
     n = x.chunks[0][0]
     want = [w * w for w in dask.compute(x[:n], x[-n:])]
     for run in range(repeat + 1):
         y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task,
                           name=f"square-{uuid.uuid4().hex}")
+        client.run(clear_fetched)
         cpu_start = cpu_seconds()
         start = time.perf_counter()
         persisted = client.persist(y)
@@ -117,11 +139,21 @@ def cluster_rate(client, x, blocks_per_task, repeat):
         if run:
             cpu += cpu_seconds() - cpu_start
             times.append(seconds)
+            moved += sum(client.run(blocks_fetched).values())
         got = dask.compute(persisted[:n], persisted[-n:])
         if not all(np.array_equal(g, w) for g, w in zip(got, want)):
             raise SystemExit("cluster: a wrong result")
         del persisted
-    return x.numblocks[0] / statistics.median(times), cpu / (repeat * x.numblocks[0])
+    blocks = repeat * x.numblocks[0]
+    return x.numblocks[0] / statistics.median(times), cpu / blocks, moved / blocks
+
+
+def input_blocks(args, blocks, blocks_per_task):
+    """The input: `blocks` random blocks made on the workers, each task's B of them on one
+    worker (grouped) or every block placed on its own (interleaved)."""
+    made = args.block_elements * (blocks_per_task if args.placement == "grouped" else 1)
+    x = da.random.random(blocks * args.block_elements, chunks=made)
+    return x.rechunk(args.block_elements) if made != args.block_elements else x
 
 
 def main():
@@ -139,6 +171,9 @@ def main():
                         help="Dask tasks per run for each --blocks-per-task, and at least "
                         "--tasks-per-worker times the workers (blocks: tasks x blocks per task)")
     parser.add_argument("--tasks-per-worker", type=int, default=4)
+    parser.add_argument("--placement", choices=("grouped", "interleaved"), default="grouped",
+                        help="each task's blocks made on one worker, or each block placed "
+                        "on its own (see above)")
     parser.add_argument("--blocks-alone", type=int, default=20000)
     parser.add_argument("--repeat", type=int, default=3, help="runs per point (median)")
     parser.add_argument("--json", help="write the results here")
@@ -154,13 +189,15 @@ def main():
         runs = [stored] if "rows" in stored else [
             v for v in stored.values() if isinstance(v, dict) and "rows" in v]
         for run in runs:
+            args.placement = "interleaved"  # what runs saved before --placement had
             for key, value in run["args"].items():
                 if key not in ("json", "from_json", "cores"):
                     setattr(args, key, value)
             args.cores = run.get("cores") or args.cores
             report(args, run["g_blocks_per_s"],
                    [(r["workers"], r["blocks_per_task"], r["blocks"], r["blocks_per_s"],
-                     r.get("cpu_us_per_block", 0) / 1e6) for r in run["rows"]])
+                     r.get("cpu_us_per_block", 0) / 1e6, r.get("moved"))
+                    for r in run["rows"]])
         return
     worker_counts = [int(w) for w in args.workers.split(",")]
     groupings = [int(b) for b in args.blocks_per_task.split(",")]
@@ -179,14 +216,14 @@ def main():
             gd.install(client, **pool_options(args))
             for bpt, tasks in zip(groupings, task_counts):
                 blocks = max(tasks, args.tasks_per_worker * workers) * bpt
-                x = client.persist(da.random.random(blocks * args.block_elements,
-                                                    chunks=args.block_elements))
+                x = client.persist(input_blocks(args, blocks, bpt))
                 wait(x)
-                rate, cpu = cluster_rate(client, x, bpt, args.repeat)
-                measured.append((workers, bpt, blocks, rate, cpu))
+                rate, cpu, moved = cluster_rate(client, x, bpt, args.repeat)
+                measured.append((workers, bpt, blocks, rate, cpu, moved))
                 print(json.dumps({"workers": workers, "blocks_per_task": bpt,
                                   "blocks_per_s": round(rate),
-                                  "cpu_us_per_block": round(cpu * 1e6, 1)}), flush=True)
+                                  "cpu_us_per_block": round(cpu * 1e6, 1),
+                                  "moved": round(moved, 3)}), flush=True)
                 del x
 
     report(args, g, measured)
@@ -195,13 +232,13 @@ def main():
 def fitted(measured, g):
     """t_w, t_b (seconds) from one worker's points with the fewest and most blocks per task,
     and S (tasks/s): the highest rate of one block per task."""
-    alone = sorted((b, rate) for w, b, _, rate, _ in measured if w == 1)
+    alone = sorted((b, rate) for w, b, _, rate, *_ in measured if w == 1)
     if len(alone) < 2 or alone[0][0] == alone[-1][0]:
         raise SystemExit("the fit needs one worker at two or more blocks per task")
     (b1, r1), (b2, r2) = alone[0], alone[-1]
     t_b = max((b2 / r2 - b1 / r1) / (b2 - b1), 1 / g)
     t_w = max(b1 / r1 - b1 * t_b, 0.0)
-    singles = [rate for _, b, _, rate, _ in measured if b == b1]
+    singles = [rate for _, b, _, rate, *_ in measured if b == b1]
     return t_w, t_b, max(singles) / b1
 
 
@@ -210,9 +247,9 @@ def report(args, g, measured):
     cores = args.cores or os.cpu_count()
     # CPU seconds per block with one worker, per blocks per task: what the host's cores bound
     # when every worker shares them.
-    cpu_alone = {b: cpu for w, b, _, _, cpu in measured if w == 1}
+    cpu_alone = {b: cpu for w, b, _, _, cpu, _ in measured if w == 1}
     rows = []
-    for workers, bpt, blocks, rate, cpu in measured:
+    for workers, bpt, blocks, rate, cpu, moved in measured:
         bound_model = min(workers * g, scheduler * bpt)
         worker_model = min(workers * bpt / (t_w + bpt * t_b), scheduler * bpt)
         host_model = min(worker_model, cores / cpu_alone[bpt]) if cpu_alone.get(bpt) else None
@@ -223,22 +260,24 @@ def report(args, g, measured):
                      "over_bound_model": round(rate / bound_model, 3),
                      "over_worker_model": round(rate / worker_model, 3),
                      "over_host_model": host_model and round(rate / host_model, 3),
-                     "n_star": round(scheduler * bpt / g, 2)})
+                     "n_star": round(scheduler * bpt / g, 2),
+                     "moved": None if moved is None else round(moved, 3)})
 
     print(f"\n{cores} cores, {platform.processor() or platform.machine()}, gpupool "
           f"{gpupool.__version__}, CPU stand-ins paced at {args.block_seconds * 1e3:.3f} ms a "
           f"block ({args.block_elements * 8} bytes), {args.lanes} lanes and "
-          f"{args.worker_threads} thread(s) per worker")
+          f"{args.worker_threads} thread(s) per worker, blocks {args.placement}")
     print(f"g = {g:,.0f} blocks/s per device alone; t_w = {t_w * 1e3:.2f} ms per task and "
           f"t_b = {t_b * 1e6:.0f} us per block on a worker; S = {scheduler:,.0f} tasks/s")
     print(f"{'workers':>7} {'B':>3} {'blocks/s':>9} {'CPU us/block':>12} {'bound model':>11} "
           f"{'ratio':>6} {'worker model':>12} {'ratio':>6} {'host model':>10} {'ratio':>6} "
-          f"{'N*':>6}")
+          f"{'N*':>6} {'moved':>5}")
     for r in rows:
         print(f"{r['workers']:>7} {r['blocks_per_task']:>3} {r['blocks_per_s']:>9} "
               f"{r['cpu_us_per_block']:>12} {r['bound_model']:>11} {r['over_bound_model']:>6.2f} "
               f"{r['worker_model']:>12} {r['over_worker_model']:>6.2f} "
-              f"{r['host_model'] or '-':>10} {r['over_host_model'] or '-':>6} {r['n_star']:>6}")
+              f"{r['host_model'] or '-':>10} {r['over_host_model'] or '-':>6} {r['n_star']:>6} "
+              f"{'-' if r['moved'] is None else format(r['moved'], '.2f'):>5}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as out:
             json.dump({"g_blocks_per_s": g, "s_tasks_per_s": scheduler, "t_w_seconds": t_w,
