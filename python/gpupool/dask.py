@@ -614,6 +614,11 @@ def map_blocks(kernel: Any, *args: Any, blocks_per_task: int = 1, axis: int = 0,
     block's result into its place in the group's chunk, in pinned memory; other groups are
     joined with one host copy.
 
+    A task runs on one worker, so a group's blocks held by other workers are fetched to it first
+    (over the network, on a cluster). Blocks made one per chunk are spread over the workers:
+    group blocks that already sit together, or make the array in chunks of the group's size
+    and keep ``blocks_per_task=1`` (the pool cuts each chunk into pieces itself).
+
     ``args``: Dask arrays of one shape (arrays after the first are rechunked to its chunks if
     they differ) and, for compiled kernels, numbers passed to every call. Built-in kernels take
     one array (``square``, ``scale``) or two (``add``, ``axpy``)."""
