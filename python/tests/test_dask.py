@@ -1,7 +1,8 @@
 """gpupool.dask on a LocalCluster of 2 worker processes on the CPU backend: grouped and per-block
-map_blocks and the cluster Executor give NumPy's results, a worker killed mid-run loses no
-block, each worker's pool is created once and shut down with it, and a cluster trace comes
-back as one Chrome trace with a process per worker. Without install, a worker (here in this
+map_blocks and the cluster Executor give NumPy's results, a group moves only the blocks other
+workers hold, a worker killed mid-run loses no block, each worker's pool is created once and
+shut down with it, and a cluster trace comes back as one Chrome trace with a process per
+worker. Without install, a worker (here in this
 process, so that its pool and its log line can be seen) makes a default pool once, says so
 once and shuts it down when it closes."""
 
@@ -23,7 +24,7 @@ pytest.importorskip("dask.array", reason="dask[array] is not installed (pip inst
 pytest.importorskip("distributed", reason="distributed is not installed (pip install '.[dask]')")
 
 import dask.array as da  # noqa: E402
-from distributed import Client, LocalCluster  # noqa: E402
+from distributed import Client, LocalCluster, wait  # noqa: E402
 
 import gpupool.dask as gd  # noqa: E402
 
@@ -159,6 +160,34 @@ def test_grouped_map_blocks_equals_numpy(client, blocks_per_task):
     assert sum(y.chunks[0]) == x.shape[0]
     values, squares = client.compute([x, y], sync=True)  # one graph: the same random blocks
     np.testing.assert_array_equal(squares, values * values)
+
+
+def _blocks_fetched(dask_worker):
+    return sum(len(transfer["keys"]) for transfer in dask_worker.transfer_incoming_log)
+
+
+def _forget_fetched(dask_worker):
+    dask_worker.transfer_incoming_log.clear()
+
+
+def test_a_group_fetches_only_the_blocks_other_workers_hold(client):
+    """As docs/scaling.md says: blocks made one per chunk are spread over the workers, so a
+    group gathers most of its blocks to one worker first; blocks made a group to a chunk and
+    split sit together, and their groups move nothing."""
+    moved = {}
+    for made_together in (False, True):
+        x = da.random.random(64 * 100, chunks=800 if made_together else 100).rechunk(100)
+        x = client.persist(x)
+        wait(x)
+        client.run(_forget_fetched)
+        y = client.persist(gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=8))
+        wait(y)
+        moved[made_together] = sum(client.run(_blocks_fetched).values())
+        values, squares = client.compute([x, y], sync=True)  # gathers: counted before
+        np.testing.assert_array_equal(squares, values * values)
+        del x, y
+    assert moved[True] == 0, moved
+    assert moved[False] > 0, moved
 
 
 def test_grouped_map_blocks_two_arrays_and_other_axis(client):
