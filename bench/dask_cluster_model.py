@@ -41,10 +41,10 @@ Each point reports the share of its blocks that moved between workers.
 --from-json FILE prints the table of a saved run again (with the models as this file has them).
 
 Each run maps a few hundred to a thousand tasks (--tasks); its input is made on the workers
-and persisted first. Prints one JSON object per point and a table; --json writes everything. The scheduler, the
-client and every worker share this machine's cores, which a cluster would not: where their
-per-task and per-block costs together fill the cores, the measurement falls below the model;
-the table shows where (docs/scaling.md).
+and persisted first. Prints one JSON object per point and a table; --json writes everything.
+The scheduler, the client and every worker share this machine's cores, which a cluster would
+not: where their per-task and per-block costs together fill the cores, the measurement falls
+below the model; the table shows where (docs/scaling.md).
 """
 
 import argparse
