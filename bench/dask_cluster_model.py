@@ -185,7 +185,7 @@ def main():
         with open(args.from_json, encoding="utf-8") as saved:
             stored = json.load(saved)
         # A file --json wrote, or several such runs under keys of one object (as
-        # bench/results/dask_cluster_model.json keeps two).
+        # bench/results/dask_cluster_model.json keeps them).
         runs = [stored] if "rows" in stored else [
             v for v in stored.values() if isinstance(v, dict) and "rows" in v]
         for run in runs:

@@ -2,9 +2,8 @@
 map_blocks and the cluster Executor give NumPy's results, a group moves only the blocks other
 workers hold, a worker killed mid-run loses no block, each worker's pool is created once and
 shut down with it, and a cluster trace comes back as one Chrome trace with a process per
-worker. Without install, a worker (here in this
-process, so that its pool and its log line can be seen) makes a default pool once, says so
-once and shuts it down when it closes."""
+worker. Without install, a worker (here in this process, so that its pool and its log line can
+be seen) makes a default pool once, says so once and shuts it down when it closes."""
 
 import concurrent.futures as cf
 import inspect

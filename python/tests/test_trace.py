@@ -282,6 +282,7 @@ def test_the_columns_a_picture_is_drawn_from_match_the_records(executor):
     assert columns["done"].tolist() == [r["done"] for r in records]
     assert columns["on_stream"].tolist() == [r["on_stream"] for r in records]
     assert columns["express"].tolist() == [r["express"] for r in records]
+    assert columns["express"].any()  # the urgent call's
     assert columns["bytes_in"] == sum(r["bytes_in"] for r in records)
     for stage in t.stages():
         spans = columns["spans"][stage["key"]]
