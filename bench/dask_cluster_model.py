@@ -117,17 +117,23 @@ def clear_fetched(dask_worker):
     dask_worker.transfer_incoming_log.clear()
 
 
-def cluster_rate(client, x, blocks_per_task, repeat):
-    """Median blocks/s of map_blocks(square) over `x` persisted, the CPU seconds per block and
-    the share of blocks moved between workers of the timed runs; the first run warms up. Every
-    run's first and last blocks are checked against NumPy's squares of the same blocks, after
-    its clock stops."""
+def cluster_rate(client, make_input, blocks_per_task, repeat):
+    """Median blocks/s of map_blocks(square) persisted, the CPU seconds per block and the share
+    of blocks moved between workers of the timed runs; the first run warms up. Each run maps
+    input of its own, made and persisted by make_input() before its clock starts: a block that
+    one run fetched from another worker stays there as a copy until Dask's memory manager drops
+    it, so a second run over the same blocks would move fewer than a map of new data does.
+    Every run's first and last blocks are checked against NumPy's squares of the same blocks,
+    after its clock stops."""
     times = []
     cpu = 0.0
     moved = 0
-    n = x.chunks[0][0]
-    want = [w * w for w in dask.compute(x[:n], x[-n:])]
+    blocks = 0
     for run in range(repeat + 1):
+        x = make_input()
+        n = x.chunks[0][0]
+        want = [w * w for w in dask.compute(x[:n], x[-n:])]
+        blocks = x.numblocks[0]
         y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task,
                           name=f"square-{uuid.uuid4().hex}")
         client.run(clear_fetched)
@@ -143,9 +149,8 @@ def cluster_rate(client, x, blocks_per_task, repeat):
         got = dask.compute(persisted[:n], persisted[-n:])
         if not all(np.array_equal(g, w) for g, w in zip(got, want)):
             raise SystemExit("cluster: a wrong result")
-        del persisted
-    blocks = repeat * x.numblocks[0]
-    return x.numblocks[0] / statistics.median(times), cpu / blocks, moved / blocks
+        del persisted, x
+    return blocks / statistics.median(times), cpu / (repeat * blocks), moved / (repeat * blocks)
 
 
 def input_blocks(args, blocks, blocks_per_task):
@@ -216,15 +221,18 @@ def main():
             gd.install(client, **pool_options(args))
             for bpt, tasks in zip(groupings, task_counts):
                 blocks = max(tasks, args.tasks_per_worker * workers) * bpt
-                x = client.persist(input_blocks(args, blocks, bpt))
-                wait(x)
-                rate, cpu, moved = cluster_rate(client, x, bpt, args.repeat)
+
+                def make_input(blocks=blocks, bpt=bpt):
+                    x = client.persist(input_blocks(args, blocks, bpt))
+                    wait(x)
+                    return x
+
+                rate, cpu, moved = cluster_rate(client, make_input, bpt, args.repeat)
                 measured.append((workers, bpt, blocks, rate, cpu, moved))
                 print(json.dumps({"workers": workers, "blocks_per_task": bpt,
                                   "blocks_per_s": round(rate),
                                   "cpu_us_per_block": round(cpu * 1e6, 1),
                                   "moved": round(moved, 3)}), flush=True)
-                del x
 
     report(args, g, measured)
 
