@@ -117,23 +117,22 @@ def clear_fetched(dask_worker):
     dask_worker.transfer_incoming_log.clear()
 
 
-def cluster_rate(client, make_input, blocks_per_task, repeat):
-    """Median blocks/s of map_blocks(square) persisted, the CPU seconds per block and the share
-    of blocks moved between workers of the timed runs; the first run warms up. Each run maps
-    input of its own, made and persisted by make_input() before its clock starts: a block that
-    one run fetched from another worker stays there as a copy until Dask's memory manager drops
-    it, so a second run over the same blocks would move fewer than a map of new data does.
-    Every run's first and last blocks are checked against NumPy's squares of the same blocks,
-    after its clock stops."""
+def cluster_rate(client, args, blocks, blocks_per_task):
+    """Median blocks/s of map_blocks(square) persisted over `blocks` blocks, the CPU seconds per
+    block and the share of blocks moved between workers of the timed runs (--repeat of them);
+    the first run warms up. Each run maps input of its own (input_blocks), made and persisted
+    before its clock starts: a block that one run fetched from another worker stays there as a
+    copy until Dask's memory manager drops it, so a second run over the same blocks would move
+    fewer than a map of new data does. Every run's first and last blocks are checked against
+    NumPy's squares of the same blocks, after its clock stops."""
     times = []
     cpu = 0.0
     moved = 0
-    blocks = 0
-    for run in range(repeat + 1):
-        x = make_input()
+    for run in range(args.repeat + 1):
+        x = client.persist(input_blocks(args, blocks, blocks_per_task))
+        wait(x)
         n = x.chunks[0][0]
         want = [w * w for w in dask.compute(x[:n], x[-n:])]
-        blocks = x.numblocks[0]
         y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=blocks_per_task,
                           name=f"square-{uuid.uuid4().hex}")
         client.run(clear_fetched)
@@ -150,7 +149,8 @@ def cluster_rate(client, make_input, blocks_per_task, repeat):
         if not all(np.array_equal(g, w) for g, w in zip(got, want)):
             raise SystemExit("cluster: a wrong result")
         del persisted, x
-    return blocks / statistics.median(times), cpu / (repeat * blocks), moved / (repeat * blocks)
+    timed = args.repeat * blocks
+    return blocks / statistics.median(times), cpu / timed, moved / timed
 
 
 def input_blocks(args, blocks, blocks_per_task):
@@ -221,13 +221,7 @@ def main():
             gd.install(client, **pool_options(args))
             for bpt, tasks in zip(groupings, task_counts):
                 blocks = max(tasks, args.tasks_per_worker * workers) * bpt
-
-                def make_input(blocks=blocks, bpt=bpt):
-                    x = client.persist(input_blocks(args, blocks, bpt))
-                    wait(x)
-                    return x
-
-                rate, cpu, moved = cluster_rate(client, make_input, bpt, args.repeat)
+                rate, cpu, moved = cluster_rate(client, args, blocks, bpt)
                 measured.append((workers, bpt, blocks, rate, cpu, moved))
                 print(json.dumps({"workers": workers, "blocks_per_task": bpt,
                                   "blocks_per_s": round(rate),
