@@ -150,6 +150,53 @@ TEST_P(CoalescingTest, BatchesOfEveryKernelAndTypeGiveEachTaskItsResult) {
   EXPECT_EQ(ex.coalescing().tasks, 900u);
 }
 
+// Outputs laid end to end in pinned blocks of gpupool's (a map's results sharing a slab) take
+// the batch's download in place, one download per block, when the runs are long enough: no
+// staging copy out. Runs cut short (here by a cancelled task) go through the slot's buffer, and
+// the cancelled task's output is left untouched.
+TEST_P(CoalescingTest, OutputsEndToEndInPinnedBlocksAreDownloadedInPlace) {
+  executor ex(options());
+  ex.set_tracing(true);
+  constexpr std::size_t n = 8, count = 1024;  // 8 KiB a task
+  std::vector<std::vector<double>> xs;
+  for (std::size_t i = 0; i < n; ++i) xs.push_back(random_vector<double>(count, 300 + i));
+  enum class layout { one_block, two_blocks, cut_short };
+  for (const layout l : {layout::one_block, layout::two_blocks, layout::cut_short}) {
+    pinned_vector<double> first_block(n * count, -7.0), second_block(n * count, -7.0);
+    const auto out = [&](std::size_t i) {
+      if (l == layout::two_blocks && i >= n / 2)
+        return std::span<double>(second_block.data() + (i - n / 2) * count, count);
+      return std::span<double>(first_block.data() + i * count, count);
+    };
+    lane_gate gate(ex);
+    const std::uint64_t first = ex.next_task_id();
+    std::vector<future<void>> done;
+    for (std::size_t i = 0; i < n; ++i)
+      done.push_back(ex.transform<double>(builtin_kernel::square(), xs[i], out(i)));
+    const bool cut = l == layout::cut_short;
+    if (cut) {
+      EXPECT_TRUE(done[3].cancel());
+    }
+    gate.release();
+    for (std::size_t i = 0; i < n; ++i) {
+      const std::span<const double> got = out(i);
+      if (cut && i == 3) {
+        EXPECT_THROW(done[i].get(), cancelled_error);
+        EXPECT_EQ(std::vector<double>(got.begin(), got.end()), std::vector<double>(count, -7.0));
+        continue;
+      }
+      done[i].get();
+      EXPECT_TRUE(testing::matches_reference(got, squared(xs[i]))) << "task " << i;
+    }
+    const auto records = ex.trace(first).records();
+    ASSERT_EQ(records.size(), cut ? n - 1 : n);
+    for (const task_record& r : records)
+      EXPECT_EQ(r.stage_out.present(), cut)
+          << "layout " << static_cast<int>(l) << ", task " << r.id;
+  }
+  EXPECT_EQ(ex.coalescing().batches, 3u);
+}
+
 TEST(Coalescing, TransformsKeepTheirOwnOutputs) {
   executor ex(one_lane());
   constexpr int n = 50;

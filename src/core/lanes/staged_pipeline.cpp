@@ -1,18 +1,46 @@
 #include "core/lanes/staged_pipeline.hpp"
 
 #include <cstring>
+#include <utility>
 
+#include "core/memory/pinned_cache.hpp"
 #include "gpupool/pinned.hpp"
 
 namespace gpupool::detail {
+namespace {
+
+// A copy's host-side cost is about that of a memcpy of this many bytes: an output whose runs
+// (below) are shorter on average is downloaded once, into the slot's buffer, and scattered.
+constexpr std::size_t least_bytes_per_download = std::size_t{32} << 10;
+
+// Whether one copy may read or write `bytes` from `data` in place: a whole part in pinned memory
+// (of whatever allocation), or a run of parts end to end inside one of gpupool's own pinned
+// blocks (results of calls queued together that share a slab, say). A run across two blocks that
+// happen to be neighbours is not one allocation to the driver.
+bool copies_in_place(const void* data, std::size_t bytes, bool one_part) {
+  return one_part ? gpupool::is_pinned(data) : process_pinned_cache().owns_run(data, bytes);
+}
+
+// The parts from `first` on laid end to end: how many, and their bytes.
+template <class Part>
+std::pair<std::size_t, std::size_t> run_from(std::span<const Part> parts, std::size_t first) {
+  const auto* at = static_cast<const char*>(static_cast<const void*>(parts[first].data));
+  std::size_t i = first, bytes = 0;
+  for (; i < parts.size() && static_cast<const void*>(parts[i].data) == at + bytes; ++i)
+    bytes += parts[i].bytes;
+  return {i - first, bytes};
+}
+
+}  // namespace
 
 void stage_inputs(slot_context& slot, std::span<staged_input> inputs,
                   std::span<const void*> sources) {
   const double began = slot.trace_clock();
   for (std::size_t k = 0; k < inputs.size(); ++k) {
     const staged_input& in = inputs[k];
-    if (in.parts.size() == 1 && is_pinned(in.parts[0].data)) {
-      sources[k] = in.parts[0].data;  // pinned already: the upload reads it in place
+    if (!in.parts.empty() && run_from(in.parts, 0).first == in.parts.size() &&
+        copies_in_place(in.parts[0].data, in.bytes, in.parts.size() == 1)) {
+      sources[k] = in.parts[0].data;  // one pinned run: the upload reads it in place
       continue;
     }
     auto* staging = static_cast<char*>(slot.host_buffer(in.buffer));
@@ -53,9 +81,29 @@ void upload_inputs(slot_context& slot, std::span<staged_input> inputs,
 }
 
 void download_output(slot_context& slot, staged_output& output) {
-  output.staged = !(output.parts.size() == 1 && is_pinned(output.parts[0].data));
-  void* to = output.staged ? slot.host_buffer(output.buffer) : output.parts[0].data;
-  slot.stream().copy_to_host(to, output.device, output.bytes);
+  const std::span<const host_out_part> parts = output.parts;
+  // The runs counted first (pointers compared alone), then asked whether they are pinned.
+  std::size_t runs = 0;
+  for (std::size_t i = 0; i < parts.size(); ++runs) i += run_from(parts, i).first;
+  bool in_place = runs == 1 || (runs > 1 && runs * least_bytes_per_download <= output.bytes);
+  for (std::size_t i = 0; in_place && i < parts.size();) {
+    const auto [count, bytes] = run_from(parts, i);
+    in_place = copies_in_place(parts[i].data, bytes, count == 1);
+    i += count;
+  }
+  output.staged = !in_place;
+  if (output.staged) {
+    slot.stream().copy_to_host(slot.host_buffer(output.buffer), output.device, output.bytes);
+  } else {
+    // A download per run, straight into it.
+    const auto* from = static_cast<const char*>(output.device);
+    for (std::size_t i = 0; i < parts.size();) {
+      const auto [count, bytes] = run_from(parts, i);
+      slot.stream().copy_to_host(parts[i].data, from, bytes);
+      from += bytes;
+      i += count;
+    }
+  }
   slot.stamp(slot_context::mark::download_end);
 }
 

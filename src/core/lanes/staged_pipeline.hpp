@@ -1,6 +1,7 @@
 // The one path every host-array piece takes through a slot: inputs staged into pinned memory
 // (gathered when an operand is several host parts), one upload per input operand, a launch step,
 // one download of the output (scattered back to its host parts after the stream passed it).
+// Operands already in one pinned run skip the staging copy.
 // A piece only says what its operands are and how to launch; this does the rest.
 #pragma once
 
@@ -41,15 +42,17 @@ struct staged_output {
   bool staged = false;     ///< Set by the pipeline: waits in the pinned buffer for `finish`.
 };
 
-/// Host side, before the uploads: each input's source for its upload (the one pinned part
-/// itself, else the slot's pinned buffer, filled here). Traces the stage-in.
+/// Host side, before the uploads: each input's source for its upload (the input itself where it
+/// is one pinned run: a pinned part, or parts end to end in one of gpupool's pinned blocks; else
+/// the slot's pinned buffer, filled here). Traces the stage-in.
 void stage_inputs(slot_context& slot, std::span<staged_input> inputs,
                   std::span<const void*> sources);
 /// One upload per input, into the slot's device buffers; stamps the upload's start.
 void upload_inputs(slot_context& slot, std::span<staged_input> inputs,
                    std::span<const void* const> sources);
-/// One download of the output: straight into it when it is one pinned part, else into the
-/// slot's pinned buffer. Stamps the download's end.
+/// The output downloaded: straight into it where its parts make pinned runs (as for inputs) few
+/// enough for their lengths, a download per run; else once, into the slot's pinned buffer.
+/// Stamps the download's end.
 void download_output(slot_context& slot, staged_output& output);
 
 /// The express slot's path: every input gathered into the slot's pinned buffers, where the kernel

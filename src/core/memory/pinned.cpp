@@ -182,6 +182,12 @@ bool pinned_block_registry::contains(const void* p) const noexcept {
   return find(reinterpret_cast<std::uintptr_t>(p)).second != 0;
 }
 
+bool pinned_block_registry::contains_run(const void* p, std::size_t bytes) const noexcept {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  const auto [start, capacity] = find(address);
+  return capacity != 0 && bytes <= capacity - (address - start);
+}
+
 void pinned_block_registry::add(void* p, std::size_t capacity) {
   write([&] { blocks_.emplace(reinterpret_cast<std::uintptr_t>(p), capacity); });
 }

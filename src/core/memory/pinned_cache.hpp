@@ -45,6 +45,8 @@ class pinned_block_registry {
   [[nodiscard]] std::size_t capacity_at(const void* p) const noexcept;
   /// True if `p` is inside a registered block.
   [[nodiscard]] bool contains(const void* p) const noexcept;
+  /// True if the `bytes` from `p` on lie inside one registered block.
+  [[nodiscard]] bool contains_run(const void* p, std::size_t bytes) const noexcept;
   /// @throw std::bad_alloc.
   void add(void* p, std::size_t capacity);
   void remove(void* p) noexcept;
@@ -102,6 +104,10 @@ class pinned_cache {
   /// True if `p` points into a block of this cache (in use or cached). No source call, no lock
   /// other threads take.
   [[nodiscard]] bool owns(const void* p) const noexcept { return registry_.contains(p); }
+  /// True if the `bytes` from `p` on lie inside one block of this cache.
+  [[nodiscard]] bool owns_run(const void* p, std::size_t bytes) const noexcept {
+    return registry_.contains_run(p, bytes);
+  }
   /// Sets the limit and gives back cached blocks, largest first, until the cache fits it.
   void set_limit(std::size_t bytes);
   /// Gives back every cached block.
