@@ -3,9 +3,9 @@
 profiles beside the program and that machine's libraries. pprof there may not name the program's
 addresses, and pprof here names the other machine's libraries by this machine's copies; this
 reads the samples and their memory map itself and names each address from the file it came from:
-the program through addr2line (exact), a library given with --lib through the nearest symbol it
-exports (marked ~, approximate: a library without its symbol table names only exported
-functions), anything else by the library's name.
+the program through addr2line (exact), a library given with --lib through the nearest symbol of
+its symbol table (marked ~, approximate: a stripped library names only the functions it
+exports), anything else by the library's name.
 
     python3 bench/read_profile.py w4.prof w4.bin [--lib libc.so.6] [--top 40] [--under NAME]
 
@@ -68,12 +68,17 @@ class Names:
         self.libs: Dict[str, Tuple[List[int], List[str]]] = {}
         for lib in libs:
             symbols = []
-            out = subprocess.run(["nm", "-D", "--defined-only", lib], capture_output=True,
-                                 text=True, check=True).stdout
-            for row in out.splitlines():
-                fields = row.split()
-                if len(fields) == 3 and fields[1] in "TtWi":
-                    symbols.append((int(fields[0], 16), fields[2].split("@")[0]))
+            # The symbol table where the library kept it (every function, demangled), else
+            # the exported ones.
+            for table in (["--defined-only", "-C"], ["-D", "--defined-only", "-C"]):
+                out = subprocess.run(["nm", *table, lib], capture_output=True, text=True,
+                                     check=False).stdout
+                for row in out.splitlines():
+                    fields = row.split(maxsplit=2)
+                    if len(fields) == 3 and fields[1] in "TtWi":
+                        symbols.append((int(fields[0], 16), fields[2].split("@")[0]))
+                if symbols:
+                    break
             symbols.sort()
             self.libs[os.path.basename(lib)] = ([a for a, _ in symbols], [n for _, n in symbols])
         self.cache: Dict[int, str] = {}

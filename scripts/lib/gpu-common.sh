@@ -38,11 +38,13 @@ gpu_count() {
   nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | wc -l
 }
 
-# install_python DIR LOG: pip installs this tree's package into DIR (its build log in LOG; its
-# end printed when it fails).
+# install_python DIR LOG [PIP_ARGS...]: pip installs this tree's package into DIR (its build log
+# in LOG; its end printed when it fails).
 install_python() {
-  python3 -m pip install --no-build-isolation --no-deps --target "$1" . >"$2" 2>&1 || {
-    tail -40 "$2"
+  local dir=$1 log=$2
+  shift 2
+  python3 -m pip install --no-build-isolation --no-deps --target "$dir" "$@" . >"$log" 2>&1 || {
+    tail -40 "$log"
     return 1
   }
 }

@@ -48,8 +48,9 @@ Optional steps, each bounded by --step-seconds:
                   also its --host-lanes-list (W1, W2 and W4's maps)
   --profile       with .deps/profiler/ (scripts/stage-profiler): CPU profiles
                   (gperftools) of W4's shape from C++ and of the Python submit loop
-                  of bench/python_task_cost.py, with the files bench/read_profile.py
-                  needs to read them elsewhere
+                  and map of bench/python_task_cost.py (the extension installed with
+                  its symbol table), with the files bench/read_profile.py needs to
+                  read them elsewhere
 
 options:
   --out DIR          where the results go (default ./gpu-out; env OUT)
@@ -74,7 +75,7 @@ writes to $OUT:
     --host-lanes:    host_lanes.txt
     --dask:          dask.txt
     --dask-model:    dask.txt, dask_cluster_model.json
-    --profile:       w4.prof, w4.bin, submit.prof, python.bin, the extension module,
+    --profile:       w4.prof, w4.bin, submit.prof, map.prof, python.bin, the extension module,
                      libpython and libc of this machine, profile.txt
 EOF
 }
@@ -149,7 +150,10 @@ pydir=$(mktemp -d /tmp/gpupool-python.XXXXXX) || exit 1
 keep=(measure.txt compare.txt compare.json compare.png)
 [ $images = 1 ] && keep+=(timeline_1lane.png timeline_4lanes.png bench.png)
 trap 'rm -rf "$pydir"; pack_out "${keep[@]}"' EXIT
-install_python "$pydir" "$OUT/pip.log" || exit 1
+# A profile names the extension's functions by its symbol table, which a release build strips.
+unstripped=()
+[ $profile = 1 ] && unstripped=(-Cinstall.strip=false -Ccmake.define.GPUPOOL_PYTHON_SYMBOLS=ON)
+install_python "$pydir" "$OUT/pip.log" "${unstripped[@]}" || exit 1
 export PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH}
 
 say "== 1. the tuning sweep (gpupool info --tuning remeasure)"
@@ -318,7 +322,12 @@ if [ $profile = 1 ]; then
       bench/python_task_cost.py --repeat 10 --only "gpupool square submit loop, default lanes" \
       2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "the profile of bench/python_task_cost.py"
-    if [ -f "$OUT/submit.prof" ]; then
+    say "== CPU profile of a Python map of the square (bench/python_task_cost.py) -> map.prof"
+    CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} profiled map python3 \
+      bench/python_task_cost.py --repeat 20 --only "gpupool square map, default lanes" \
+      2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
+    step_done "${PIPESTATUS[0]}" "the profile of the Python map"
+    if [ -f "$OUT/submit.prof" ] || [ -f "$OUT/map.prof" ]; then
       py=$(python3 -c 'import os, sys; print(os.path.realpath(sys.executable))')
       ext=$(python3 -c 'import gpupool._ext as e; print(e.__file__)')
       cp "$py" "$OUT/python.bin"
