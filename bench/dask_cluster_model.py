@@ -41,7 +41,9 @@ Each point reports the share of its blocks that moved between workers.
 --from-json FILE prints the table of a saved run again (with the models as this file has them).
 
 Each run maps a few hundred to a thousand tasks (--tasks); its input is made on the workers
-and persisted first. Prints one JSON object per point and a table; --json writes everything.
+and persisted first. Prints one JSON object per point and a table; --json writes everything,
+and after each point what is measured so far ("complete": false), so that a run cut short (a
+time limit, Ctrl-C) keeps its points.
 The scheduler, the client and every worker share this machine's cores, which a cluster would
 not: where their per-task and per-block costs together fill the cores, the measurement falls
 below the model; the table shows where (docs/scaling.md).
@@ -227,6 +229,8 @@ def main():
                                   "blocks_per_s": round(rate),
                                   "cpu_us_per_block": round(cpu * 1e6, 1),
                                   "moved": round(moved, 3)}), flush=True)
+                # A run cut short (a time limit, Ctrl-C) keeps the points it measured.
+                save(args, g, measured, complete=False)
 
     report(args, g, measured)
 
@@ -244,7 +248,8 @@ def fitted(measured, g):
     return t_w, t_b, max(singles) / b1
 
 
-def report(args, g, measured):
+def model_rows(args, g, measured):
+    """The fitted t_w, t_b and S, the cores, and every point beside the models' predictions."""
     t_w, t_b, scheduler = fitted(measured, g)
     cores = args.cores or os.cpu_count()
     # CPU seconds per block with one worker, per blocks per task: what the host's cores bound
@@ -264,7 +269,30 @@ def report(args, g, measured):
                      "over_host_model": host_model and round(rate / host_model, 3),
                      "n_star": round(scheduler * bpt / g, 2),
                      "moved": None if moved is None else round(moved, 3)})
+    return t_w, t_b, scheduler, cores, rows
 
+
+def save(args, g, measured, complete=True):
+    """Writes --json: the fit and the rows, once one worker's points allow the fit; before
+    that, the points alone. A file of a run cut short says so ("complete": false)."""
+    if not args.json:
+        return
+    result = {"g_blocks_per_s": g, "args": vars(args), "complete": complete}
+    if len({b for w, b, *_ in measured if w == 1}) >= 2:
+        t_w, t_b, scheduler, cores, rows = model_rows(args, g, measured)
+        result.update({"s_tasks_per_s": scheduler, "t_w_seconds": t_w, "t_b_seconds": t_b,
+                       "cores": cores, "rows": rows})
+    else:
+        result["points"] = [{"workers": w, "blocks_per_task": b, "blocks": n,
+                             "blocks_per_s": round(rate), "cpu_us_per_block": round(cpu * 1e6, 1),
+                             "moved": None if moved is None else round(moved, 3)}
+                            for w, b, n, rate, cpu, moved in measured]
+    with open(args.json, "w", encoding="utf-8") as out:
+        json.dump(result, out, indent=1)
+
+
+def report(args, g, measured):
+    t_w, t_b, scheduler, cores, rows = model_rows(args, g, measured)
     print(f"\n{cores} cores, {platform.processor() or platform.machine()}, gpupool "
           f"{gpupool.__version__}, CPU stand-ins paced at {args.block_seconds * 1e3:.3f} ms a "
           f"block ({args.block_elements * 8} bytes), {args.lanes} lanes and "
@@ -280,11 +308,7 @@ def report(args, g, measured):
               f"{r['worker_model']:>12} {r['over_worker_model']:>6.2f} "
               f"{r['host_model'] or '-':>10} {r['over_host_model'] or '-':>6} {r['n_star']:>6} "
               f"{'-' if r['moved'] is None else format(r['moved'], '.2f'):>5}")
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as out:
-            json.dump({"g_blocks_per_s": g, "s_tasks_per_s": scheduler, "t_w_seconds": t_w,
-                       "t_b_seconds": t_b, "args": vars(args),
-                       "cores": cores, "rows": rows}, out, indent=1)
+    save(args, g, measured)
 
 
 if __name__ == "__main__":
