@@ -5,11 +5,14 @@ are imported (a lane binds their streams before each Python call once they are).
 variant's results are checked before its rate is printed.
 
     python bench/python_task_cost.py [--repeat 5] [--tasks 20000] [--only VARIANT]
-                                     [--host-lanes N]
+                                     [--host-lanes N] [--profile-signal N]
 
 --only "A|B" runs the timed rounds of the variants whose names contain A or B, nothing else (to
 profile one, or to compare a few under another setting). --host-lanes N adds the square's map and
 submit loop with N host lanes (``Executor(host_lanes=N)``), and says where their calls ran.
+--profile-signal N sends this process signal N before each variant's timed rounds and after them,
+so that a profiler that signal switches on and off (gperftools' CPUPROFILESIGNAL=N) samples those
+rounds alone, not the imports, the data's making or the warm-up.
 
 Each line gives the rate of the best round, the share of it the submits took, and the CPU time
 the calling thread spent per task in that round (`time.thread_time`): what the caller pays per
@@ -19,6 +22,8 @@ task, apart from the lanes' work, which on a machine of few cores also competes 
 import argparse
 import gc
 import importlib
+import os
+import signal
 import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -50,7 +55,10 @@ def main() -> int:
     parser.add_argument("--size", type=int, default=1_024)
     parser.add_argument("--only", default=None)
     parser.add_argument("--host-lanes", type=int, default=0)
+    parser.add_argument("--profile-signal", type=int, default=0)
     args = parser.parse_args()
+    if args.profile_signal and args.profile_signal not in set(signal.valid_signals()):
+        parser.error(f"--profile-signal {args.profile_signal} is not a signal")
     rng = np.random.default_rng(7)
     data = [rng.uniform(-10, 10, args.size) for _ in range(args.tasks)]
     square = gpupool.kernels.square
@@ -90,6 +98,8 @@ def main() -> int:
             return
         check(run()[0])  # the warm-up round, checked
         best, submit_share, caller = float("inf"), 0.0, 0.0
+        if args.profile_signal:
+            os.kill(os.getpid(), args.profile_signal)  # the profiler on
         for _ in range(args.repeat):
             if gc_off:
                 gc.disable()
@@ -105,6 +115,8 @@ def main() -> int:
             if seconds < best:
                 best, submit_share, caller = seconds, submitted / seconds, cpu
             del out
+        if args.profile_signal:
+            os.kill(os.getpid(), args.profile_signal)  # and off
         count = tasks or args.tasks
         rate = count / best
         rows.append((name, rate, submit_share))

@@ -18,13 +18,17 @@
 //                             [--modes submit,one,map]
 //                             [--budget default|none] [--shared-gpu no|yes]
 //                             [--host-lanes N] [--cpu-copy-rate BYTES_PER_SECOND]
+//                             [--profile-signal N]
 // --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
 // tasks count no bytes; beside the default it shows what the counting costs per task.
 // --host-lanes N: that many host lanes (executor_options::host_lanes) beside the devices' lanes;
 // map rows then say what share of the calls ran on them. --cpu-copy-rate: the CPU stand-ins'
 // copy rate (executor_options::cpu_copy_rate), to model a device slower than the host.
+// --profile-signal N: raises signal N before each row's timed rounds and after them, so that a
+// profiler that signal switches on and off (gperftools' CPUPROFILESIGNAL=N) samples those alone.
 #include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -52,6 +56,7 @@ struct settings {
   bool shared_gpu = false;  // --shared-gpu yes: every device is the first GPU
   int host_lanes = 0;
   double cpu_copy_rate = 0;
+  int profile_signal = 0;  // 0: none
 };
 
 std::vector<std::string> split(const std::string& text) {
@@ -101,6 +106,8 @@ settings parse(int argc, char** argv) {
       s.host_lanes = std::stoi(value);
     else if (flag == "--cpu-copy-rate")
       s.cpu_copy_rate = std::stod(value);
+    else if (flag == "--profile-signal")
+      s.profile_signal = std::stoi(value);
     else if (flag == "--shared-gpu" && (value == "no" || value == "yes"))
       s.shared_gpu = value == "yes";
     else
@@ -110,6 +117,8 @@ settings parse(int argc, char** argv) {
     throw std::invalid_argument("--backend must be cpu or cuda");
   if (s.tasks == 0 || s.size == 0 || s.repeat < 1)
     throw std::invalid_argument("--tasks, --size and --repeat must be positive");
+  if (s.profile_signal < 0 || s.profile_signal >= NSIG)
+    throw std::invalid_argument("--profile-signal must be a signal number");
   for (const auto& m : s.modes)
     if (m != "submit" && m != "one" && m != "map") throw std::invalid_argument("unknown mode " + m);
   return s;
@@ -174,6 +183,21 @@ double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& 
 }
 
 // CPU seconds this process spent so far, every thread, user and system.
+// Raises the signal at its making and at its end (none for 0): around the timed rounds.
+class profiled_rounds {
+ public:
+  explicit profiled_rounds(int signal) : signal_(signal) { toggle(); }
+  profiled_rounds(const profiled_rounds&) = delete;
+  profiled_rounds& operator=(const profiled_rounds&) = delete;
+  ~profiled_rounds() { toggle(); }
+
+ private:
+  void toggle() const {
+    if (signal_ != 0) (void)std::raise(signal_);
+  }
+  int signal_;
+};
+
 double cpu_seconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
@@ -211,11 +235,13 @@ int main(int argc, char** argv) {
               const auto round = mode == "submit" ? submit_round : one_round;
               round(ex, s.tasks / 10 + 1);
               cpu_before = cpu_seconds();
+              const profiled_rounds profiled(s.profile_signal);
               for (int r = 0; r < s.repeat; ++r) times.push_back(round(ex, s.tasks));
             } else {
               double queued = 0.0;
               map_round(ex, warm, queued);
               cpu_before = cpu_seconds();
+              const profiled_rounds profiled(s.profile_signal);
               for (int r = 0; r < s.repeat; ++r) {
                 times.push_back(map_round(ex, inputs, queued));
                 queueing.push_back(queued);

@@ -47,10 +47,10 @@ Optional steps, each bounded by --step-seconds:
                   what share of the calls ran on the host; with the compare step,
                   also its --host-lanes-list (W1, W2 and W4's maps)
   --profile       with .deps/profiler/ (scripts/stage-profiler): CPU profiles
-                  (gperftools) of W4's shape from C++ and of the Python submit loop
-                  and map of bench/python_task_cost.py (the extension installed with
-                  its symbol table), with the files bench/read_profile.py needs to
-                  read them elsewhere
+                  (gperftools) of the timed rounds of W4's shape from C++ and of the
+                  Python submit loop and map of bench/python_task_cost.py (the
+                  extension installed with its symbol table), with the files
+                  bench/read_profile.py needs to read them elsewhere
 
 options:
   --out DIR          where the results go (default ./gpu-out; env OUT)
@@ -285,20 +285,27 @@ if [ $dask_model = 1 ]; then
   step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
 fi
 
-# profiled NAME COMMAND...: COMMAND under gperftools' CPU profiler (.deps/profiler), its raw
-# profile in $OUT/NAME.prof. gperftools names the file of a process other than the one it
-# started in after its pid; the largest file is the profile kept.
+# The signal that switches the profiler on and off (SIGUSR2): the benchmarks send it to
+# themselves around their timed rounds (--profile-signal), so that imports, the inputs' making
+# and warm-up rounds stay out of the profiles.
+profile_signal=12
+
+# profiled NAME COMMAND...: COMMAND under gperftools' CPU profiler (.deps/profiler), switched
+# on and off by $profile_signal, its raw profile in $OUT/NAME.prof. gperftools numbers the file
+# of each span it sampled (NAME.prof.0, .1, ...) and names the file of a process other than the
+# one it started in after its pid; the largest file is the profile kept.
 profiled() {
   local name=$1 rc profile
   shift
   LD_LIBRARY_PATH=$PWD/.deps/profiler LD_PRELOAD=$PWD/.deps/profiler/libprofiler.so.0 \
-    CPUPROFILE="$OUT/$name.prof" CPUPROFILE_FREQUENCY=1000 timeout "$step" "$@"
+    CPUPROFILE="$OUT/$name.prof" CPUPROFILESIGNAL=$profile_signal CPUPROFILE_FREQUENCY=1000 \
+    timeout "$step" "$@"
   rc=$?
   profile=$(find "$OUT" -maxdepth 1 -name "$name.prof*" -printf '%s %p\n' | sort -rn |
     head -1 | cut -d' ' -f2-)
   if [ -n "$profile" ]; then
     [ "$profile" = "$OUT/$name.prof" ] || mv "$profile" "$OUT/$name.prof"
-    find "$OUT" -maxdepth 1 -name "$name.prof_*" -delete
+    find "$OUT" -maxdepth 1 \( -name "$name.prof_*" -o -name "$name.prof.*" \) -delete
   fi
   return $rc
 }
@@ -310,7 +317,8 @@ if [ $profile = 1 ]; then
     # another machine's copies of them.
     say "== CPU profile of W4's shape from C++ (map, 16 lanes, 40 rounds) -> w4.prof"
     bench=build-measure/bench/gpupool_bench_small_tasks
-    profiled w4 "$bench" --backend cuda --devices 1 --lanes 16 --modes map --repeat 40 2>&1 |
+    profiled w4 "$bench" --backend cuda --devices 1 --lanes 16 --modes map --repeat 40 \
+      --profile-signal $profile_signal 2>&1 |
       tee -a "$OUT/profile.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "the profile of W4"
     if [ -f "$OUT/w4.prof" ]; then
@@ -320,12 +328,12 @@ if [ $profile = 1 ]; then
     say "== CPU profile of a Python submit loop (bench/python_task_cost.py) -> submit.prof"
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} profiled submit python3 \
       bench/python_task_cost.py --repeat 10 --only "gpupool square submit loop, default lanes" \
-      2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
+      --profile-signal $profile_signal 2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "the profile of bench/python_task_cost.py"
     say "== CPU profile of a Python map of the square (bench/python_task_cost.py) -> map.prof"
     CUDA_VISIBLE_DEVICES=${CUDA_VISIBLE_DEVICES:-0} profiled map python3 \
       bench/python_task_cost.py --repeat 20 --only "gpupool square map, default lanes" \
-      2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
+      --profile-signal $profile_signal 2>&1 | tee -a "$OUT/profile.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "the profile of the Python map"
     if [ -f "$OUT/submit.prof" ] || [ -f "$OUT/map.prof" ]; then
       py=$(python3 -c 'import os, sys; print(os.path.realpath(sys.executable))')
