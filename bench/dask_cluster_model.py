@@ -195,6 +195,9 @@ def main():
         # bench/results/dask_cluster_model.json keeps them).
         runs = [stored] if "rows" in stored else [
             v for v in stored.values() if isinstance(v, dict) and "rows" in v]
+        if not runs:
+            raise SystemExit(f"{args.from_json}: no run with rows (a run cut short before one "
+                             "worker's points allowed the fit keeps its points alone)")
         for run in runs:
             args.placement = "interleaved"  # what runs saved before --placement had
             for key, value in run["args"].items():

@@ -57,8 +57,14 @@ def main() -> int:
     parser.add_argument("--host-lanes", type=int, default=0)
     parser.add_argument("--profile-signal", type=int, default=0)
     args = parser.parse_args()
-    if args.profile_signal and args.profile_signal not in set(signal.valid_signals()):
-        parser.error(f"--profile-signal {args.profile_signal} is not a signal")
+    if args.profile_signal:
+        if args.profile_signal not in set(signal.valid_signals()):
+            parser.error(f"--profile-signal {args.profile_signal} is not a signal")
+        # Unhandled, the signal would end the process at the first timed round.
+        if signal.getsignal(args.profile_signal) in (signal.SIG_DFL, signal.SIG_IGN):
+            parser.error(f"--profile-signal {args.profile_signal}: nothing handles it here (run "
+                         f"under a profiler it switches, such as gperftools with "
+                         f"CPUPROFILESIGNAL={args.profile_signal})")
     rng = np.random.default_rng(7)
     data = [rng.uniform(-10, 10, args.size) for _ in range(args.tasks)]
     square = gpupool.kernels.square

@@ -8,6 +8,7 @@ its symbol table (marked ~, approximate: a stripped library names only the funct
 exports), anything else by the library's name.
 
     python3 bench/read_profile.py w4.prof w4.bin [--lib libc.so.6] [--top 40] [--under NAME]
+                                  [--also w4.prof.1]
 
 Prints the functions where samples landed (flat) and the functions on the stack of most samples
 (cumulative); with --under, the callees below the outermost frame whose name contains NAME.
@@ -79,6 +80,9 @@ class Names:
                         symbols.append((int(fields[0], 16), fields[2].split("@")[0]))
                 if symbols:
                     break
+            if not symbols:
+                print(f"read_profile: no function symbols in {lib} (not a library nm reads?); "
+                      "its addresses are named by its file's name", file=sys.stderr)
             symbols.sort()
             self.libs[os.path.basename(lib)] = ([a for a, _ in symbols], [n for _, n in symbols])
         self.cache: Dict[int, str] = {}
@@ -117,6 +121,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("profile")
     parser.add_argument("program", help="the profiled program (the file, as it ran)")
+    parser.add_argument("--also", action="append", default=[],
+                        help="another profile of the same run (a later span) whose samples "
+                        "count too (repeatable)")
     parser.add_argument("--lib", action="append", default=[],
                         help="a shared library of the machine it ran on (repeatable)")
     parser.add_argument("--top", type=int, default=40)
@@ -124,6 +131,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=100)
     args = parser.parse_args()
     samples, regions = read(args.profile)
+    for more in args.also:
+        # A later span of one process: its samples added, its map (libraries loaded since
+        # included) merged with the first's.
+        more_samples, more_regions = read(more)
+        samples += more_samples
+        regions = sorted(set(regions) | set(more_regions))
     names = Names(regions, args.program, args.lib)
     names.resolve_program([pc for _, stack in samples for pc in stack])
     total = sum(count for count, _ in samples)

@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include <signal.h>
 #include <sys/resource.h>
 
 #include "gpupool/gpupool.hpp"
@@ -119,6 +120,16 @@ settings parse(int argc, char** argv) {
     throw std::invalid_argument("--tasks, --size and --repeat must be positive");
   if (s.profile_signal < 0 || s.profile_signal >= NSIG)
     throw std::invalid_argument("--profile-signal must be a signal number");
+  if (s.profile_signal != 0) {
+    // Unhandled, the signal would end the process at the first timed round.
+    struct sigaction now {};
+    if (sigaction(s.profile_signal, nullptr, &now) != 0 || now.sa_handler == SIG_DFL ||
+        now.sa_handler == SIG_IGN)
+      throw std::invalid_argument("--profile-signal " + std::to_string(s.profile_signal) +
+                                  ": nothing handles it here (run under a profiler it switches, "
+                                  "such as gperftools with CPUPROFILESIGNAL=" +
+                                  std::to_string(s.profile_signal) + ")");
+  }
   for (const auto& m : s.modes)
     if (m != "submit" && m != "one" && m != "map") throw std::invalid_argument("unknown mode " + m);
   return s;
@@ -182,7 +193,6 @@ double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& 
   return took;
 }
 
-// CPU seconds this process spent so far, every thread, user and system.
 // Raises the signal at its making and at its end (none for 0): around the timed rounds.
 class profiled_rounds {
  public:
@@ -198,6 +208,7 @@ class profiled_rounds {
   int signal_;
 };
 
+// CPU seconds this process spent so far, every thread, user and system.
 double cpu_seconds() {
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);

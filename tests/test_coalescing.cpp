@@ -1,8 +1,10 @@
 // Tiny tasks coalesced: consecutive queued whole-array tasks of one built-in kernel and type run
-// as one batch (one staging copy, one launch, one download), each keeping its own future. The
+// as one batch (one staging copy, one launch, one download, or one per pinned run of outputs),
+// each keeping its own future. The
 // lane is held busy by a task that waits on a gate, so that the tasks queue up behind it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -152,17 +154,21 @@ TEST_P(CoalescingTest, BatchesOfEveryKernelAndTypeGiveEachTaskItsResult) {
 
 // Outputs laid end to end in pinned blocks of gpupool's (a map's results sharing a slab) take
 // the batch's download in place, one download per block, when the runs are long enough: no
-// staging copy out. Runs cut short (here by a cancelled task) go through the slot's buffer, and
-// the cancelled task's output is left untouched.
+// staging copy out. The two-block layout sits on the bound (two runs of 32 KiB). Runs cut short
+// (here by a cancelled task) go through the slot's buffer, and the cancelled task's output is
+// left untouched. Nothing past the outputs is written.
 TEST_P(CoalescingTest, OutputsEndToEndInPinnedBlocksAreDownloadedInPlace) {
   executor ex(options());
   ex.set_tracing(true);
   constexpr std::size_t n = 8, count = 1024;  // 8 KiB a task
+  constexpr double untouched = -7.0;
   std::vector<std::vector<double>> xs;
   for (std::size_t i = 0; i < n; ++i) xs.push_back(random_vector<double>(count, 300 + i));
   enum class layout { one_block, two_blocks, cut_short };
   for (const layout l : {layout::one_block, layout::two_blocks, layout::cut_short}) {
-    pinned_vector<double> first_block(n * count, -7.0), second_block(n * count, -7.0);
+    // A task's length more than the outputs need in each block: what must stay untouched.
+    pinned_vector<double> first_block((n + 1) * count, untouched);
+    pinned_vector<double> second_block((n + 1) * count, untouched);
     const auto out = [&](std::size_t i) {
       if (l == layout::two_blocks && i >= n / 2)
         return std::span<double>(second_block.data() + (i - n / 2) * count, count);
@@ -182,12 +188,19 @@ TEST_P(CoalescingTest, OutputsEndToEndInPinnedBlocksAreDownloadedInPlace) {
       const std::span<const double> got = out(i);
       if (cut && i == 3) {
         EXPECT_THROW(done[i].get(), cancelled_error);
-        EXPECT_EQ(std::vector<double>(got.begin(), got.end()), std::vector<double>(count, -7.0));
+        EXPECT_EQ(std::vector<double>(got.begin(), got.end()),
+                  std::vector<double>(count, untouched));
         continue;
       }
       done[i].get();
       EXPECT_TRUE(testing::matches_reference(got, squared(xs[i]))) << "task " << i;
     }
+    const std::size_t used = l == layout::two_blocks ? n / 2 : n;
+    EXPECT_TRUE(std::all_of(first_block.begin() + static_cast<std::ptrdiff_t>(used * count),
+                            first_block.end(), [&](double v) { return v == untouched; }));
+    const std::size_t used_second = l == layout::two_blocks ? n / 2 : 0;
+    EXPECT_TRUE(std::all_of(second_block.begin() + static_cast<std::ptrdiff_t>(used_second * count),
+                            second_block.end(), [&](double v) { return v == untouched; }));
     const auto records = ex.trace(first).records();
     ASSERT_EQ(records.size(), cut ? n - 1 : n);
     for (const task_record& r : records)
@@ -195,6 +208,50 @@ TEST_P(CoalescingTest, OutputsEndToEndInPinnedBlocksAreDownloadedInPlace) {
           << "layout " << static_cast<int>(l) << ", task " << r.id;
   }
   EXPECT_EQ(ex.coalescing().batches, 3u);
+}
+
+// Inputs laid end to end in one pinned block are uploaded from where they are (no staging copy
+// in), here each task squaring its input in place: every task gets its own result, for one
+// operand and for two (axpy), and nothing past the inputs is written.
+TEST_P(CoalescingTest, InputsEndToEndInOnePinnedBlockAreReadInPlace) {
+  executor ex(options());
+  constexpr std::size_t n = 8, count = 1024;
+  constexpr double untouched = -7.0;
+  pinned_vector<double> xs((n + 1) * count, untouched), ys((n + 1) * count, untouched);
+  for (std::size_t i = 0; i < n * count; ++i) {
+    xs[i] = static_cast<double>(i % 97) - 40.0;
+    ys[i] = static_cast<double>(i % 31);
+  }
+  const std::vector<double> x0(xs.begin(), xs.end()), y0(ys.begin(), ys.end());
+  const auto part = [&](pinned_vector<double>& v, std::size_t i) {
+    return std::span<double>(v.data() + i * count, count);
+  };
+  {
+    lane_gate gate(ex);
+    std::vector<future<void>> done;
+    for (std::size_t i = 0; i < n; ++i)
+      done.push_back(
+          ex.transform<double>(builtin_kernel::axpy(2.0), part(xs, i), part(ys, i), part(ys, i)));
+    gate.release();
+    for (auto& f : done) f.get();
+  }
+  {
+    lane_gate gate(ex);
+    std::vector<future<void>> done;
+    for (std::size_t i = 0; i < n; ++i)
+      done.push_back(ex.transform<double>(builtin_kernel::square(), part(xs, i), part(xs, i)));
+    gate.release();
+    for (auto& f : done) f.get();
+  }
+  for (std::size_t i = 0; i < n * count; ++i) {
+    ASSERT_EQ(ys[i], 2.0 * x0[i] + y0[i]) << "element " << i;
+    ASSERT_EQ(xs[i], x0[i] * x0[i]) << "element " << i;
+  }
+  for (std::size_t i = n * count; i < xs.size(); ++i) {
+    ASSERT_EQ(xs[i], untouched);
+    ASSERT_EQ(ys[i], untouched);
+  }
+  EXPECT_EQ(ex.coalescing().batches, 2u);
 }
 
 TEST(Coalescing, TransformsKeepTheirOwnOutputs) {

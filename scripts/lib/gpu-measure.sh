@@ -75,7 +75,8 @@ writes to $OUT:
     --host-lanes:    host_lanes.txt
     --dask:          dask.txt
     --dask-model:    dask.txt, dask_cluster_model.json
-    --profile:       w4.prof, w4.bin, submit.prof, map.prof, python.bin, the extension module,
+    --profile:       w4.prof, w4.bin, submit.prof (.1, .2, .3: the loop's other
+                     variants), map.prof (.1: after CuPy and PyTorch are imported), python.bin, the extension module,
                      libpython and libc of this machine, profile.txt
 EOF
 }
@@ -291,22 +292,19 @@ fi
 profile_signal=12
 
 # profiled NAME COMMAND...: COMMAND under gperftools' CPU profiler (.deps/profiler), switched
-# on and off by $profile_signal, its raw profile in $OUT/NAME.prof. gperftools numbers the file
-# of each span it sampled (NAME.prof.0, .1, ...) and names the file of a process other than the
-# one it started in after its pid; the largest file is the profile kept.
+# on and off by $profile_signal. gperftools numbers the file of each span it sampled (one per
+# variant the benchmark times, in the order it prints them): the first becomes $OUT/NAME.prof,
+# the others stay NAME.prof.1, .2, ... (bench/read_profile.py --also adds them). Files of other
+# processes (named after their pids) are dropped.
 profiled() {
-  local name=$1 rc profile
+  local name=$1 rc
   shift
   LD_LIBRARY_PATH=$PWD/.deps/profiler LD_PRELOAD=$PWD/.deps/profiler/libprofiler.so.0 \
     CPUPROFILE="$OUT/$name.prof" CPUPROFILESIGNAL=$profile_signal CPUPROFILE_FREQUENCY=1000 \
     timeout "$step" "$@"
   rc=$?
-  profile=$(find "$OUT" -maxdepth 1 -name "$name.prof*" -printf '%s %p\n' | sort -rn |
-    head -1 | cut -d' ' -f2-)
-  if [ -n "$profile" ]; then
-    [ "$profile" = "$OUT/$name.prof" ] || mv "$profile" "$OUT/$name.prof"
-    find "$OUT" -maxdepth 1 \( -name "$name.prof_*" -o -name "$name.prof.*" \) -delete
-  fi
+  [ -f "$OUT/$name.prof.0" ] && mv "$OUT/$name.prof.0" "$OUT/$name.prof"
+  find "$OUT" -maxdepth 1 -name "$name.prof_*" -delete
   return $rc
 }
 

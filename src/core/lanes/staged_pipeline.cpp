@@ -9,8 +9,9 @@
 namespace gpupool::detail {
 namespace {
 
-// A copy's host-side cost is about that of a memcpy of this many bytes: an output whose runs
-// (below) are shorter on average is downloaded once, into the slot's buffer, and scattered.
+// The least average length of an output's runs (below) downloaded a copy each: below it, one
+// download into the slot's buffer and a scatter are taken to cost the host less than a copy call
+// per run (an estimate of a copy call's host cost, not a measurement).
 constexpr std::size_t least_bytes_per_download = std::size_t{32} << 10;
 
 // Whether one copy may read or write `bytes` from `data` in place: a whole part in pinned memory

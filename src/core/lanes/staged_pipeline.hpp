@@ -1,7 +1,8 @@
 // The one path every host-array piece takes through a slot: inputs staged into pinned memory
 // (gathered when an operand is several host parts), one upload per input operand, a launch step,
 // one download of the output (scattered back to its host parts after the stream passed it).
-// Operands already in one pinned run skip the staging copy.
+// Operands already in pinned memory skip the staging copy: an input in one pinned run is
+// uploaded from it, an output in long enough pinned runs is downloaded into them, a copy each.
 // A piece only says what its operands are and how to launch; this does the rest.
 #pragma once
 
