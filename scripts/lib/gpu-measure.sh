@@ -76,8 +76,9 @@ writes to $OUT:
     --dask:          dask.txt
     --dask-model:    dask.txt, dask_cluster_model.json
     --profile:       w4.prof, w4.bin, submit.prof (.1, .2, .3: the loop's other
-                     variants), map.prof (.1: after CuPy and PyTorch are imported), python.bin, the extension module,
-                     libpython and libc of this machine, profile.txt
+                     variants), map.prof (.1: after CuPy and PyTorch are imported),
+                     python.bin, the extension module, libpython and libc of this
+                     machine, profile.txt
 EOF
 }
 

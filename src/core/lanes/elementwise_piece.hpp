@@ -8,8 +8,9 @@
 // launches once over the concatenated elements (a built-in kernel reads and writes element i
 // alone, so where one task's elements end and the next begin does not matter), downloads once
 // and scatters each task's results (or, where the results lie end to end in pinned blocks,
-// downloads straight into them: staged_pipeline.hpp). Each task keeps its own future: a cancelled one is left out
-// when the batch is claimed, and a failure of the batch fails exactly the tasks that ran in it.
+// downloads straight into them: staged_pipeline.hpp). Each task keeps its own future: a
+// cancelled one is left out when the batch is claimed, and a failure of the batch fails exactly
+// the tasks that ran in it.
 #pragma once
 
 #include <algorithm>
