@@ -5,18 +5,20 @@ are imported (a lane binds their streams before each Python call once they are).
 variant's results are checked before its rate is printed.
 
     python bench/python_task_cost.py [--repeat 5] [--tasks 20000] [--only VARIANT]
-                                     [--host-lanes N] [--profile-signal N]
+                                     [--lanes N] [--host-lanes N] [--profile-signal N]
 
 --only "A|B" runs the timed rounds of the variants whose names contain A or B, nothing else (to
-profile one, or to compare a few under another setting). --host-lanes N adds the square's map and
-submit loop with N host lanes (``Executor(host_lanes=N)``), and says where their calls ran.
+profile one, or to compare a few under another setting). --lanes N gives the variants of the
+default lanes N lanes per device instead (named "N lanes"). --host-lanes N adds the square's map
+and submit loop with N host lanes (``Executor(host_lanes=N)``), and says where their calls ran.
 --profile-signal N sends this process signal N before each variant's timed rounds and after them,
 so that a profiler that signal switches on and off (gperftools' CPUPROFILESIGNAL=N) samples those
 rounds alone, not the imports, the data's making or the warm-up.
 
-Each line gives the rate of the best round, the share of it the submits took, and the CPU time
-the calling thread spent per task in that round (`time.thread_time`): what the caller pays per
-task, apart from the lanes' work, which on a machine of few cores also competes for the CPU.
+Each line gives the rate of the best round, the median and slowest rounds' rates, the share of
+the best round the submits took, and the CPU time the calling thread spent per task in that round
+(`time.thread_time`): what the caller pays per task, apart from the lanes' work, which on a
+machine of few cores also competes for the CPU.
 """
 
 import argparse
@@ -54,9 +56,12 @@ def main() -> int:
     parser.add_argument("--tasks", type=int, default=20_000)
     parser.add_argument("--size", type=int, default=1_024)
     parser.add_argument("--only", default=None)
+    parser.add_argument("--lanes", type=int, default=0)
     parser.add_argument("--host-lanes", type=int, default=0)
     parser.add_argument("--profile-signal", type=int, default=0)
     args = parser.parse_args()
+    if args.lanes < 0 or args.host_lanes < 0:
+        parser.error("--lanes and --host-lanes cannot be negative")
     if args.profile_signal:
         if args.profile_signal not in set(signal.valid_signals()):
             parser.error(f"--profile-signal {args.profile_signal} is not a signal")
@@ -65,6 +70,7 @@ def main() -> int:
             parser.error(f"--profile-signal {args.profile_signal}: nothing handles it here (run "
                          f"under a profiler it switches, such as gperftools with "
                          f"CPUPROFILESIGNAL={args.profile_signal})")
+    default_lanes = f"{args.lanes} lanes" if args.lanes else "default lanes"
     rng = np.random.default_rng(7)
     data = [rng.uniform(-10, 10, args.size) for _ in range(args.tasks)]
     square = gpupool.kernels.square
@@ -77,7 +83,7 @@ def main() -> int:
         return pools[name]
 
     def executor(lanes: Optional[int]) -> Any:
-        return pool(f"gpupool {lanes}", lambda: gpupool.Executor(lanes or "auto"))
+        return pool(f"gpupool {lanes}", lambda: gpupool.Executor(lanes or args.lanes or "auto"))
 
     def hosted(host_lanes: int) -> Any:
         return pool(f"gpupool + {host_lanes} host lanes",
@@ -104,6 +110,7 @@ def main() -> int:
             return
         check(run()[0])  # the warm-up round, checked
         best, submit_share, caller = float("inf"), 0.0, 0.0
+        times: List[float] = []
         if args.profile_signal:
             os.kill(os.getpid(), args.profile_signal)  # the profiler on
         for _ in range(args.repeat):
@@ -118,6 +125,7 @@ def main() -> int:
             finally:
                 gc.enable()
             check(out)
+            times.append(seconds)
             if seconds < best:
                 best, submit_share, caller = seconds, submitted / seconds, cpu
             del out
@@ -126,7 +134,8 @@ def main() -> int:
         count = tasks or args.tasks
         rate = count / best
         rows.append((name, rate, submit_share))
-        print(f"{name:62s} {rate:>10,.0f} tasks/s  submits {submit_share:4.0%}  "
+        print(f"{name:62s} {rate:>10,.0f} tasks/s  (median {count / statistics.median(times):,.0f}"
+              f", slowest {count / max(times):,.0f})  submits {submit_share:4.0%}  "
               f"caller {caller / count * 1e6:5.2f} us/task", flush=True)
 
     squares, same = check_squares(data), check_returned(data)
@@ -147,7 +156,7 @@ def main() -> int:
             measure(f"ThreadPoolExecutor no-op submit loop, {threads} thread(s){when}",
                     looped(tpe, threads, noop), same)
         for lanes in (None, 1):
-            label = "default lanes" if lanes is None else f"{lanes} lane"
+            label = default_lanes if lanes is None else f"{lanes} lane"
             measure(f"gpupool square submit loop, {label}{when}", looped(executor, lanes, square),
                     squares)
             measure(f"gpupool square submit loop, {label}, gc off{when}",
@@ -155,10 +164,10 @@ def main() -> int:
             measure(f"gpupool no-op submit loop, {label}{when}", looped(executor, lanes, noop),
                     same)
             measure(f"gpupool no-op map, {label}{when}", mapped(executor, lanes, noop), same)
-        measure(f"gpupool square map, default lanes{when}", mapped(executor, None, square),
+        measure(f"gpupool square map, {default_lanes}{when}", mapped(executor, None, square),
                 squares)
         if args.host_lanes:
-            hosts = f"default lanes + {args.host_lanes} host lanes"
+            hosts = f"{default_lanes} + {args.host_lanes} host lanes"
             measure(f"gpupool square map, {hosts}{when}", mapped(hosted, args.host_lanes, square),
                     squares)
             measure(f"gpupool square submit loop, {hosts}{when}",
@@ -170,16 +179,16 @@ def main() -> int:
                 print(f"  host lanes ran {placement['host_tasks'] / max(placed, 1):.0%} of "
                       f"{placed:,} calls (of a large push now: {placement['host_share']:.2f})",
                       flush=True)
-        measure(f"gpupool square submit loop, pinned inputs, default lanes{when}",
+        measure(f"gpupool square submit loop, pinned inputs, {default_lanes}{when}",
                 looped(executor, None, square, pinned), squares_pinned)
         # One task in flight: the round trip of a task (a tenth of the tasks).
         measure(f"ThreadPoolExecutor no-op one at a time, 8 threads{when}",
                 lambda: ([tpe(8).submit(noop, d).result() for d in few], 0.0), same_few,
                 tasks=len(few))
-        measure(f"gpupool no-op one at a time, default lanes{when}",
+        measure(f"gpupool no-op one at a time, {default_lanes}{when}",
                 lambda: ([executor(None).submit(noop, d).result() for d in few], 0.0), same_few,
                 tasks=len(few))
-        measure(f"gpupool square one at a time, default lanes{when}",
+        measure(f"gpupool square one at a time, {default_lanes}{when}",
                 lambda: ([executor(None).submit(square, d).result() for d in few], 0.0),
                 squares_few, tasks=len(few))
     for p in pools.values():

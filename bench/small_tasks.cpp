@@ -6,10 +6,11 @@
 //   one    - one task in flight: submit a no-op returning its index, get() it, and again (the
 //            latency of a hand-off to a lane and back, which a caller waiting on each result pays)
 // Every result is checked before any rate is reported. Reported: the best round's tasks per
-// second (on a shared machine the best round is the one least disturbed) and the process's CPU
-// time (user + system, every thread) per task, over all rounds, and for map the time `map` itself
-// took per input (queueing, on the submitting thread) in the best round. Devices are CPU stand-ins
-// on the CPU backend (executor_options::cpu_devices) and the first N GPUs on CUDA; with
+// second (on a shared machine the best round is the one least disturbed), the median round's (how
+// far the rounds spread), the process's CPU time (user + system, every thread) per task over all
+// rounds, and for map the time `map` itself took per input (queueing, on the submitting thread) in
+// the best round. Devices are CPU stand-ins on the CPU backend (executor_options::cpu_devices) and
+// the first N GPUs on CUDA; with
 // --shared-gpu yes, N devices of the first GPU (or stand-in) alone (executor_options::devices
 // naming it N times), which tells what more devices cost in scheduling from what more GPUs bring.
 //
@@ -230,8 +231,8 @@ int main(int argc, char** argv) {
     std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d%s\n",
                 s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat,
                 s.shared_gpu ? "; every device on the first GPU" : "");
-    std::printf("%-7s %8s %6s %14s %14s %16s %9s\n", "mode", "devices", "lanes", "tasks/s",
-                "cpu us/task", "queueing us/task", "on host");
+    std::printf("%-7s %8s %6s %14s %14s %14s %16s %9s\n", "mode", "devices", "lanes", "tasks/s",
+                "median", "cpu us/task", "queueing us/task", "on host");
     for (const auto& mode : s.modes) {
       for (int devices : s.devices) {
         for (int lanes : s.lanes) {
@@ -272,8 +273,15 @@ int main(int argc, char** argv) {
               static_cast<double>(s.tasks * static_cast<std::size_t>(s.repeat));
           const auto fastest = static_cast<std::size_t>(
               std::min_element(times.begin(), times.end()) - times.begin());
-          std::printf("%-7s %8d %6d %14.0f %14.2f", mode.c_str(), devices, lanes,
-                      static_cast<double>(s.tasks) / times[fastest], 1e6 * cpu_per_task);
+          std::vector<double> sorted = times;
+          std::sort(sorted.begin(), sorted.end());
+          const double median =
+              sorted.size() % 2 == 1
+                  ? sorted[sorted.size() / 2]
+                  : (sorted[sorted.size() / 2 - 1] + sorted[sorted.size() / 2]) / 2;
+          std::printf("%-7s %8d %6d %14.0f %14.0f %14.2f", mode.c_str(), devices, lanes,
+                      static_cast<double>(s.tasks) / times[fastest],
+                      static_cast<double>(s.tasks) / median, 1e6 * cpu_per_task);
           // The map's own time per input in its fastest round ("-" where nothing is queued
           // separately from waiting).
           if (queueing.empty())
