@@ -41,13 +41,17 @@ class _Future(_futures.Future[Any]):
     # tracks, and with many futures alive (a submit loop) and a large heap (CuPy, PyTorch
     # imported) its collections cost more than everything else a submit does.
     _made_condition: Optional[threading.Condition] = None
+    # Its waiters (of `wait`/`as_completed`) and callbacks, made at first use as the Condition
+    # is, for the same reason: two lists the collector would track for every future. Future's
+    # own code reaches them only with the Condition held, or (callbacks run after an outcome is
+    # set) once they can no longer grow.
+    _made_waiters: Optional[List[Any]] = None
+    _made_callbacks: Optional[List[Callable[[_futures.Future[Any]], object]]] = None
 
-    def __init__(self) -> None:  # Future.__init__, without the Condition
+    def __init__(self) -> None:  # Future.__init__, without the Condition and the lists
         self._state = _PENDING
         self._result: Any = None
         self._exception: Optional[BaseException] = None
-        self._waiters: List[Any] = []
-        self._done_callbacks: List[Callable[[_futures.Future[Any]], object]] = []
 
     @property
     def _condition(self) -> threading.Condition:  # type: ignore[override]
@@ -58,6 +62,20 @@ class _Future(_futures.Future[Any]):
                 if condition is None:
                     condition = self._made_condition = threading.Condition()
         return condition
+
+    @property
+    def _waiters(self) -> List[Any]:  # type: ignore[override]
+        waiters = self._made_waiters
+        if waiters is None:
+            waiters = self._made_waiters = []
+        return waiters
+
+    @property
+    def _done_callbacks(self) -> List[Callable[[_futures.Future[Any]], object]]:
+        callbacks = self._made_callbacks
+        if callbacks is None:
+            callbacks = self._made_callbacks = []
+        return callbacks
 
     def set_result(self, result: Any) -> None:
         with _condition_making:

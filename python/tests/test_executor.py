@@ -144,6 +144,8 @@ def test_a_future_nobody_waits_on_makes_no_condition(executor):
         assert np.array_equal(f.result(), x * x)
     assert [f.result() for f in futures[20:]] == list(range(20))
     assert all(f._made_condition is None for f in futures)
+    # Nor the lists of waiters and callbacks, two more tracked objects per future.
+    assert all(f._made_waiters is None and f._made_callbacks is None for f in futures)
     # A waiter makes one, and is woken by an outcome set after it began to wait.
     gate = threading.Event()
     slow = executor.submit(gate.wait, 10)
@@ -158,6 +160,8 @@ def test_a_future_nobody_waits_on_makes_no_condition(executor):
     gate.set()
     waiting.join(10)
     assert not waiting.is_alive() and slow.result(timeout=10) is True and called == [True]
+    # The waiter's list was made for it (and left empty when it was done), the callback's holds it.
+    assert slow._made_waiters == [] and len(slow._made_callbacks or []) == 1
 
 
 def test_exception_comes_back_with_its_traceback(executor):
