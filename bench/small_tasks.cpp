@@ -18,8 +18,12 @@
 //                             [--tasks N] [--size N] [--repeat N]
 //                             [--modes submit,one,map]
 //                             [--budget default|none] [--shared-gpu no|yes]
+//                             [--keep-results no|yes]
 //                             [--host-lanes N] [--cpu-copy-rate BYTES_PER_SECOND]
 //                             [--profile-signal N]
+// --keep-results yes: each map round's results are kept until the next round, whose time then
+// includes freeing them first (as `gpupool compare`'s W4 from C++ does), instead of being freed
+// after the round's clock stops.
 // --budget none: no in-flight budget (executor_options::in_flight_budget = SIZE_MAX), so map
 // tasks count no bytes; beside the default it shows what the counting costs per task.
 // --host-lanes N: that many host lanes (executor_options::host_lanes) beside the devices' lanes;
@@ -54,8 +58,9 @@ struct settings {
   std::size_t tasks = 20000;
   std::size_t size = 1024;
   int repeat = 3;
-  bool budget = true;       // false: --budget none
-  bool shared_gpu = false;  // --shared-gpu yes: every device is the first GPU
+  bool budget = true;         // false: --budget none
+  bool shared_gpu = false;    // --shared-gpu yes: every device is the first GPU
+  bool keep_results = false;  // --keep-results yes: a round frees the last round's results
   int host_lanes = 0;
   double cpu_copy_rate = 0;
   int profile_signal = 0;  // 0: none
@@ -110,6 +115,8 @@ settings parse(int argc, char** argv) {
       s.cpu_copy_rate = std::stod(value);
     else if (flag == "--profile-signal")
       s.profile_signal = std::stoi(value);
+    else if (flag == "--keep-results" && (value == "no" || value == "yes"))
+      s.keep_results = value == "yes";
     else if (flag == "--shared-gpu" && (value == "no" || value == "yes"))
       s.shared_gpu = value == "yes";
     else
@@ -178,11 +185,15 @@ double one_round(gpupool::executor& ex, std::size_t tasks) {
   return seconds_since(t0);
 }
 
+using map_results = std::vector<gpupool::host_vector<double>>;
+
 // Seconds for one map of square over `inputs`, results checked; `queued` gets the seconds
-// `map` itself took (the submitting thread's share: queueing every input).
+// `map` itself took (the submitting thread's share: queueing every input). With `kept`, the
+// round first frees what it holds (on the clock) and leaves this round's results in it.
 double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& inputs,
-                 double& queued) {
+                 double& queued, map_results* kept = nullptr) {
   const auto t0 = clock_type::now();
+  if (kept != nullptr) kept->clear();
   auto futures = ex.map(gpupool::builtin_kernel::square(), inputs);
   queued = seconds_since(t0);
   auto results = futures.get();
@@ -191,6 +202,7 @@ double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& 
     for (std::size_t j = 0; j < inputs[i].size(); ++j)
       if (results[i][j] != inputs[i][j] * inputs[i][j])
         throw std::runtime_error("map: a result differs from the CPU's");
+  if (kept != nullptr) *kept = std::move(results);
   return took;
 }
 
@@ -228,9 +240,10 @@ int main(int argc, char** argv) {
     for (std::size_t i = 0; i < inputs.size(); ++i)
       for (std::size_t j = 0; j < s.size; ++j) inputs[i][j] = static_cast<double>((i + j) % 97);
 
-    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d%s\n",
+    std::printf("backend %s, %u host cores, %zu tasks of %zu float64, best of %d%s%s\n",
                 s.backend.c_str(), std::thread::hardware_concurrency(), s.tasks, s.size, s.repeat,
-                s.shared_gpu ? "; every device on the first GPU" : "");
+                s.shared_gpu ? "; every device on the first GPU" : "",
+                s.keep_results ? "; map rounds free the last round's results on the clock" : "");
     std::printf("%-7s %8s %6s %14s %14s %14s %16s %9s\n", "mode", "devices", "lanes", "tasks/s",
                 "median", "cpu us/task", "queueing us/task", "on host");
     for (const auto& mode : s.modes) {
@@ -251,11 +264,13 @@ int main(int argc, char** argv) {
               for (int r = 0; r < s.repeat; ++r) times.push_back(round(ex, s.tasks));
             } else {
               double queued = 0.0;
-              map_round(ex, warm, queued);
+              map_results kept;
+              map_results* keep = s.keep_results ? &kept : nullptr;
+              map_round(ex, warm, queued, keep);
               cpu_before = cpu_seconds();
               const profiled_rounds profiled(s.profile_signal);
               for (int r = 0; r < s.repeat; ++r) {
-                times.push_back(map_round(ex, inputs, queued));
+                times.push_back(map_round(ex, inputs, queued, keep));
                 queueing.push_back(queued);
               }
               if (ex.host_lanes() > 0) {
