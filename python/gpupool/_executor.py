@@ -14,6 +14,7 @@ import weakref
 from typing import (Any, Callable, Dict, Iterable, Iterator, List, Literal, Optional, Tuple,
                     TypeVar, Union, cast, overload)
 
+import numpy as np
 import numpy.typing as npt
 
 from . import _device, _ext, _map_paths
@@ -461,6 +462,17 @@ class Executor(_futures.Executor):
         the call among queued work; it is not passed to ``fn`` (give a function's own
         ``priority`` argument through ``functools.partial``)."""
         level = _priority(priority, True)
+        if (type(fn) is BuiltinKernel and not kwargs and 1 <= len(args) <= 2
+                and type(args[0]) is np.ndarray):
+            # The common case, a built-in kernel over NumPy arrays, in one call to the extension
+            # (which checks the arity and the arrays as _submit_kernel's path does): a submit
+            # loop's cost per task is mostly Python's.
+            with self._lock:
+                if self._closed or self._forked or _exiting:
+                    self._check_open()
+                # The extension makes the future with _Future; its stub says only "object".
+                return cast(_Future, self._core.submit_kernel(
+                    fn, args[0], args[1] if len(args) == 2 else None, _Future, level))
         if isinstance(fn, _KERNELS):
             return self._submit_kernel(None, fn, args, kwargs, level)
         # The one Future of the call; the lane that runs it hands the outcome over.

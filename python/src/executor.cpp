@@ -138,55 +138,28 @@ class py_executor {
     }
     nb::list out;
     for (std::size_t i = 0; i < calls.size(); ++i) {
-      checked_kernel_call& in = calls[i];
-      const host_array& x = in.x;
-      std::unique_ptr<pinned_block> result;
-      void* destination;
-      if (outs) {
-        // Checked writable (read_output_array); held with the inputs until the call ends.
-        destination = const_cast<void*>(given[i].data());
-      } else {
-        result = std::make_unique<pinned_block>(x.nbytes());
-        destination = result->data();
-      }
-      const gpupool::transform_call call{x.data(), in.y ? in.y->data() : nullptr, destination,
-                                         x.size()};
-      const std::span<const gpupool::transform_call> one(&call, 1);
-      // Queued with the GIL held when there is room in the in-flight budget now: letting the GIL
-      // go for every submit would hand it to whichever lane is waiting to hand results over,
-      // and take it back, once per task. Otherwise queueing may wait for room, which only
-      // completions free, and handing those over takes the GIL: it is let go meanwhile.
-      auto queued = get().try_transform_each(k, in.type, one, options);
-      if (!queued) {
-        nb::gil_scoped_release nogil;
-        queued = get().transform_each(k, in.type, one, options);
-      }
-      gpupool::future<void> f = std::move(queued->front());
-      const gpupool::future<void> task = f;  // a handle on the same task
-      try {
-        std::vector<host_array> held;
-        held.push_back(std::move(in.x));
-        if (in.y) held.push_back(std::move(*in.y));
-        if (outs) {
-          held.push_back(std::move(given[i]));
-          out.append(adopt_kernel_task(std::move(f), future_type, std::move(held), std::nullopt,
-                                       std::move(given_as[i])));
-        } else {
-          pinned_result pinned{std::move(result), held.front().dtype(), held.front().shape()};
-          out.append(
-              adopt_kernel_task(std::move(f), future_type, std::move(held), std::move(pinned)));
-        }
-      } catch (...) {
-        // Queued, but no future holds its arrays: it must not run on (or go on writing) once
-        // the caller has the error and may let them go.
-        gpupool::future<void> ending = task;
-        (void)ending.cancel();
-        nb::gil_scoped_release nogil;
-        ending.wait();
-        throw;
-      }
+      if (outs)
+        out.append(queue_kernel_call(k, calls[i], future_type, options, &given[i],
+                                     std::move(given_as[i])));
+      else
+        out.append(queue_kernel_call(k, calls[i], future_type, options));
     }
     return out;
+  }
+
+  // `Executor.submit(kernel, x[, y])` without `out=`: map_kernel's work for one call, with no
+  // list in or out.
+  nb::object submit_kernel(nb::pointer_and_handle<gpupool::builtin_kernel> kernel, nb::handle x,
+                           nb::handle y, nb::handle future_type, std::optional<int> priority) {
+    const gpupool::builtin_kernel& k = *kernel.p;
+    if ((k.arity() == 2) != !y.is_none())
+      throw nb::type_error(("gpupool: kernel '" + std::string(k.name()) + "' takes " +
+                            std::to_string(k.arity()) + " array(s)")
+                               .c_str());
+    std::vector<gpupool::dtype> alpha_checked;
+    checked_kernel_call call =
+        check_kernel_call(kernel.h, k, x, y.is_none() ? nb::handle() : y, 0, alpha_checked);
+    return queue_kernel_call(k, call, future_type, gpupool::task_options{priority});
   }
 
   // A built-in kernel over each host array (pair), for Executor.map: the results in order,
@@ -300,6 +273,58 @@ class py_executor {
   }
 
  private:
+  // Queues one checked call of `k` (its arrays move into the future, which holds them until the
+  // call ends) and returns its future: the result a new NumPy array in pinned memory, or with
+  // `given`, that output array (`given_as`, the object it came from), which the call writes.
+  nb::object queue_kernel_call(const gpupool::builtin_kernel& k, checked_kernel_call& in,
+                               nb::handle future_type, const gpupool::task_options& options,
+                               host_array* given = nullptr, nb::object given_as = {}) {
+    const host_array& x = in.x;
+    std::unique_ptr<pinned_block> result;
+    void* destination;
+    if (given != nullptr) {
+      // Checked writable (read_output_array); held with the inputs until the call ends.
+      destination = const_cast<void*>(given->data());
+    } else {
+      result = std::make_unique<pinned_block>(x.nbytes());
+      destination = result->data();
+    }
+    const gpupool::transform_call call{x.data(), in.y ? in.y->data() : nullptr, destination,
+                                       x.size()};
+    const std::span<const gpupool::transform_call> one(&call, 1);
+    // Queued with the GIL held when there is room in the in-flight budget now: letting the GIL
+    // go for every submit would hand it to whichever lane is waiting to hand results over, and
+    // take it back, once per task. Otherwise queueing may wait for room, which only completions
+    // free, and handing those over takes the GIL: it is let go meanwhile.
+    auto queued = get().try_transform_each(k, in.type, one, options);
+    if (!queued) {
+      nb::gil_scoped_release nogil;
+      queued = get().transform_each(k, in.type, one, options);
+    }
+    gpupool::future<void> f = std::move(queued->front());
+    const gpupool::future<void> task = f;  // a handle on the same task
+    try {
+      std::vector<host_array> held;
+      held.push_back(std::move(in.x));
+      if (in.y) held.push_back(std::move(*in.y));
+      if (given != nullptr) {
+        held.push_back(std::move(*given));
+        return adopt_kernel_task(std::move(f), future_type, std::move(held), std::nullopt,
+                                 std::move(given_as));
+      }
+      pinned_result pinned{std::move(result), held.front().dtype(), held.front().shape()};
+      return adopt_kernel_task(std::move(f), future_type, std::move(held), std::move(pinned));
+    } catch (...) {
+      // Queued, but no future holds its arrays: it must not run on (or go on writing) once the
+      // caller has the error and may let them go.
+      gpupool::future<void> ending = task;
+      (void)ending.cancel();
+      nb::gil_scoped_release nogil;
+      ending.wait();
+      throw;
+    }
+  }
+
   std::unique_ptr<gpupool::executor> executor_;
   nb::object runner_;
   std::shared_ptr<python_calls> python_calls_;
@@ -392,6 +417,8 @@ void bind_executor(nb::module_& m) {
       .def("set_runner", &py_executor::set_runner, "runner"_a.none())
       .def("map_kernel", &py_executor::map_kernel, "kernel"_a, "xs"_a, "ys"_a.none(),
            "future_type"_a, "priority"_a = nb::none(), "outs"_a = nb::none())
+      .def("submit_kernel", &py_executor::submit_kernel, "kernel"_a, "x"_a, "y"_a.none(),
+           "future_type"_a, "priority"_a = nb::none())
       .def("map_kernel_results", &py_executor::map_kernel_results, "kernel"_a, "xs"_a,
            "ys"_a.none(), "timeout"_a.none(), "window_calls"_a, "window_bytes"_a, "lazy"_a,
            "priority"_a = nb::none(), nb::rv_policy::take_ownership)

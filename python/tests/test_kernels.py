@@ -94,6 +94,35 @@ def test_mismatched_pairs_fail_at_the_call(executor):
         executor.submit(gpupool.kernels.square, x, x)
 
 
+def test_submit_of_a_built_in_over_numpy_checks_and_computes_as_map_does(backend):
+    """submit(kernel, x[, y]) over NumPy arrays takes one call into the extension: the same
+    results, errors and priorities as the general path (out=, a subclass, a list)."""
+    x, y = np.arange(12.0), np.full(12, 0.5)
+    with gpupool.Executor(threads_per_gpu=2, backend=backend) as ex:
+        assert np.array_equal(ex.submit(gpupool.kernels.square, x).result(30), x * x)
+        assert np.array_equal(ex.submit(gpupool.kernels.add, x, y).result(30), x + y)
+        assert np.array_equal(ex.submit(gpupool.kernels.axpy(2), x, y).result(30), 2 * x + y)
+        assert np.array_equal(ex.submit(gpupool.kernels.scale(3), x, priority=2).result(30),
+                              3 * x)
+        with pytest.raises(TypeError, match="kernel 'square' takes 1 array"):
+            ex.submit(gpupool.kernels.square, x, y)
+        with pytest.raises(TypeError, match="kernel 'add' takes 2 array"):
+            ex.submit(gpupool.kernels.add, x)
+        with pytest.raises(ValueError, match=r"x\[0\] and y\[0\] differ in length or shape"):
+            ex.submit(gpupool.kernels.add, x, np.ones(11))
+        with pytest.raises(TypeError, match=r"dtype complex128"):
+            ex.submit(gpupool.kernels.square, np.zeros(3, dtype=np.complex128))
+        with pytest.raises(TypeError, match="is a list"):
+            ex.submit(gpupool.kernels.add, x, [0.5] * 12)
+        with pytest.raises(ValueError, match="priority"):
+            ex.submit(gpupool.kernels.square, x, priority=9)
+        out = np.empty_like(x)
+        assert ex.submit(gpupool.kernels.square, x, out=out).result(30) is out
+        assert np.array_equal(out, x * x)
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.submit(gpupool.kernels.square, x)
+
+
 def test_no_memory_growth_over_ten_thousand_tasks(executor):
     arrays = [np.random.default_rng(i).random(2048) for i in range(100)]
 
