@@ -62,6 +62,8 @@ def main() -> int:
     args = parser.parse_args()
     if args.lanes < 0 or args.host_lanes < 0:
         parser.error("--lanes and --host-lanes cannot be negative")
+    if args.repeat < 1 or args.tasks < 1 or args.size < 1:
+        parser.error("--repeat, --tasks and --size must be at least 1")
     if args.profile_signal:
         if args.profile_signal not in set(signal.valid_signals()):
             parser.error(f"--profile-signal {args.profile_signal} is not a signal")
@@ -70,7 +72,8 @@ def main() -> int:
             parser.error(f"--profile-signal {args.profile_signal}: nothing handles it here (run "
                          f"under a profiler it switches, such as gperftools with "
                          f"CPUPROFILESIGNAL={args.profile_signal})")
-    default_lanes = f"{args.lanes} lanes" if args.lanes else "default lanes"
+    default_lanes = (f"{args.lanes} lane{'s' if args.lanes > 1 else ''}" if args.lanes
+                     else "default lanes")
     rng = np.random.default_rng(7)
     data = [rng.uniform(-10, 10, args.size) for _ in range(args.tasks)]
     square = gpupool.kernels.square
@@ -87,7 +90,7 @@ def main() -> int:
 
     def hosted(host_lanes: int) -> Any:
         return pool(f"gpupool + {host_lanes} host lanes",
-                    lambda: gpupool.Executor(host_lanes=host_lanes))
+                    lambda: gpupool.Executor(args.lanes or "auto", host_lanes=host_lanes))
 
     def tpe(threads: int) -> Any:
         return pool(f"tpe {threads}", lambda: ThreadPoolExecutor(max_workers=threads))
@@ -155,7 +158,7 @@ def main() -> int:
                     mapped(tpe, threads, noop), same)
             measure(f"ThreadPoolExecutor no-op submit loop, {threads} thread(s){when}",
                     looped(tpe, threads, noop), same)
-        for lanes in (None, 1):
+        for lanes in (None, 1) if args.lanes != 1 else (None,):  # --lanes 1: those rows once
             label = default_lanes if lanes is None else f"{lanes} lane"
             measure(f"gpupool square submit loop, {label}{when}", looped(executor, lanes, square),
                     squares)

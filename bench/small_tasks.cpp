@@ -10,9 +10,9 @@
 // far the rounds spread), the process's CPU time (user + system, every thread) per task over all
 // rounds, and for map the time `map` itself took per input (queueing, on the submitting thread) in
 // the best round. Devices are CPU stand-ins on the CPU backend (executor_options::cpu_devices) and
-// the first N GPUs on CUDA; with
-// --shared-gpu yes, N devices of the first GPU (or stand-in) alone (executor_options::devices
-// naming it N times), which tells what more devices cost in scheduling from what more GPUs bring.
+// the first N GPUs on CUDA; with --shared-gpu yes, N devices of the first GPU (or stand-in) alone
+// (executor_options::devices naming it N times), which tells what more devices cost in scheduling
+// from what more GPUs bring.
 //
 //   gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]
 //                             [--tasks N] [--size N] [--repeat N]
@@ -194,8 +194,9 @@ double map_round(gpupool::executor& ex, const std::vector<std::vector<double>>& 
                  double& queued, map_results* kept = nullptr) {
   const auto t0 = clock_type::now();
   if (kept != nullptr) kept->clear();
+  const auto queueing_from = clock_type::now();
   auto futures = ex.map(gpupool::builtin_kernel::square(), inputs);
-  queued = seconds_since(t0);
+  queued = seconds_since(queueing_from);
   auto results = futures.get();
   const double took = seconds_since(t0);
   for (std::size_t i = 0; i < inputs.size(); ++i)
@@ -266,7 +267,9 @@ int main(int argc, char** argv) {
               double queued = 0.0;
               map_results kept;
               map_results* keep = s.keep_results ? &kept : nullptr;
-              map_round(ex, warm, queued, keep);
+              // Kept results: a whole warm-up round, so that the first timed round frees as
+              // many as every other one.
+              map_round(ex, s.keep_results ? inputs : warm, queued, keep);
               cpu_before = cpu_seconds();
               const profiled_rounds profiled(s.profile_signal);
               for (int r = 0; r < s.repeat; ++r) {

@@ -353,7 +353,7 @@ def test_each_task_is_one_concurrent_futures_future_whose_outcome_comes_from_its
             assert isinstance(future, cf.Future)
             # The future itself is what the extension completes: nothing else holds a callback
             # on it, and no second future stands behind it.
-            assert not future._done_callbacks
+            assert not future._made_callbacks
             for value in vars(future).values():
                 behind = getattr(value, "__self__", value)
                 assert not isinstance(behind, cf.Future)
