@@ -20,6 +20,7 @@
 #include "core/backend.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/pinned_cache.hpp"
+#include "gpupool/host_vector.hpp"
 #include "gpupool/pinned.hpp"
 #include "gpupool/pointer.hpp"
 #include "test_support.hpp"
@@ -293,6 +294,33 @@ class counting_host_memory final : public detail::host_memory {
   const void* registered = nullptr;  // stands for memory registered with the driver elsewhere
   mutable std::atomic<int> descriptions{0};
 };
+
+TEST_F(PinnedTest, OnlyTheCachesOwnBlocksAreTakenBackByTheirStart) {
+  void* block = allocate_pinned(10'000);
+  const auto held = pinned_memory_stats();
+  // An address inside the block, or memory that is not the cache's: nothing is taken back.
+  EXPECT_FALSE(detail::deallocate_if_pinned_block(static_cast<char*>(block) + 64));
+  std::vector<char> heap(8192);
+  EXPECT_FALSE(detail::deallocate_if_pinned_block(heap.data()));
+  EXPECT_FALSE(detail::deallocate_if_pinned_block(nullptr));
+  EXPECT_EQ(pinned_memory_stats().in_use, held.in_use);
+  EXPECT_TRUE(detail::deallocate_if_pinned_block(block));
+  EXPECT_LT(pinned_memory_stats().in_use, held.in_use);
+  EXPECT_GT(pinned_memory_stats().cached, held.cached);
+}
+
+TEST_F(PinnedTest, HostVectorsGiveTheirBlocksBackWhereTheyCameFrom) {
+  const auto before = pinned_memory_stats();
+  {
+    host_vector<double> pinned(4096);  // 32 KiB: from the pinned cache
+    host_vector<double> small(16);     // below a page: from the heap
+    EXPECT_TRUE(is_pinned(pinned.data()));
+    EXPECT_FALSE(is_pinned(small.data()));
+    EXPECT_GT(pinned_memory_stats().in_use, before.in_use);
+  }
+  EXPECT_EQ(pinned_memory_stats().in_use, before.in_use);
+  EXPECT_GT(pinned_memory_stats().cached, before.cached);
+}
 
 TEST(PinnedCacheTest, OwnBlocksAreAnsweredWithoutAskingTheBackend) {
   counting_host_memory memory;

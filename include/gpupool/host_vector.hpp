@@ -43,12 +43,10 @@ struct result_allocator {
     return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    // `n` is what was asked of allocate() for `p`; a large block is pinned unless pinning failed
-    // then, which is_pinned tells (gpupool's own blocks are known without asking the driver).
-    if (n * sizeof(T) >= pinned_from_bytes && is_pinned(p)) {
-      deallocate_pinned(p, n * sizeof(T));
-      return;
-    }
+    // `n` is what was asked of allocate() for `p`; a large block came from the pinned cache
+    // unless pinning failed then, which the cache tells as it takes the block back (memory
+    // pinned some other way since, by cudaHostRegister say, is still the heap's).
+    if (n * sizeof(T) >= pinned_from_bytes && detail::deallocate_if_pinned_block(p)) return;
     std::allocator<T>().deallocate(p, n);
   }
   template <class U>

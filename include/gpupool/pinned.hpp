@@ -20,6 +20,14 @@ namespace gpupool {
 /// Thread-safe; never throws.
 void deallocate_pinned(void* p, std::size_t bytes) noexcept;
 
+namespace detail {
+/// Returns `p` to the pinned cache, as deallocate_pinned does, if it is the start of a block
+/// that allocate_pinned handed out; otherwise does nothing and returns false. For allocators
+/// that fall back to other memory (result_allocator): one lookup tells where a block came from
+/// and frees it. Thread-safe.
+[[nodiscard]] bool deallocate_if_pinned_block(void* p) noexcept;
+}  // namespace detail
+
 /// Pinned memory held by gpupool's allocator.
 struct pinned_stats {
   std::size_t in_use = 0;       ///< Bytes handed out and not yet returned (rounded to size class).

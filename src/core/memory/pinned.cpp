@@ -292,10 +292,10 @@ bool pinned_cache::reserve_cache_room(std::size_t capacity) noexcept {
   return true;
 }
 
-void pinned_cache::release(void* p) noexcept {
-  if (p == nullptr) return;
+bool pinned_cache::release(void* p) noexcept {
+  if (p == nullptr) return false;
   const std::size_t capacity = registry_.capacity_at(p);
-  if (capacity == 0) return;  // not a block this cache handed out
+  if (capacity == 0) return false;  // not a block this cache handed out
   shard& home = shards_[thread_stripe(shard_count)];
   home.in_use.fetch_sub(capacity, std::memory_order_relaxed);
   {
@@ -306,13 +306,14 @@ void pinned_cache::release(void* p) noexcept {
       try {
         home.free[capacity].push_back(p);
         home.blocks.fetch_add(1, std::memory_order_relaxed);
-        return;
+        return true;
       } catch (const std::bad_alloc&) {
         cached_.fetch_sub(capacity, std::memory_order_relaxed);  // no room to note it: give it back
       }
     }
   }
   give_back(p, capacity);
+  return true;
 }
 
 void pinned_cache::give_back(void* p, std::size_t capacity) noexcept {
@@ -420,7 +421,11 @@ void* allocate_pinned(std::size_t bytes) {
 }
 
 void deallocate_pinned(void* p, std::size_t /*bytes*/) noexcept {
-  detail::process_pinned_cache().release(p);
+  (void)detail::process_pinned_cache().release(p);
+}
+
+bool detail::deallocate_if_pinned_block(void* p) noexcept {
+  return detail::process_pinned_cache().release(p);
 }
 
 bool is_pinned(const void* p) noexcept {

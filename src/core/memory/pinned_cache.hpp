@@ -99,8 +99,9 @@ class pinned_cache {
   /// @throw std::length_error beyond any machine's memory; std::bad_alloc.
   [[nodiscard]] void* acquire(std::size_t bytes);
   /// Takes back a block from `acquire`: cached while the cache has room, else given back to the
-  /// source. Pointers this cache did not hand out are ignored.
-  void release(void* p) noexcept;
+  /// source. Pointers this cache did not hand out are ignored: the result says which it was
+  /// (one lookup answers both whether the block is the cache's and its size class).
+  bool release(void* p) noexcept;
   /// True if `p` points into a block of this cache (in use or cached). No source call, no lock
   /// other threads take.
   [[nodiscard]] bool owns(const void* p) const noexcept { return registry_.contains(p); }
