@@ -174,6 +174,24 @@ TEST_P(MemoryPressure, AMapWaitsBetweenInputsAndQueuesThoseBeforeTheWait) {
   EXPECT_LE(ex.in_flight().peak, total_budget());
 }
 
+TEST_P(MemoryPressure, AMapOfMixedSizesStaysInTheBudgetAndGivesEveryByteBack) {
+  executor ex(options());
+  // Inputs of many sizes: the map takes a batch's bytes ahead where they fit, at the first
+  // input's cost, and must give back what later, smaller inputs did not use.
+  std::vector<std::vector<float>> xs;
+  for (std::size_t i = 0; i < 1500; ++i)
+    xs.emplace_back(1 + (i * 7919) % 6000, static_cast<float>(i % 13));
+  auto all = ex.map(builtin_kernel::square(), xs);
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    const auto v = all[i].get();
+    ASSERT_EQ(v.size(), xs[i].size());
+    EXPECT_EQ(v.back(), xs[i].back() * xs[i].back());
+  }
+  EXPECT_LE(ex.in_flight().peak, total_budget());
+  ASSERT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; }))
+      << ex.in_flight().bytes << " bytes still counted after every input ended";
+}
+
 TEST_P(MemoryPressure, RaiseModeThrowsWithTheSizesAndQueuesNothing) {
   executor_options o = options();
   o.when_full = when_full::raise;

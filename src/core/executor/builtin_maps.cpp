@@ -65,19 +65,40 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
   futures.reserve(count);
   std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
   jobs.reserve(std::min(count, map_batch));
+  // Bytes taken ahead for the calls still to come in this batch: the budget's counter (written
+  // by every lane as tasks end) is taken once per batch rather than once per call. Never held
+  // while waiting for room, nor past the loop.
+  std::size_t credit = 0;
   try {
     for (std::size_t i = 0; i < count; ++i) {
       const auto call = next();
       const std::size_t cost = cost_of(call);
-      if (admit_each && !gate->try_take(cost)) {
-        enqueue_elementwise_all(jobs);
-        admit(cost);
+      if (admit_each && cost > credit) {
+        gate->release(credit);
+        credit = 0;
+        // This call and, at the same cost each, the rest of its batch; one call's cost alone
+        // where that does not fit now.
+        const std::size_t calls_ahead = std::min(count - i, map_batch - jobs.size());
+        const std::size_t ahead = cost <= gate->budget() / calls_ahead ? cost * calls_ahead : cost;
+        if (ahead > cost && gate->try_take(ahead)) {
+          credit = ahead;
+        } else if (gate->try_take(cost)) {
+          credit = cost;
+        } else {
+          enqueue_elementwise_all(jobs);
+          admit(cost);
+          credit = cost;
+        }
       }
+      if (admit_each) credit -= cost;
       futures.push_back(make(call, cost, jobs));
       if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
     }
+    gate->release(credit);
+    credit = 0;
     enqueue_elementwise_all(jobs);
   } catch (...) {
+    gate->release(credit);  // taken for calls that never came
     // Every call has its future here, those gathered but never queued too (cancelling them
     // gives their bytes back).
     cancel_and_wait(futures);
