@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <mutex>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -152,7 +152,7 @@ class map_job final : public elementwise_job {
       : elementwise_job(k, dtype_of<T>(), x, y, count), state_(state) {}
 
   void* output() override {
-    std::call_once(allocated_, [this] { output_.resize(count()); });
+    if (output_made_.load(std::memory_order_acquire) != made) make_output();
     return output_.data();
   }
   state_base& state() noexcept override { return state_; }
@@ -162,8 +162,31 @@ class map_job final : public elementwise_job {
   void discard() noexcept override { host_vector<T>().swap(output_); }
 
  private:
+  // The first piece to need the output allocates it; pieces of one job on other lanes that ask
+  // meanwhile wait for it (an allocation that throws leaves it to the next to try). Not
+  // std::call_once: glibc's wakes any waiters with a system call every time, on every lane, for
+  // every task.
+  void make_output() {
+    for (;;) {
+      int seen = none;
+      if (output_made_.compare_exchange_strong(seen, making, std::memory_order_acquire)) {
+        try {
+          output_.resize(count());
+        } catch (...) {
+          output_made_.store(none, std::memory_order_release);
+          throw;
+        }
+        output_made_.store(made, std::memory_order_release);
+        return;
+      }
+      if (seen == made) return;
+      std::this_thread::yield();  // another lane is allocating it
+    }
+  }
+
+  static constexpr int none = 0, making = 1, made = 2;
   shared_state<host_vector<T>>& state_;
-  std::once_flag allocated_;
+  std::atomic<int> output_made_{none};
   host_vector<T> output_;
 };
 
