@@ -6,9 +6,11 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <latch>
 #include <map>
 #include <mutex>
 #include <random>
@@ -320,6 +322,26 @@ TEST_F(PinnedTest, HostVectorsGiveTheirBlocksBackWhereTheyCameFrom) {
   }
   EXPECT_EQ(pinned_memory_stats().in_use, before.in_use);
   EXPECT_GT(pinned_memory_stats().cached, before.cached);
+}
+
+TEST(PinnedCacheTest, ThreadsAliveTogetherTakeTheLowestFreeStripesHoweverManyCameBefore) {
+  // Threads that came and went, as the lanes of executors made one after another do.
+  for (int i = 0; i < 200; ++i) std::thread([] { (void)detail::thread_stripe(SIZE_MAX); }).join();
+  constexpr std::size_t together = 24;
+  std::vector<std::size_t> numbers(together);
+  std::latch all_taken(together);
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < together; ++i)
+    threads.emplace_back([&, i] {
+      numbers[i] = detail::thread_stripe(SIZE_MAX);
+      all_taken.arrive_and_wait();  // alive until every one has its number
+    });
+  for (auto& t : threads) t.join();
+  numbers.push_back(detail::thread_stripe(SIZE_MAX));  // this thread's, taken before or now
+  std::sort(numbers.begin(), numbers.end());
+  EXPECT_EQ(std::adjacent_find(numbers.begin(), numbers.end()), numbers.end())
+      << "two threads alive together share a stripe";
+  for (std::size_t n : numbers) EXPECT_LT(n, 64u) << "a number not reused after its thread ended";
 }
 
 TEST(PinnedCacheTest, OwnBlocksAreAnsweredWithoutAskingTheBackend) {

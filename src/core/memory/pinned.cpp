@@ -51,11 +51,50 @@ std::optional<std::size_t> pinned_cache_bytes_from_environment() {
   return static_cast<std::size_t>(*bytes);
 }
 
+namespace {
+
+// The stripe numbers of live threads: a thread takes the lowest free one and gives it back as it
+// exits, so that threads alive together never share a stripe while they number at most
+// reusable_stripes, however many came and went before (every executor's lanes are new threads;
+// had numbers only ever grown, a new executor's lanes would wrap around onto the stripes of the
+// threads still alive, its caller's among them, differently for each executor). Lock-free, so a
+// fork()ed child never finds it held.
+constexpr std::size_t reusable_stripes = 64;
+std::atomic<std::uint64_t> stripes_taken{0};
+std::atomic<std::size_t> stripes_beyond{0};  // numbers past the reusable ones, never given back
+
+std::size_t take_stripe_number() noexcept {
+  std::uint64_t taken = stripes_taken.load(std::memory_order_relaxed);
+  while (taken != ~std::uint64_t{0}) {
+    const auto lowest_free = static_cast<std::size_t>(__builtin_ctzll(~taken));
+    if (stripes_taken.compare_exchange_weak(taken, taken | (std::uint64_t{1} << lowest_free),
+                                            std::memory_order_relaxed))
+      return lowest_free;
+  }
+  return reusable_stripes + stripes_beyond.fetch_add(1, std::memory_order_relaxed);
+}
+
+// Gives the thread's number back at its exit. A lookup later in the thread's exit (a pinned block
+// freed by a destructor that runs after this one) still uses the number: sharing a stripe with a
+// thread that took it since costs a lock now and then, never a wrong answer.
+struct stripe_number_owner {
+  std::size_t number = reusable_stripes;
+  ~stripe_number_owner() {
+    if (number < reusable_stripes)
+      stripes_taken.fetch_and(~(std::uint64_t{1} << number), std::memory_order_relaxed);
+  }
+};
+thread_local stripe_number_owner stripe_owner;
+
+}  // namespace
+
 std::size_t thread_stripe(std::size_t count) noexcept {
-  static std::atomic<std::size_t> next{0};
   // Constant-initialised (0: not given yet), so reading it costs no initialisation check.
   thread_local std::size_t mine_plus_one = 0;
-  if (mine_plus_one == 0) mine_plus_one = next.fetch_add(1, std::memory_order_relaxed) + 1;
+  if (mine_plus_one == 0) {
+    mine_plus_one = take_stripe_number() + 1;
+    stripe_owner.number = mine_plus_one - 1;
+  }
   return (mine_plus_one - 1) % count;
 }
 
