@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -327,6 +327,7 @@ TEST_F(PinnedTest, HostVectorsGiveTheirBlocksBackWhereTheyCameFrom) {
 TEST(PinnedCacheTest, ThreadsAliveTogetherTakeTheLowestFreeStripesHoweverManyCameBefore) {
   // Threads that came and went, as the lanes of executors made one after another do.
   for (int i = 0; i < 200; ++i) std::thread([] { (void)detail::thread_stripe(SIZE_MAX); }).join();
+  const std::size_t mine = detail::thread_stripe(SIZE_MAX);  // held while the others start
   constexpr std::size_t together = 24;
   std::vector<std::size_t> numbers(together);
   std::latch all_taken(together);
@@ -337,7 +338,7 @@ TEST(PinnedCacheTest, ThreadsAliveTogetherTakeTheLowestFreeStripesHoweverManyCam
       all_taken.arrive_and_wait();  // alive until every one has its number
     });
   for (auto& t : threads) t.join();
-  numbers.push_back(detail::thread_stripe(SIZE_MAX));  // this thread's, taken before or now
+  numbers.push_back(mine);
   std::sort(numbers.begin(), numbers.end());
   EXPECT_EQ(std::adjacent_find(numbers.begin(), numbers.end()), numbers.end())
       << "two threads alive together share a stripe";
@@ -501,12 +502,18 @@ TEST(PinnedCacheTest, BlocksFreedOnOneThreadServeManyThreadsWithoutNewOnesOrDupl
 TEST(PinnedCacheTest, ATakeFromAnotherThreadsShardMovesHalfOfTheRestToTheTakersShard) {
   counting_resource source;
   detail::pinned_cache cache(source, std::size_t{64} << 20);
-  std::thread([&] {
+  // The freeing thread stays alive while the other takes: a thread that has ended gives its
+  // shard to the next thread that starts.
+  std::latch freed(1), taken_one(1);
+  std::thread freeing([&] {
     std::vector<void*> made;
     for (int i = 0; i < 100; ++i) made.push_back(cache.acquire(8192));
     for (void* p : made) cache.release(p);
     EXPECT_EQ(cache.blocks_cached_here(), 100u);
-  }).join();
+    freed.count_down();
+    taken_one.wait();
+  });
+  freed.wait();
   void* taken = nullptr;
   std::size_t here_after = 0;
   std::thread([&] {
@@ -514,6 +521,8 @@ TEST(PinnedCacheTest, ATakeFromAnotherThreadsShardMovesHalfOfTheRestToTheTakersS
     taken = cache.acquire(8192);
     here_after = cache.blocks_cached_here();
   }).join();
+  taken_one.count_down();
+  freeing.join();
   EXPECT_EQ(here_after, 49u);  // (100 - 1) / 2
   EXPECT_EQ(source.allocations(), 100);
   EXPECT_EQ(cache.stats().cached, 99u * 8192);
