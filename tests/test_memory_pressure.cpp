@@ -192,6 +192,34 @@ TEST_P(MemoryPressure, AMapOfMixedSizesStaysInTheBudgetAndGivesEveryByteBack) {
       << ex.in_flight().bytes << " bytes still counted after every input ended";
 }
 
+TEST_P(MemoryPressure, BytesTakenAheadForCheaperInputsAreGivenBackAtTheMapsEnd) {
+  executor ex(options());
+  // The first input's cost, taken ahead for every input after it, is more than the four small
+  // ones use: what is left must go back when the map has queued them.
+  std::vector<std::vector<float>> xs{std::vector<float>(64, 2.0f)};
+  for (int i = 0; i < 4; ++i) xs.emplace_back(1, 3.0f);
+  auto all = ex.map(builtin_kernel::square(), xs);
+  EXPECT_EQ(all[0].get()[0], 4.0f);
+  for (std::size_t i = 1; i < xs.size(); ++i) EXPECT_EQ(all[i].get()[0], 9.0f);
+  ASSERT_TRUE(eventually([&] { return ex.in_flight().bytes == 0; }))
+      << ex.in_flight().bytes << " bytes still counted after every input ended";
+}
+
+TEST_P(MemoryPressure, AMapCountsNoMoreThanItsInputsAndASixteenthOfTheBudgetAhead) {
+  executor ex(options());
+  // A larger input first, then many tiny ones: bytes taken ahead at the first one's cost for a
+  // whole batch would count far more than any work holds, refusing other submitters room (or
+  // keeping them waiting) while the map runs. What the map may count at most: every input's own
+  // bytes, and a sixteenth of the budget taken ahead.
+  std::vector<std::vector<float>> xs{std::vector<float>(32, 1.0f)};
+  for (int i = 0; i < 2000; ++i) xs.emplace_back(1, 2.0f);
+  std::size_t inputs_cost = 0;
+  for (const auto& x : xs) inputs_cost += 2 * x.size() * sizeof(float);
+  auto all = ex.map(builtin_kernel::square(), xs);
+  for (std::size_t i = 0; i < all.size(); ++i) EXPECT_EQ(all[i].get().size(), xs[i].size());
+  EXPECT_LE(ex.in_flight().peak, inputs_cost + total_budget() / 16);
+}
+
 TEST_P(MemoryPressure, RaiseModeThrowsWithTheSizesAndQueuesNothing) {
   executor_options o = options();
   o.when_full = when_full::raise;

@@ -66,9 +66,12 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
   std::vector<std::shared_ptr<detail::elementwise_job>> jobs;
   jobs.reserve(std::min(count, map_batch));
   // Bytes taken ahead for the calls still to come in this batch: the budget's counter (written
-  // by every lane as tasks end) is taken once per batch rather than once per call. Never held
-  // while waiting for room, nor past the loop.
+  // by every lane as tasks end) is taken once per batch rather than once per call. At most a
+  // sixteenth of the budget, so that other submitters are not kept waiting for bytes no work
+  // holds; given back when the batch is queued (later calls may have cost less) and never held
+  // while waiting for room.
   std::size_t credit = 0;
+  const std::size_t most_ahead = gate->budget() / 16;
   try {
     for (std::size_t i = 0; i < count; ++i) {
       const auto call = next();
@@ -77,9 +80,9 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
         gate->release(credit);
         credit = 0;
         // This call and, at the same cost each, the rest of its batch; one call's cost alone
-        // where that does not fit now.
+        // where that is too much or does not fit now.
         const std::size_t calls_ahead = std::min(count - i, map_batch - jobs.size());
-        const std::size_t ahead = cost <= gate->budget() / calls_ahead ? cost * calls_ahead : cost;
+        const std::size_t ahead = cost <= most_ahead / calls_ahead ? cost * calls_ahead : cost;
         if (ahead > cost && gate->try_take(ahead)) {
           credit = ahead;
         } else if (gate->try_take(cost)) {
@@ -92,7 +95,11 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
       }
       if (admit_each) credit -= cost;
       futures.push_back(make(call, cost, jobs));
-      if (jobs.size() == map_batch) enqueue_elementwise_all(jobs);
+      if (jobs.size() == map_batch) {
+        gate->release(credit);
+        credit = 0;
+        enqueue_elementwise_all(jobs);
+      }
     }
     gate->release(credit);
     credit = 0;

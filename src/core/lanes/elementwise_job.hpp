@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <exception>
 #include <memory>
-#include <thread>
 #include <utility>
 #include <vector>
 
@@ -164,8 +163,8 @@ class map_job final : public elementwise_job {
  private:
   // The first piece to need the output allocates it; pieces of one job on other lanes that ask
   // meanwhile wait for it (an allocation that throws leaves it to the next to try). Not
-  // std::call_once: glibc's wakes any waiters with a system call every time, on every lane, for
-  // every task.
+  // std::call_once: glibc's makes a system call for every flag it runs, here one per task; a
+  // notify with nobody waiting makes none.
   void make_output() {
     for (;;) {
       int seen = none;
@@ -174,13 +173,15 @@ class map_job final : public elementwise_job {
           output_.resize(count());
         } catch (...) {
           output_made_.store(none, std::memory_order_release);
+          output_made_.notify_all();
           throw;
         }
         output_made_.store(made, std::memory_order_release);
+        output_made_.notify_all();
         return;
       }
       if (seen == made) return;
-      std::this_thread::yield();  // another lane is allocating it
+      output_made_.wait(making, std::memory_order_acquire);  // another lane is allocating it
     }
   }
 

@@ -54,11 +54,10 @@ std::optional<std::size_t> pinned_cache_bytes_from_environment() {
 namespace {
 
 // The stripe numbers of live threads: a thread takes the lowest free one and gives it back as it
-// exits, so that threads alive together never share a stripe while they number at most
-// reusable_stripes, however many came and went before (every executor's lanes are new threads;
-// had numbers only ever grown, a new executor's lanes would wrap around onto the stripes of the
-// threads still alive, its caller's among them, differently for each executor). Lock-free, so a
-// fork()ed child never finds it held.
+// exits, so that a new executor's lanes (new threads) take the numbers of lanes that ended rather
+// than ever higher ones, which would wrap around onto the stripes of threads still alive, its
+// caller's among them, differently for each executor. Lock-free, so a fork()ed child never
+// finds it held.
 constexpr std::size_t reusable_stripes = 64;
 std::atomic<std::uint64_t> stripes_taken{0};
 std::atomic<std::size_t> stripes_beyond{0};  // numbers past the reusable ones, never given back
@@ -86,16 +85,26 @@ struct stripe_number_owner {
 };
 thread_local stripe_number_owner stripe_owner;
 
+// The thread's number plus one; constant-initialised (0: not given yet), so reading it costs no
+// initialisation check.
+thread_local std::size_t stripe_plus_one = 0;
+
+// In a fork()ed child only the forking thread lives on: the parent's other threads' numbers are
+// free again there.
+void keep_only_this_threads_stripe() noexcept {
+  const std::size_t mine = stripe_plus_one - 1;  // wraps to SIZE_MAX where none was taken
+  stripes_taken.store(mine < reusable_stripes ? std::uint64_t{1} << mine : 0,
+                      std::memory_order_relaxed);
+}
+
 }  // namespace
 
 std::size_t thread_stripe(std::size_t count) noexcept {
-  // Constant-initialised (0: not given yet), so reading it costs no initialisation check.
-  thread_local std::size_t mine_plus_one = 0;
-  if (mine_plus_one == 0) {
-    mine_plus_one = take_stripe_number() + 1;
-    stripe_owner.number = mine_plus_one - 1;
+  if (stripe_plus_one == 0) {
+    stripe_plus_one = take_stripe_number() + 1;
+    stripe_owner.number = stripe_plus_one - 1;
   }
-  return (mine_plus_one - 1) % count;
+  return (stripe_plus_one - 1) % count;
 }
 
 // ---- pinned_block_registry
@@ -427,6 +436,7 @@ std::atomic<bool> forget_registered{false};
 
 void forget_pinned_cache_in_child(void*) noexcept {
   the_pinned_cache.store(nullptr, std::memory_order_relaxed);  // lock-free: safe in a child
+  keep_only_this_threads_stripe();
 }
 
 }  // namespace

@@ -24,9 +24,9 @@
 namespace gpupool::detail {
 
 /// Small numbers that tell the calling thread's stripe or shard from other threads' ones: each
-/// thread takes the lowest number no live thread holds (up to 64; beyond, new ones), so threads
-/// alive together never share one while they number at most `count`, however many came before.
-/// The number modulo `count`; with `count` SIZE_MAX, the number itself.
+/// thread takes the lowest number no live thread holds (up to 64; beyond, new ones) and gives it
+/// back as it ends, so threads started after others ended take those numbers again instead of
+/// ever higher ones. The number modulo `count`; with `count` SIZE_MAX, the number itself.
 [[nodiscard]] std::size_t thread_stripe(std::size_t count) noexcept;
 
 /// Every block a pinned_cache made and has not given back, by address (in use or cached). Read on
