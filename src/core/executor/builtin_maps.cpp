@@ -72,6 +72,11 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
   // while waiting for room.
   std::size_t credit = 0;
   const std::size_t most_ahead = gate->budget() / 16;
+  const auto queue_batch = [&] {
+    gate->release(credit);
+    credit = 0;
+    enqueue_elementwise_all(jobs);
+  };
   try {
     for (std::size_t i = 0; i < count; ++i) {
       const auto call = next();
@@ -95,15 +100,9 @@ Futures executor::impl::queue_each(std::size_t count, bool admit_each, Next next
       }
       if (admit_each) credit -= cost;
       futures.push_back(make(call, cost, jobs));
-      if (jobs.size() == map_batch) {
-        gate->release(credit);
-        credit = 0;
-        enqueue_elementwise_all(jobs);
-      }
+      if (jobs.size() == map_batch) queue_batch();
     }
-    gate->release(credit);
-    credit = 0;
-    enqueue_elementwise_all(jobs);
+    queue_batch();
   } catch (...) {
     gate->release(credit);  // taken for calls that never came
     // Every call has its future here, those gathered but never queued too (cancelling them

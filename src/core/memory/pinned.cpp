@@ -73,21 +73,24 @@ std::size_t take_stripe_number() noexcept {
   return reusable_stripes + stripes_beyond.fetch_add(1, std::memory_order_relaxed);
 }
 
+// The thread's number plus one; constant-initialised (0: not given yet), so reading it costs no
+// initialisation check.
+thread_local std::size_t stripe_plus_one = 0;
+
 // Gives the thread's number back at its exit. A lookup later in the thread's exit (a pinned block
 // freed by a destructor that runs after this one) still uses the number: sharing a stripe with a
 // thread that took it since costs a lock now and then, never a wrong answer.
 struct stripe_number_owner {
-  std::size_t number = reusable_stripes;
+  stripe_number_owner() = default;
+  stripe_number_owner(const stripe_number_owner&) = delete;
+  stripe_number_owner& operator=(const stripe_number_owner&) = delete;
   ~stripe_number_owner() {
+    const std::size_t number = stripe_plus_one - 1;
     if (number < reusable_stripes)
       stripes_taken.fetch_and(~(std::uint64_t{1} << number), std::memory_order_relaxed);
   }
 };
 thread_local stripe_number_owner stripe_owner;
-
-// The thread's number plus one; constant-initialised (0: not given yet), so reading it costs no
-// initialisation check.
-thread_local std::size_t stripe_plus_one = 0;
 
 // In a fork()ed child only the forking thread lives on: the parent's other threads' numbers are
 // free again there.
@@ -102,7 +105,7 @@ void keep_only_this_threads_stripe() noexcept {
 std::size_t thread_stripe(std::size_t count) noexcept {
   if (stripe_plus_one == 0) {
     stripe_plus_one = take_stripe_number() + 1;
-    stripe_owner.number = stripe_plus_one - 1;
+    [[maybe_unused]] stripe_number_owner& owner = stripe_owner;  // gives it back at thread exit
   }
   return (stripe_plus_one - 1) % count;
 }
