@@ -148,12 +148,21 @@ def main() -> None:
                 cp.allclose(given, reference, rtol=1e-5, atol=1e-6)):
             raise SystemExit("FAIL: the map into given outputs differs from CuPy's kernel")
         del got
+        # The same map into one array end to end (map_into, where this package has it): no
+        # object per call at all.
+        one = cp.full_like(data, float("nan"))
+        has_into = hasattr(ex, "map_into")
+        if has_into:
+            ex.map_into(kernel, chunks, A, B, out=one)
+            if not bool(cp.allclose(one, reference, rtol=1e-5, atol=1e-6)):
+                raise SystemExit("FAIL: the map into one array differs from CuPy's kernel")
         whole_out = ex.submit(kernel, data, A, B).result()
         cp.cuda.runtime.deviceSynchronize()
         if not bool(cp.allclose(whole_out, reference, rtol=1e-5, atol=1e-6)):
             raise SystemExit("FAIL: gpupool's one launch differs from CuPy's kernel")
         del whole_out
         launch, calls, waits, wholes, gc_off, into, own = [], [], [], [], [], [], []
+        into_one: List[float] = []
         call_cpu: List[float] = []
         switches: List[int] = []
         for _ in range(args.repeat):
@@ -168,6 +177,11 @@ def main() -> None:
             cp.cuda.runtime.deviceSynchronize()
             into.append(time.perf_counter() - t0)
             del got
+            if has_into:
+                t0 = time.perf_counter()
+                ex.map_into(kernel, chunks, A, B, out=one)
+                cp.cuda.runtime.deviceSynchronize()
+                into_one.append(time.perf_counter() - t0)
             # The same map with Python's cyclic collector off: how much of the spread between
             # rounds its collections make (2,000 views and their lists are young objects).
             gc.disable()
@@ -211,6 +225,9 @@ def main() -> None:
         print(f"    results and wait     {ms(waits):8.2f} ms")
         print(f"  the collector off      {ms(gc_off):8.2f} ms  ({ms(gc_off) / ms(launch):.2f}x one launch)")
         print(f"  into given outputs     {ms(into):8.2f} ms  ({ms(into) / ms(launch):.2f}x one launch)")
+        if has_into:
+            print(f"  into one array         {ms(into_one):8.2f} ms  "
+                  f"({ms(into_one) / ms(launch):.2f}x one launch; map_into)")
         print("  every round (ms): whole " + " ".join(f"{1e3 * t:.2f}" for t in wholes)
               + "; collector off " + " ".join(f"{1e3 * t:.2f}" for t in gc_off)
               + "; into given outputs " + " ".join(f"{1e3 * t:.2f}" for t in into))

@@ -172,8 +172,8 @@ def _cut(run: _ext.DeviceMapRun) -> List[Sequence[Any]]:
 
 def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel],
                  calls: Sequence[Sequence[object]], future_type: Type[Future[Any]],
-                 single: bool = False, out: Optional[Sequence[object]] = None,
-                 priority: Optional[int] = None) -> CompiledMap:
+                 single: bool = False, out: Optional[object] = None,
+                 priority: Optional[int] = None, one_out: bool = False) -> CompiledMap:
     """Runs a compiled kernel over calls whose arrays live on GPUs: each call's arrays on one
     device. The calls are read in blocks of 64, 128, then 256 calls each; each block's
     calls are checked, grouped by device and queued as one batched map per device before the
@@ -182,7 +182,10 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
     are new arrays of the first array's kind, shape and device (views into one buffer per
     device and block), or with `out` the arrays given there, one per call, written in place
     (checked first: each of its call's length, device and the kernel's output type,
-    C-contiguous, and none written by one call while another reads or writes it).
+    C-contiguous, and none written by one call while another reads or writes it); with
+    `one_out`, `out` is one device array instead, holding exactly the calls' elements, each call
+    writing its part after the one before (Executor.map_into): no object is made per call, and
+    the future's result is `out`.
 
     The extension reads every call and array into plain data and queues the work (an
     _ext.DeviceMapRun, see python/src/device_map.hpp); this function drives it block by block
@@ -195,7 +198,8 @@ def map_compiled(core: _ext.Executor, kernel: Union[ElementwiseKernel, RawKernel
     # stream, which is waited for too), with the streams the arrays' producers name.
     wait_streams = [int(cupy.cuda.get_current_stream().ptr)] if cupy is not None else []
     run = core.map_device_calls(kernel, calls, cupy.ndarray if cupy is not None else None, out,
-                                single, priority, tuple(calls), future_type, wait_streams)
+                                one_out, single, priority, tuple(calls), future_type,
+                                wait_streams)
     try:
         pieces: List[Sequence[Any]] = []
         while True:

@@ -552,6 +552,27 @@ class Executor(_futures.Executor):
             return _map_paths.compiled_kernel(request)
         return _map_paths.python_calls(request)
 
+    def map_into(self, fn: Union[ElementwiseKernel, RawKernel], *iterables: Any, out: _T,
+                 timeout: Optional[float] = None, priority: Optional[int] = None) -> _T:
+        """Runs a compiled kernel over device arrays, as ``map`` does, writing every call's
+        result into one device array ``out``, end to end in call order: call 0's elements
+        first, then call 1's, and so on. Returns ``out`` once every call has written its part.
+
+        No object is made per call (``map`` makes an output array, or with its ``out`` reads one,
+        per call), which with thousands of small arrays is most of the host's work. ``out`` must
+        be C-contiguous, of the kernel's output dtype, on the calls' GPU, and hold exactly as many
+        elements as the calls together (any shape: a 2-D array of one row per call of equal
+        length will do); it may hold the calls' inputs only where each call reads its own part
+        (in place). Refusals are ``map``'s with ``out`` (TypeError, ValueError naming the call);
+        one of the size comes at the call that overflows ``out``, or after the last call where
+        it holds more; as with any refused call, calls before it may have run. After a
+        TimeoutError past ``timeout`` (or Ctrl-C), what had not started is cancelled and what had
+        started has ended before the error reaches the caller.
+
+        ``priority`` (-3 to 3, higher is more urgent; None: the executor's) is every call's."""
+        return cast(_T, _map_paths.compiled_into(self, fn, iterables, out, timeout,
+                                                  _priority(priority, True)))
+
     @property
     def map_window_bytes(self) -> int:
         """Bytes of results (with inputs, where the map holds them) that ``map`` keeps queued

@@ -248,7 +248,8 @@ void rethrow_reworded(const std::exception_ptr& failure,
 call_reader::call_reader(const std::string& kernel_name,
                          const std::vector<gpupool::kernel_parameter>& inputs,
                          const gpupool::kernel_parameter& output, nb::sequence calls,
-                         nb::handle cupy_ndarray, nb::object out, reading_notes& notes)
+                         nb::handle cupy_ndarray, nb::object out, bool out_is_one_array,
+                         reading_notes& notes)
     : name_(kernel_name),
       inputs_(inputs),
       output_(output),
@@ -259,7 +260,36 @@ call_reader::call_reader(const std::string& kernel_name,
       notes_(notes),
       given_outputs_(out_.is_valid() && !out_.is_none()),
       last_number_(inputs.size()),
-      last_number_argument_(inputs.size()) {}
+      last_number_argument_(inputs.size()) {
+  if (!out_is_one_array) return;
+  if (!given_outputs_) throw nb::value_error("gpupool: one output array needs out");
+  const auto where = [] { return std::string("out"); };
+  if (!is_cupy(out_) && !is_device_array(out_))
+    throw nb::type_error(
+        "gpupool: out must be one device array (CuPy, PyTorch, ...) to take every call's output "
+        "end to end");
+  one_output o;
+  gpupool::dtype type{};
+  if (is_cupy(out_)) {
+    const cupy_array_view view = describe_cupy(out_, where);
+    std::tie(o.address, o.count, type, o.ordinal) =
+        std::make_tuple(view.address, view.count, view.type, view.ordinal);
+  } else {
+    std::tie(o.address, o.count, type, o.ordinal, std::ignore) = read_other(out_, where);
+  }
+  if (type != output_.type)
+    throw nb::type_error((std::string("gpupool: out is ") + gpupool::to_string(type) +
+                          "; kernel '" + name_ + "' writes " + gpupool::to_string(output_.type))
+                             .c_str());
+  one_out_ = o;
+}
+
+void call_reader::check_every_call_read() const {
+  if (one_out_ && one_out_->taken != one_out_->count)
+    throw nb::value_error(("gpupool: out holds " + std::to_string(one_out_->count) +
+                           " element(s); the calls write " + std::to_string(one_out_->taken))
+                              .c_str());
+}
 
 void call_reader::read(std::size_t c, described_call& d) {
   try {
@@ -286,18 +316,37 @@ call_reader::array_reading call_reader::read_other(nb::handle a,
 }
 
 void call_reader::read_output(std::size_t c, described_call& d) {
-  const auto where = [&] { return "call " + std::to_string(c) + "'s output"; };
-  nb::object o = out_[c];
+  const auto where = [&] {
+    return "call " + std::to_string(c) + (one_out_ ? "'s part of out" : "'s output");
+  };
   std::uintptr_t address = 0;
   std::size_t count = 0;
   gpupool::dtype type{};
   int ordinal = -1;
-  if (is_cupy(o)) {
-    const cupy_array_view view = describe_cupy(o, where);
-    std::tie(address, count, type, ordinal) =
-        std::make_tuple(view.address, view.count, view.type, view.ordinal);
+  nb::object o;
+  if (one_out_) {
+    // The calls' parts follow one another: this call's starts where the last one's ended.
+    const std::size_t left = one_out_->count - one_out_->taken;
+    if (d.work.count > left)
+      throw nb::value_error(("gpupool: out holds " + std::to_string(one_out_->count) +
+                             " element(s); calls 0 to " + std::to_string(c) + " write " +
+                             std::to_string(one_out_->taken + d.work.count))
+                                .c_str());
+    address = one_out_->address + one_out_->taken * gpupool::size_of(output_.type);
+    count = d.work.count;
+    type = output_.type;
+    // An empty array says no GPU; its parts are all empty, which the check below lets pass.
+    ordinal = one_out_->ordinal;
+    one_out_->taken += count;
   } else {
-    std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where);
+    o = out_[c];
+    if (is_cupy(o)) {
+      const cupy_array_view view = describe_cupy(o, where);
+      std::tie(address, count, type, ordinal) =
+          std::make_tuple(view.address, view.count, view.type, view.ordinal);
+    } else {
+      std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where);
+    }
   }
   if (type != output_.type)
     throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) + "; kernel '" +

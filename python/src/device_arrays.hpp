@@ -77,15 +77,25 @@ struct reading_notes {
 // read and write. CuPy arrays (of type `cupy_ndarray`, invalid or None where CuPy is not
 // imported), the common case, are read through CuPy's own attributes, any other device array by
 // read_device_array, noting in `notes` what it leaves to do.
+//
+// `out` is either a sequence of one device array per call or, with `out_is_one_array`, one
+// device array that takes every call's output end to end, in call order: it is read once, here
+// (TypeError: not a device array, or not of the kernel's output type; ValueError: not
+// C-contiguous), and each call's part of it is found by counting, with no object per call.
 class call_reader {
  public:
   call_reader(const std::string& kernel_name, const std::vector<gpupool::kernel_parameter>& inputs,
               const gpupool::kernel_parameter& output, nb::sequence calls, nb::handle cupy_ndarray,
-              nb::object out, reading_notes& notes);
+              nb::object out, bool out_is_one_array, reading_notes& notes);
 
   // Reads call `c` into `d`. Its refusals all name the call (some say only which argument was
   // wrong): by the time a later block is read, earlier ones run, so the number is what tells.
+  // Calls are read in order, from 0.
   void read(std::size_t c, described_call& d);
+
+  // Once every call is read: with one array as `out`, refuses (ValueError) one that holds more
+  // elements than the calls wrote (one that holds fewer is refused at the call that overflows).
+  void check_every_call_read() const;
 
  private:
   // One device array as read: address, element count, type, ordinal, shape (invalid where the
@@ -97,8 +107,8 @@ class call_reader {
   }
   // A device array other than a CuPy array, noting what it leaves to do.
   array_reading read_other(nb::handle a, const std::function<std::string()>& where);
-  // Call `c`'s array in `out`, checked against the call (whose inputs `d` holds) and against
-  // what the map's other calls read and write.
+  // Call `c`'s array in `out` (or its part of the one array), checked against the call (whose
+  // inputs `d` holds) and against what the map's other calls read and write.
   void read_output(std::size_t c, described_call& d);
   // Argument `i` of call `c`: a number (pushed to `d`'s inputs; nothing returned) or a device
   // array (its reading).
@@ -116,6 +126,15 @@ class call_reader {
   nb::object out_;
   reading_notes& notes_;
   bool given_outputs_;
+  // With one array as `out`: where it is, and how many of its elements the calls read so far
+  // take.
+  struct one_output {
+    std::uintptr_t address = 0;
+    std::size_t count = 0;
+    int ordinal = -1;
+    std::size_t taken = 0;
+  };
+  std::optional<one_output> one_out_;
   write_hazards hazards_;  // with `out`: what the calls read and write so far
   std::vector<nb::object> last_number_;
   std::vector<std::optional<gpupool::kernel_argument>> last_number_argument_;

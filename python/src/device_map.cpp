@@ -66,24 +66,27 @@ template <class K>
 class device_map_run_of final : public device_map_run {
  public:
   device_map_run_of(gpupool::executor& ex, const K& k, nb::sequence calls, nb::handle cupy_ndarray,
-                    nb::object out, bool single, const gpupool::task_options& options,
-                    nb::object keep_alive, nb::handle future_type,
-                    std::vector<std::uintptr_t> wait_streams)
+                    nb::object out, bool out_is_one_array, bool single,
+                    const gpupool::task_options& options, nb::object keep_alive,
+                    nb::handle future_type, std::vector<std::uintptr_t> wait_streams)
       : ex_(ex),
         k_(k),
         n_(nb::len(calls)),
         single_(single),
         given_outputs_(out.is_valid() && !out.is_none()),
+        one_output_(out_is_one_array),
         options_(options),
         future_type_(nb::borrow(future_type)),
         notes_{std::move(wait_streams), {}},
-        reader_(k.name(), k.inputs(), k.output(), calls, cupy_ndarray, out, notes_),
+        reader_(k.name(), k.inputs(), k.output(), calls, cupy_ndarray, out, out_is_one_array,
+                notes_),
         described_(n_),
         outputs_(n_),
         held_(nb::make_tuple(std::move(keep_alive), held_flats_, out, notes_.views)) {
     if (single && n_ != 1) throw nb::value_error("gpupool: single needs exactly one call");
     if (given_outputs_ && single) throw nb::value_error("gpupool: out is for maps, not single");
-    if (given_outputs_ && nb::len(out) != n_)
+    if (one_output_) one_out_ = out;
+    if (given_outputs_ && !one_output_ && nb::len(out) != n_)
       throw nb::value_error(("gpupool: out has " + std::to_string(nb::len(out)) + " array(s) for " +
                              std::to_string(n_) + " call(s)")
                                 .c_str());
@@ -95,6 +98,7 @@ class device_map_run_of final : public device_map_run {
   nb::object read_block() override {
     return step({stage::between_blocks, stage::all_queued}, [&]() -> nb::object {
       if (begin_ >= n_) {
+        reader_.check_every_call_read();
         stage_ = stage::all_queued;
         return nb::none();
       }
@@ -171,8 +175,9 @@ class device_map_run_of final : public device_map_run {
     return step({stage::all_queued}, [&] {
       if (!given_outputs_) place_views(pieces);
       nb::list all;
-      for (auto& o : outputs_) all.append(o);
-      nb::object result = single_ ? outputs_.front() : nb::object(all);
+      if (!one_output_)
+        for (auto& o : outputs_) all.append(o);
+      nb::object result = single_ ? outputs_.front() : one_output_ ? one_out_ : nb::object(all);
       nb::list futures;
       futures.append(adopt_kernel_tasks(queued_, future_type_, std::move(result), held_));
       queued_.clear();  // the future's from now on
@@ -212,12 +217,12 @@ class device_map_run_of final : public device_map_run {
     }
   }
 
-  // Group `gr`'s calls writing into the arrays of `out`.
+  // Group `gr`'s calls writing into the arrays of `out` (or their parts of the one array).
   std::vector<gpupool::device_call> given_work(const group& gr) {
     std::vector<gpupool::device_call> work;
     work.reserve(gr.members.size());
     for (std::size_t c : gr.members) {
-      outputs_[c] = std::move(described_[c].output);
+      if (!one_output_) outputs_[c] = std::move(described_[c].output);
       work.push_back(std::move(described_[c].work));
     }
     return work;
@@ -308,6 +313,8 @@ class device_map_run_of final : public device_map_run {
   std::size_t n_;
   bool single_;
   bool given_outputs_;
+  bool one_output_;     // `out` is one array taking every call's output end to end
+  nb::object one_out_;  // that array, the map's result
   gpupool::task_options options_;
   nb::object future_type_;
   reading_notes notes_;
@@ -356,21 +363,21 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal) {
 template <class K>
 std::unique_ptr<device_map_run> map_device_calls(gpupool::executor& ex, const K& k,
                                                  nb::sequence calls, nb::handle cupy_ndarray,
-                                                 nb::object out, bool single,
+                                                 nb::object out, bool out_is_one_array, bool single,
                                                  const gpupool::task_options& options,
                                                  nb::object keep_alive, nb::handle future_type,
                                                  std::vector<std::uintptr_t> wait_streams) {
   return std::make_unique<device_map_run_of<K>>(
-      ex, k, std::move(calls), cupy_ndarray, std::move(out), single, options, std::move(keep_alive),
-      future_type, std::move(wait_streams));
+      ex, k, std::move(calls), cupy_ndarray, std::move(out), out_is_one_array, single, options,
+      std::move(keep_alive), future_type, std::move(wait_streams));
 }
 
 template std::unique_ptr<device_map_run> map_device_calls<gpupool::elementwise_kernel>(
     gpupool::executor&, const gpupool::elementwise_kernel&, nb::sequence, nb::handle, nb::object,
-    bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
+    bool, bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
 template std::unique_ptr<device_map_run> map_device_calls<gpupool::raw_kernel>(
     gpupool::executor&, const gpupool::raw_kernel&, nb::sequence, nb::handle, nb::object, bool,
-    const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
+    bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
 
 void bind_device_map(nb::module_& m) {
   using namespace nb::literals;

@@ -54,7 +54,10 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal);
 // outputs are those arrays: nothing is allocated or cut, which leaves only the reading of the
 // arrays on the host. Each must be C-contiguous, of the kernel's output type, of its call's
 // length and on its call's GPU, and no call may write memory another call of the map reads or
-// writes (see write_hazards).
+// writes (see write_hazards). With `out_is_one_array`, `out` is one such array instead, holding
+// exactly the calls' elements: call c writes the elements after call c-1's part (ValueError from
+// read_block at the call that overflows it, or once every call is read if it holds more). The
+// outputs are then an empty list and the future's result is `out`: no object is made per call.
 //
 // Abstract so that one Python type serves both kinds of compiled kernel.
 class device_map_run {
@@ -78,17 +81,17 @@ class device_map_run {
 template <class K>
 std::unique_ptr<device_map_run> map_device_calls(gpupool::executor& ex, const K& k,
                                                  nb::sequence calls, nb::handle cupy_ndarray,
-                                                 nb::object out, bool single,
+                                                 nb::object out, bool out_is_one_array, bool single,
                                                  const gpupool::task_options& options,
                                                  nb::object keep_alive, nb::handle future_type,
                                                  std::vector<std::uintptr_t> wait_streams);
 
 extern template std::unique_ptr<device_map_run> map_device_calls<gpupool::elementwise_kernel>(
     gpupool::executor&, const gpupool::elementwise_kernel&, nb::sequence, nb::handle, nb::object,
-    bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
+    bool, bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
 extern template std::unique_ptr<device_map_run> map_device_calls<gpupool::raw_kernel>(
     gpupool::executor&, const gpupool::raw_kernel&, nb::sequence, nb::handle, nb::object, bool,
-    const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
+    bool, const gpupool::task_options&, nb::object, nb::handle, std::vector<std::uintptr_t>);
 
 // Registers DeviceMapRun, and the reading of device arrays (bind_device_arrays): before the
 // Executor, whose map_device_calls returns one.

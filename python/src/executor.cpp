@@ -233,13 +233,14 @@ class py_executor {
   template <class K>
   std::unique_ptr<device_map_run> map_device_calls(const K& k, nb::sequence calls,
                                                    nb::handle cupy_ndarray, nb::object out,
-                                                   bool single, std::optional<int> priority,
+                                                   bool out_is_one_array, bool single,
+                                                   std::optional<int> priority,
                                                    nb::object keep_alive, nb::handle future_type,
                                                    std::vector<std::uintptr_t> wait_streams) {
     return gpupool_python::map_device_calls(get(), k, std::move(calls), cupy_ndarray,
-                                            std::move(out), single, gpupool::task_options{priority},
-                                            std::move(keep_alive), future_type,
-                                            std::move(wait_streams));
+                                            std::move(out), out_is_one_array, single,
+                                            gpupool::task_options{priority}, std::move(keep_alive),
+                                            future_type, std::move(wait_streams));
   }
 
   // Runs a built-in kernel over arrays already on GPU `ordinal`, on a lane of that device:
@@ -428,13 +429,13 @@ void bind_executor(nb::module_& m) {
            "args"_a, "future_type"_a, "priority"_a = nb::none())
       // The run refers to the executor and the kernel: they live as long as it does.
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::elementwise_kernel>,
-           "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "out"_a.none(), "single"_a,
-           "priority"_a.none(), "keep_alive"_a, "future_type"_a, "wait_streams"_a,
+           "kernel"_a, "calls"_a, "cupy_ndarray"_a.none(), "out"_a.none(), "out_is_one_array"_a,
+           "single"_a, "priority"_a.none(), "keep_alive"_a, "future_type"_a, "wait_streams"_a,
            nb::keep_alive<0, 1>(), nb::keep_alive<0, 2>())
       .def("map_device_calls", &py_executor::map_device_calls<gpupool::raw_kernel>, "kernel"_a,
-           "calls"_a, "cupy_ndarray"_a.none(), "out"_a.none(), "single"_a, "priority"_a.none(),
-           "keep_alive"_a, "future_type"_a, "wait_streams"_a, nb::keep_alive<0, 1>(),
-           nb::keep_alive<0, 2>())
+           "calls"_a, "cupy_ndarray"_a.none(), "out"_a.none(), "out_is_one_array"_a, "single"_a,
+           "priority"_a.none(), "keep_alive"_a, "future_type"_a, "wait_streams"_a,
+           nb::keep_alive<0, 1>(), nb::keep_alive<0, 2>())
       .def("launch_device", &py_executor::launch_device, "kernel"_a, "x"_a, "y"_a, "out"_a,
            "count"_a, "dtype"_a, "ordinal"_a, "result"_a, "keep_alive"_a, "future_type"_a,
            "priority"_a = nb::none())

@@ -123,9 +123,9 @@ def core():
 
 
 def start(core, calls, cupy_type=None, out=None, single=False, kernel=SCALE, priority=None,
-          wait_streams=()):
-    return core.map_device_calls(kernel, calls, cupy_type, out, single, priority, tuple(calls),
-                                 _Future, list(wait_streams))
+          wait_streams=(), one_out=False):
+    return core.map_device_calls(kernel, calls, cupy_type, out, one_out, single, priority,
+                                 tuple(calls), _Future, list(wait_streams))
 
 
 def drive(run, flats=None, split=np.split, before_queue=None, single=False, given=False):
@@ -631,6 +631,113 @@ def test_out_must_give_one_array_per_call(core):
         start(core, [[dev(np.ones(4)), 2.0]] * 2, out=[dev(np.empty(4))])
     with pytest.raises(ValueError, match="out is for maps, not single"):
         start(core, [[dev(np.ones(4)), 2.0]], out=[dev(np.empty(4))], single=True)
+
+
+# One output array for every call (Executor.map_into) --------------------------------------------
+
+
+def into(core, calls, out, cupy_type=None):
+    """Runs `calls` writing into the one array `out`: (outputs, the map's future's result)."""
+    outputs, futures = drive(start(core, calls, cupy_type, out, one_out=True), given=True)
+    assert len(futures) == 1
+    return outputs, futures[0].result(timeout=30)
+
+
+@pytest.mark.parametrize("wrap", [dev, FakeCupyArrayWithFlag])
+def test_one_output_array_takes_every_calls_result_end_to_end(core, wrap):
+    xs = [np.arange((i * 37) % 50, dtype=np.float64) + i for i in range(300)]  # three blocks
+    flat = np.full(sum(x.size for x in xs), -1.0)
+    given = wrap(flat)
+    calls = [[wrap(x), 2.5] for x in xs]
+    outputs, result = into(core, calls, given, cupy_type=FakeCupyArrayWithFlag)
+    # No object per call: the map's result is the array given.
+    assert outputs == [] and result is given
+    np.testing.assert_array_equal(flat, np.concatenate(xs) * 2.5)
+
+
+def test_one_output_array_may_have_any_shape_and_be_the_calls_inputs(core):
+    base = np.arange(70 * 6, dtype=np.float64).reshape(70, 6)  # a row per call, two blocks
+    expected = base * 3.0
+    into(core, [[dev(row), 3.0] for row in base], dev(base))
+    np.testing.assert_array_equal(base, expected)
+    empty = np.empty((0, 4))
+    assert into(core, [], dev(empty))[0] == []
+
+
+def test_an_output_array_too_small_is_refused_at_the_call_it_cannot_hold(core):
+    xs = [np.ones(8) for _ in range(100)]  # call 70 is in the second block
+    flat = np.full(8 * 70 + 3, -1.0)
+    with pytest.raises(ValueError, match=r"out holds 563 element\(s\); calls 0 to 70 write 568"):
+        drive(start(core, [[dev(x), 2.0] for x in xs], out=dev(flat), one_out=True), given=True)
+    # The first block's calls ran (or were cancelled); nothing was written past what it holds.
+    assert set(np.unique(flat[:64 * 8])) <= {-1.0, 2.0} and (flat[64 * 8:] == -1.0).all()
+
+
+def test_an_output_array_too_large_is_refused_once_every_call_is_read(core):
+    flat = np.full(20, -1.0)
+    with pytest.raises(ValueError, match=r"out holds 20 element\(s\); the calls write 12"):
+        drive(start(core, [[dev(np.ones(6)), 2.0]] * 2, out=dev(flat), one_out=True), given=True)
+    assert (flat[12:] == -1.0).all()
+
+
+@pytest.mark.parametrize("out, error, message", [
+    (np.empty(8, np.float32), TypeError, "out is float32; kernel 'device_map_scale' writes float64"),
+    ("nope", TypeError, "out must be one device array"),
+    ([np.empty(4), np.empty(4)], TypeError, "out must be one device array"),
+    (FakeCupyArrayWithFlag(np.ones((8, 2))[:, 0]), ValueError, "out is not C-contiguous"),
+    (FakeCupyArrayWithFlag(np.ones(8), 1), ValueError,
+     "call 0's part of out is on GPU 1, the call's arrays on GPU 0"),
+])
+def test_an_output_array_that_does_not_fit_the_calls_is_refused(core, out, error, message):
+    given = [dev(o) for o in out] if isinstance(out, list) else (
+        dev(out) if isinstance(out, np.ndarray) else out)
+    flats = Flats()
+    with pytest.raises(error, match=message):
+        drive(start(core, [[dev(np.ones(4)), 2.0]] * 2, FakeCupyArrayWithFlag, given,
+                    one_out=True), flats, before_queue=lambda: pytest.fail("queued"), given=True)
+    assert flats.made == []
+
+
+@pytest.mark.parametrize("inputs, message", [
+    # call 1 reads call 0's part
+    (lambda base: [base[10:14], base[0:4]], "call 1 reads memory that call 0 writes"),
+    # call 0 reads call 1's part
+    (lambda base: [base[4:8], base[12:16]], "call 1 writes memory that call 0 reads"),
+    # call 0 reads its own part shifted by one element
+    (lambda base: [base[1:5], base[12:16]], "call 0 writes memory that it or another call reads"),
+])
+def test_an_output_array_over_what_other_calls_read_is_refused(core, inputs, message):
+    base = np.arange(16, dtype=np.float64)
+    out = base[:8]
+    flats = Flats()
+    with pytest.raises(ValueError, match=message):
+        drive(start(core, [[dev(x), 2.0] for x in inputs(base)], out=dev(out), one_out=True),
+              flats, before_queue=lambda: pytest.fail("queued"), given=True)
+    np.testing.assert_array_equal(base, np.arange(16, dtype=np.float64))
+
+
+def test_map_compiled_into_one_array_gives_it_as_the_result(core, numpy_buffers):
+    xs = [np.arange(5, dtype=np.float64) + i for i in range(3)]
+    flat = np.full(15, -1.0)
+    given = dev(flat)
+    done = _device.map_compiled(core, SCALE, [[dev(x), 2.0] for x in xs], _Future, out=given,
+                                one_out=True)
+    assert done.given and done.futures[0].result(timeout=30) is given
+    assert list(done.results(None)) == []
+    np.testing.assert_array_equal(flat, np.concatenate(xs) * 2.0)
+    assert numpy_buffers.made == []
+
+
+def test_map_into_is_refused_where_it_does_not_apply():
+    with gpupool.Executor(threads_per_gpu=1, backend="cpu") as ex:
+        with pytest.raises(TypeError, match="map_into takes a compiled kernel"):
+            ex.map_into(gpupool.kernels.square, [np.ones(3)], out=np.empty(3))
+        with pytest.raises(TypeError, match="map_into is for maps over device arrays"):
+            ex.map_into(SCALE, [np.ones(3)], 2.0, out=np.empty(3))
+        with pytest.raises(TypeError, match="device arrays need the CUDA backend"):
+            ex.map_into(SCALE, [dev(np.ones(3))], 2.0, out=dev(np.empty(3)))
+    with pytest.raises(RuntimeError, match="after shutdown"):
+        ex.map_into(SCALE, [dev(np.ones(3))], 2.0, out=dev(np.empty(3)))
 
 
 def test_out_is_refused_where_it_does_not_apply():

@@ -298,6 +298,30 @@ def test_a_map_over_cupy_arrays_writes_given_outputs_in_place():
             ex.map(k, xs[:1], 2.0, out=[cp.empty(1000, cp.float64)])
 
 
+def test_map_into_writes_every_cupy_calls_result_into_one_array_end_to_end():
+    cp = pytest.importorskip("cupy")
+    k = gpupool.elementwise("float32 x, float32 a", "float32 y", "y = a * x + 1.0f",
+                            "gpu_map_into")
+    rng = cp.random.default_rng(6)
+    sizes = [(i * 37) % 500 for i in range(300)]  # some empty; three blocks
+    xs = [rng.random(n, dtype=cp.float32) for n in sizes]
+    out = cp.full(sum(sizes), cp.nan, cp.float32)
+    with gpupool.Executor(threads_per_gpu=4, backend="cuda") as ex:
+        assert ex.map_into(k, xs, 2.0, out=out) is out
+        assert cp.allclose(out, cp.concatenate([x * 2 + 1 for x in xs]))
+        # Each call over its own part of one array: in place.
+        data = rng.random(70 * 1000, dtype=cp.float32)
+        expected = data * 2 + 1
+        rows = data.reshape(70, 1000)
+        assert ex.map_into(k, list(rows), 2.0, out=rows) is rows
+        assert cp.allclose(data, expected)
+        with pytest.raises(ValueError, match="out holds 999 element\\(s\\); calls 0 to 0 "
+                                             "write 1000"):
+            ex.map_into(k, [cp.ones(1000, cp.float32)], 2.0, out=cp.empty(999, cp.float32))
+        with pytest.raises(ValueError, match="call 1 reads memory that call 0 writes"):
+            ex.map_into(k, [data[:10], data[10:20]], 2.0, out=data[10:30])
+
+
 def test_cuda_error_carries_the_cuda_error_name():
     out = gpupool.empty_pinned(512, np.float64)
 

@@ -599,6 +599,22 @@ class Comparison:
         self.run("W5", "gpupool (Python) map of a compiled kernel over CuPy arrays into given "
                  f"outputs (out=), {self.settings_label(None, None)}", GPUPOOL, unit, amount,
                  into_given, check, {"lanes": None, "chunk_bytes": None})
+        # Into one array end to end (map_into): no object per call at all. Its views, made
+        # here once, are only for the check.
+        one = cp.full_like(data, float("nan"))
+        one_chunks = [one[i * size:(i + 1) * size] for i in range(chunks)]
+
+        def into_one(closers: Closers) -> Callable[[], List[Any]]:
+            ex = self.executor(closers, None, None, None)
+
+            def run() -> List[Any]:
+                ex.map_into(kernel, device_chunks, float(a), float(b), out=one)
+                return one_chunks
+            return run
+
+        self.run("W5", "gpupool (Python) map_into one array of a compiled kernel over CuPy "
+                 f"arrays, {self.settings_label(None, None)}", GPUPOOL, unit, amount, into_one,
+                 check, {"lanes": None, "chunk_bytes": None})
 
     # W6, W6c ------------------------------------------------------------------------------
     def many_gpus(self, name: str) -> bool:
