@@ -329,7 +329,8 @@ void call_reader::read_output(std::size_t c, described_call& d) {
     const std::size_t left = one_out_->count - one_out_->taken;
     if (d.work.count > left)
       throw nb::value_error(("gpupool: out holds " + std::to_string(one_out_->count) +
-                             " element(s); calls 0 to " + std::to_string(c) + " write " +
+                             " element(s); call " + std::to_string(c) +
+                             " and those before it write " +
                              std::to_string(one_out_->taken + d.work.count))
                                 .c_str());
     address = one_out_->address + one_out_->taken * gpupool::size_of(output_.type);
@@ -337,6 +338,8 @@ void call_reader::read_output(std::size_t c, described_call& d) {
     type = output_.type;
     // An empty array says no GPU; its parts are all empty, which the check below lets pass.
     ordinal = one_out_->ordinal;
+    // A call of empty arrays that do not say their GPU runs on out's (it writes nothing).
+    if (d.ordinal < 0) d.ordinal = ordinal;
     one_out_->taken += count;
   } else {
     o = out_[c];

@@ -94,7 +94,7 @@ class call_reader {
   void read(std::size_t c, described_call& d);
 
   // Once every call is read: with one array as `out`, refuses (ValueError) one that holds more
-  // elements than the calls wrote (one that holds fewer is refused at the call that overflows).
+  // elements than the calls write (one that holds fewer is refused at the call that overflows).
   void check_every_call_read() const;
 
  private:

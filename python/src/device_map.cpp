@@ -104,6 +104,9 @@ class device_map_run_of final : public device_map_run {
       }
       end_ = std::min(n_, begin_ + size_);
       for (std::size_t c = begin_; c < end_; ++c) reader_.read(c, described_[c]);
+      // One array as `out` that holds more than the calls write is refused before the last
+      // block runs.
+      if (end_ == n_) reader_.check_every_call_read();
       first_group_ = groups_.size();
       group_by_device(begin_, end_, described_, groups_);
       work_.clear();

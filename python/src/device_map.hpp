@@ -56,7 +56,8 @@ int device_of_ordinal(const gpupool::executor& ex, int ordinal);
 // length and on its call's GPU, and no call may write memory another call of the map reads or
 // writes (see write_hazards). With `out_is_one_array`, `out` is one such array instead, holding
 // exactly the calls' elements: call c writes the elements after call c-1's part (ValueError from
-// read_block at the call that overflows it, or once every call is read if it holds more). The
+// read_block at the call that overflows it or, if it holds more, once the last block is read,
+// before that block is queued). The
 // outputs are then an empty list and the future's result is `out`: no object is made per call.
 //
 // Abstract so that one Python type serves both kinds of compiled kernel.

@@ -664,24 +664,57 @@ def test_one_output_array_may_have_any_shape_and_be_the_calls_inputs(core):
     assert into(core, [], dev(empty))[0] == []
 
 
+def queued_blocks(core, calls, out, error, message):
+    """Runs `calls` into the one array `out`, which must be refused with `error` matching
+    `message`: how many blocks were queued before the refusal."""
+    queued = []
+    with pytest.raises(error, match=message):
+        drive(start(core, calls, out=out, one_out=True), given=True,
+              before_queue=lambda: queued.append(1))
+    return len(queued)
+
+
 def test_an_output_array_too_small_is_refused_at_the_call_it_cannot_hold(core):
     xs = [np.ones(8) for _ in range(100)]  # call 70 is in the second block
     flat = np.full(8 * 70 + 3, -1.0)
-    with pytest.raises(ValueError, match=r"out holds 563 element\(s\); calls 0 to 70 write 568"):
-        drive(start(core, [[dev(x), 2.0] for x in xs], out=dev(flat), one_out=True), given=True)
-    # The first block's calls ran (or were cancelled); nothing was written past what it holds.
+    assert queued_blocks(core, [[dev(x), 2.0] for x in xs], dev(flat), ValueError,
+                         r"out holds 563 element\(s\); call 70 and those before it write "
+                         r"568$") == 1
+    # The first block's calls ran (or were cancelled); nothing was written past them.
     assert set(np.unique(flat[:64 * 8])) <= {-1.0, 2.0} and (flat[64 * 8:] == -1.0).all()
 
 
-def test_an_output_array_too_large_is_refused_once_every_call_is_read(core):
-    flat = np.full(20, -1.0)
-    with pytest.raises(ValueError, match=r"out holds 20 element\(s\); the calls write 12"):
-        drive(start(core, [[dev(np.ones(6)), 2.0]] * 2, out=dev(flat), one_out=True), given=True)
-    assert (flat[12:] == -1.0).all()
+@pytest.mark.parametrize("calls, blocks", [(2, 0), (64, 0), (100, 1)])
+def test_an_output_array_too_large_is_refused_before_the_last_block_runs(core, calls, blocks):
+    flat = np.full(6 * calls + 1, -1.0)
+    assert queued_blocks(core, [[dev(np.ones(6)), 2.0]] * calls, dev(flat), ValueError,
+                         rf"out holds {6 * calls + 1} element\(s\); the calls write "
+                         rf"{6 * calls}") == blocks
+    assert (flat[64 * 6:] == -1.0).all()
+
+
+def test_no_calls_into_an_output_array_that_holds_elements_are_refused(core):
+    assert queued_blocks(core, [], dev(np.full(3, -1.0)), ValueError,
+                         r"out holds 3 element\(s\); the calls write 0") == 0
+
+
+def test_empty_calls_write_nothing_into_an_empty_output_array(core):
+    empty = np.empty(0)
+    given = dev(empty)
+    outputs, result = into(core, [[dev(np.empty(0)), 2.0] for _ in range(3)], given)
+    assert outputs == [] and result is given
+
+
+def test_an_output_array_whose_producer_names_a_stream_is_taken(core):
+    # Its stream is waited for with the inputs' (the CPU backend has none: this runs the path).
+    flat = np.full(8, -1.0)
+    into(core, [[dev(np.ones(4)), 2.0]] * 2, CudaArray(flat, stream=1))
+    np.testing.assert_array_equal(flat, np.full(8, 2.0))
 
 
 @pytest.mark.parametrize("out, error, message", [
     (np.empty(8, np.float32), TypeError, "out is float32; kernel 'device_map_scale' writes float64"),
+    (np.empty(8, np.complex128), TypeError, "out has unsupported dtype"),
     ("nope", TypeError, "out must be one device array"),
     ([np.empty(4), np.empty(4)], TypeError, "out must be one device array"),
     (FakeCupyArrayWithFlag(np.ones((8, 2))[:, 0]), ValueError, "out is not C-contiguous"),
@@ -691,11 +724,9 @@ def test_an_output_array_too_large_is_refused_once_every_call_is_read(core):
 def test_an_output_array_that_does_not_fit_the_calls_is_refused(core, out, error, message):
     given = [dev(o) for o in out] if isinstance(out, list) else (
         dev(out) if isinstance(out, np.ndarray) else out)
-    flats = Flats()
     with pytest.raises(error, match=message):
         drive(start(core, [[dev(np.ones(4)), 2.0]] * 2, FakeCupyArrayWithFlag, given,
-                    one_out=True), flats, before_queue=lambda: pytest.fail("queued"), given=True)
-    assert flats.made == []
+                    one_out=True), before_queue=lambda: pytest.fail("queued"), given=True)
 
 
 @pytest.mark.parametrize("inputs, message", [
@@ -709,10 +740,9 @@ def test_an_output_array_that_does_not_fit_the_calls_is_refused(core, out, error
 def test_an_output_array_over_what_other_calls_read_is_refused(core, inputs, message):
     base = np.arange(16, dtype=np.float64)
     out = base[:8]
-    flats = Flats()
     with pytest.raises(ValueError, match=message):
         drive(start(core, [[dev(x), 2.0] for x in inputs(base)], out=dev(out), one_out=True),
-              flats, before_queue=lambda: pytest.fail("queued"), given=True)
+              before_queue=lambda: pytest.fail("queued"), given=True)
     np.testing.assert_array_equal(base, np.arange(16, dtype=np.float64))
 
 
