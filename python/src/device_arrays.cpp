@@ -126,7 +126,9 @@ std::optional<device_array_reading> read_device_array(nb::handle a,
     r.read = nb::steal(cupy).attr(nb::handle(n.from_dlpack))(a);
     cai = r.read.attr(nb::handle(n.cai));
   }
-  r.address = nb::cast<std::uintptr_t>(nb::int_(nb::object((*cai)[nb::handle(n.data)])[0]));
+  const nb::object data = (*cai)[nb::handle(n.data)];
+  r.address = nb::cast<std::uintptr_t>(nb::int_(data[0]));
+  r.read_only = nb::len(data) > 1 && PyObject_IsTrue(nb::object(data[1]).ptr()) == 1;
   std::vector<std::size_t> sizes;
   for (nb::handle size : nb::object((*cai)[nb::handle(n.shape)]))
     sizes.push_back(nb::cast<std::size_t>(nb::int_(size)));
@@ -275,7 +277,7 @@ call_reader::call_reader(const std::string& kernel_name,
     std::tie(o.address, o.count, type, o.ordinal) =
         std::make_tuple(view.address, view.count, view.type, view.ordinal);
   } else {
-    std::tie(o.address, o.count, type, o.ordinal, std::ignore) = read_other(out_, where);
+    std::tie(o.address, o.count, type, o.ordinal, std::ignore) = read_other(out_, where, true);
   }
   if (type != output_.type)
     throw nb::type_error((std::string("gpupool: out is ") + gpupool::to_string(type) +
@@ -301,13 +303,17 @@ void call_reader::read(std::size_t c, described_call& d) {
 }
 
 call_reader::array_reading call_reader::read_other(nb::handle a,
-                                                   const std::function<std::string()>& where) {
+                                                   const std::function<std::string()>& where,
+                                                   bool written) {
   std::optional<device_array_reading> r = read_device_array(a, where);
   if (!r)
     throw nb::type_error(("gpupool: " + where() +
                           " is not a device array; a map over device arrays takes device arrays "
                           "and numbers only (host arrays go in a map of their own)")
                              .c_str());
+  if (written && r->read_only)
+    throw nb::value_error(
+        ("gpupool: " + where() + " is read-only (its CUDA Array Interface says so)").c_str());
   if (r->stream &&
       std::find(notes_.streams.begin(), notes_.streams.end(), *r->stream) == notes_.streams.end())
     notes_.streams.push_back(*r->stream);
@@ -348,7 +354,7 @@ void call_reader::read_output(std::size_t c, described_call& d) {
       std::tie(address, count, type, ordinal) =
           std::make_tuple(view.address, view.count, view.type, view.ordinal);
     } else {
-      std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where);
+      std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where, true);
     }
   }
   if (type != output_.type)

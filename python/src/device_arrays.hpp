@@ -30,6 +30,8 @@ struct device_array_reading {
   // The stream its producer may still be writing on (CUDA Array Interface v3), to be waited for
   // before a kernel reads it; none where the producer names none (or 0, which v3 disallows).
   std::optional<std::uintptr_t> stream;
+  // The CUDA Array Interface's read-only flag: the producer lets nobody write the memory.
+  bool read_only = false;
   // What was read: the array itself, or CuPy's view of an array offering only DLPack (the view
   // must live as long as its memory is used: it holds the DLPack capsule).
   nb::object read;
@@ -105,8 +107,10 @@ class call_reader {
   bool is_cupy(nb::handle a) const {
     return cupy_ndarray_.is_valid() && a.type().is(cupy_ndarray_);
   }
-  // A device array other than a CuPy array, noting what it leaves to do.
-  array_reading read_other(nb::handle a, const std::function<std::string()>& where);
+  // A device array other than a CuPy array, noting what it leaves to do; `written`: one the map
+  // writes, which must not be read-only (ValueError).
+  array_reading read_other(nb::handle a, const std::function<std::string()>& where,
+                           bool written = false);
   // Call `c`'s array in `out` (or its part of the one array), checked against the call (whose
   // inputs `d` holds) and against what the map's other calls read and write.
   void read_output(std::size_t c, described_call& d);

@@ -67,6 +67,14 @@ class CudaArray:
             "stream": stream}
 
 
+class ReadOnly(CudaArray):
+    """An array whose CUDA Array Interface marks it read-only."""
+
+    def __init__(self, host):
+        super().__init__(host)
+        self.__cuda_array_interface__["data"] = (host.ctypes.data, True)
+
+
 class DLPackOnly:
     """An array offering only DLPack, on a CUDA device."""
 
@@ -618,6 +626,7 @@ def test_an_input_several_calls_share_may_not_be_written(core):
      "call 1's output is not C-contiguous; make a contiguous copy"),
     ([np.empty(4), FakeCupyArrayWithFlag(np.ones(4), 1)], ValueError,
      "call 1's output is on GPU 1, the call's arrays on GPU 0"),
+    ([np.empty(4), ReadOnly(np.empty(4))], ValueError, "call 1's output is read-only"),
 ])
 def test_a_given_output_that_does_not_fit_its_call_is_refused(core, out, error, message):
     xs = [np.ones(4), np.ones(4)]
@@ -705,6 +714,12 @@ def test_empty_calls_write_nothing_into_an_empty_output_array(core):
     assert outputs == [] and result is given
 
 
+def test_read_only_inputs_may_be_read(core):
+    flat = np.full(8, -1.0)
+    into(core, [[ReadOnly(np.ones(4)), 2.0]] * 2, dev(flat))
+    np.testing.assert_array_equal(flat, np.full(8, 2.0))
+
+
 def test_an_output_array_whose_producer_names_a_stream_is_taken(core):
     # Its stream is waited for with the inputs' (the CPU backend has none: this runs the path).
     flat = np.full(8, -1.0)
@@ -720,6 +735,7 @@ def test_an_output_array_whose_producer_names_a_stream_is_taken(core):
     (FakeCupyArrayWithFlag(np.ones((8, 2))[:, 0]), ValueError, "out is not C-contiguous"),
     (FakeCupyArrayWithFlag(np.ones(8), 1), ValueError,
      "call 0's part of out is on GPU 1, the call's arrays on GPU 0"),
+    (ReadOnly(np.empty(8)), ValueError, "out is read-only"),
 ])
 def test_an_output_array_that_does_not_fit_the_calls_is_refused(core, out, error, message):
     given = [dev(o) for o in out] if isinstance(out, list) else (
