@@ -128,7 +128,11 @@ std::optional<device_array_reading> read_device_array(nb::handle a,
   }
   const nb::object data = (*cai)[nb::handle(n.data)];
   r.address = nb::cast<std::uintptr_t>(nb::int_(data[0]));
-  r.read_only = nb::len(data) > 1 && PyObject_IsTrue(nb::object(data[1]).ptr()) == 1;
+  if (nb::len(data) > 1) {
+    const int read_only = PyObject_IsTrue(nb::object(data[1]).ptr());
+    if (read_only < 0) throw nb::python_error();
+    r.read_only = read_only == 1;
+  }
   std::vector<std::size_t> sizes;
   for (nb::handle size : nb::object((*cai)[nb::handle(n.shape)]))
     sizes.push_back(nb::cast<std::size_t>(nb::int_(size)));

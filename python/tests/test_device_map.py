@@ -714,10 +714,15 @@ def test_empty_calls_write_nothing_into_an_empty_output_array(core):
     assert outputs == [] and result is given
 
 
-def test_read_only_inputs_may_be_read(core):
+def test_read_only_inputs_may_be_read_but_not_written_in_place(core):
     flat = np.full(8, -1.0)
     into(core, [[ReadOnly(np.ones(4)), 2.0]] * 2, dev(flat))
     np.testing.assert_array_equal(flat, np.full(8, 2.0))
+    outs = [np.full(4, -1.0) for _ in range(2)]
+    outputs, _, _, _ = run(core, [[ReadOnly(np.ones(4)), 3.0]] * 2, out=[dev(o) for o in outs])
+    assert all((o == 3.0).all() for o in outs)
+    xs = [ReadOnly(np.ones(4)) for _ in range(2)]
+    refused(core, [[x, 3.0] for x in xs], ValueError, "call 0's output is read-only", out=xs)
 
 
 def test_an_output_array_whose_producer_names_a_stream_is_taken(core):
