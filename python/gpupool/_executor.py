@@ -570,8 +570,9 @@ class Executor(_futures.Executor):
         started has ended before the error reaches the caller.
 
         ``priority`` (-3 to 3, higher is more urgent; None: the executor's) is every call's."""
-        return cast(_T, _map_paths.compiled_into(self, fn, iterables, out, timeout,
-                                                  _priority(priority, True)))
+        request = _map_paths.MapRequest(self, fn, iterables, timeout, None, False, None,
+                                        _priority(priority, True))
+        return cast(_T, _map_paths.compiled_into(request, out))
 
     @property
     def map_window_bytes(self) -> int:

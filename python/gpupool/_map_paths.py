@@ -150,25 +150,23 @@ def compiled_kernel(m: MapRequest) -> Iterator[Any]:
     return _windowed(m, calls, submit, result_bytes)
 
 
-def compiled_into(ex: Executor, fn: Any, iterables: Tuple[Any, ...], out: object,
-                  timeout: Optional[float], priority: Optional[int]) -> object:
+def compiled_into(m: MapRequest, out: object) -> object:
     """Executor.map_into: every call at once, each writing its part of ``out``; returns
     ``out`` once all have."""
-    if not isinstance(fn, _COMPILED):
+    if not isinstance(m.fn, _COMPILED):
         raise TypeError("gpupool: map_into takes a compiled kernel (elementwise, raw) over device "
                         "arrays")
-    deadline = None if timeout is None else time.monotonic() + timeout
-    calls, on_device = _compiled_calls(iterables)
+    calls, on_device = _compiled_calls(m.iterables)
     if calls and not on_device:
         raise TypeError("gpupool: map_into is for maps over device arrays; a map over host "
                         "arrays returns new arrays in pinned memory (Executor.map)")
+    ex = m.executor
     with ex._lock:
-        ex._check_open()
-        if not ex._core.takes_cuda_arrays:
-            raise TypeError("gpupool: device arrays need the CUDA backend")
-        written = _device.map_compiled(ex._core, fn, calls, _Future, out=out,
-                                       priority=priority, one_out=True)
-    for _ in written.results(deadline):
+        m.check_open()
+        m.require_device_arrays()
+        written = _device.map_compiled(ex._core, m.fn, calls, _Future, out=out,
+                                       priority=m.priority, one_out=True)
+    for _ in written.results(m.deadline):
         pass
     return out
 

@@ -274,20 +274,8 @@ call_reader::call_reader(const std::string& kernel_name,
     throw nb::type_error(
         "gpupool: out must be one device array (CuPy, PyTorch, ...) to take every call's output "
         "end to end");
-  one_output o;
-  gpupool::dtype type{};
-  if (is_cupy(out_)) {
-    const cupy_array_view view = describe_cupy(out_, where);
-    std::tie(o.address, o.count, type, o.ordinal) =
-        std::make_tuple(view.address, view.count, view.type, view.ordinal);
-  } else {
-    std::tie(o.address, o.count, type, o.ordinal, std::ignore) = read_other(out_, where, true);
-  }
-  if (type != output_.type)
-    throw nb::type_error((std::string("gpupool: out is ") + gpupool::to_string(type) +
-                          "; kernel '" + name_ + "' writes " + gpupool::to_string(output_.type))
-                             .c_str());
-  one_out_ = o;
+  const auto [address, count, ordinal] = read_written(out_, where);
+  one_out_ = one_output{address, count, ordinal, 0};
 }
 
 void call_reader::check_every_call_read() const {
@@ -325,13 +313,32 @@ call_reader::array_reading call_reader::read_other(nb::handle a,
   return {r->address, r->count, r->type, r->ordinal, std::move(r->shape)};
 }
 
+std::tuple<std::uintptr_t, std::size_t, int> call_reader::read_written(
+    nb::handle o, const std::function<std::string()>& where) {
+  std::uintptr_t address = 0;
+  std::size_t count = 0;
+  gpupool::dtype type{};
+  int ordinal = -1;
+  if (is_cupy(o)) {
+    const cupy_array_view view = describe_cupy(o, where);
+    std::tie(address, count, type, ordinal) =
+        std::make_tuple(view.address, view.count, view.type, view.ordinal);
+  } else {
+    std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where, true);
+  }
+  if (type != output_.type)
+    throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) + "; kernel '" +
+                          name_ + "' writes " + gpupool::to_string(output_.type))
+                             .c_str());
+  return {address, count, ordinal};
+}
+
 void call_reader::read_output(std::size_t c, described_call& d) {
   const auto where = [&] {
     return "call " + std::to_string(c) + (one_out_ ? "'s part of out" : "'s output");
   };
   std::uintptr_t address = 0;
   std::size_t count = 0;
-  gpupool::dtype type{};
   int ordinal = -1;
   nb::object o;
   if (one_out_) {
@@ -345,7 +352,6 @@ void call_reader::read_output(std::size_t c, described_call& d) {
                                 .c_str());
     address = one_out_->address + one_out_->taken * gpupool::size_of(output_.type);
     count = d.work.count;
-    type = output_.type;
     // An empty array says no GPU; its parts are all empty, which the check below lets pass.
     ordinal = one_out_->ordinal;
     // A call of empty arrays that do not say their GPU runs on out's (it writes nothing).
@@ -353,18 +359,8 @@ void call_reader::read_output(std::size_t c, described_call& d) {
     one_out_->taken += count;
   } else {
     o = out_[c];
-    if (is_cupy(o)) {
-      const cupy_array_view view = describe_cupy(o, where);
-      std::tie(address, count, type, ordinal) =
-          std::make_tuple(view.address, view.count, view.type, view.ordinal);
-    } else {
-      std::tie(address, count, type, ordinal, std::ignore) = read_other(o, where, true);
-    }
+    std::tie(address, count, ordinal) = read_written(o, where);
   }
-  if (type != output_.type)
-    throw nb::type_error(("gpupool: " + where() + " is " + gpupool::to_string(type) + "; kernel '" +
-                          name_ + "' writes " + gpupool::to_string(output_.type))
-                             .c_str());
   if (count != d.work.count)
     throw nb::value_error(("gpupool: " + where() + " has " + std::to_string(count) +
                            " element(s), the call " + std::to_string(d.work.count))
@@ -380,7 +376,8 @@ void call_reader::read_output(std::size_t c, described_call& d) {
             hazards_.add_input(begin, begin + in.size() * gpupool::size_of(in.type()), c))
       throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
   }
-  if (auto problem = hazards_.add_output(address, address + count * gpupool::size_of(type), c))
+  if (auto problem =
+          hazards_.add_output(address, address + count * gpupool::size_of(output_.type), c))
     throw nb::value_error(("gpupool: call " + std::to_string(c) + " " + *problem).c_str());
   d.work.out = reinterpret_cast<void*>(address);
   d.output = std::move(o);

@@ -111,6 +111,11 @@ class call_reader {
   // writes, which must not be read-only (ValueError).
   array_reading read_other(nb::handle a, const std::function<std::string()>& where,
                            bool written = false);
+  // An array the map writes (one of `out`, or the one array): its address, element count and
+  // ordinal. Refused if it is not of the kernel's output type (TypeError), read-only or not
+  // C-contiguous (ValueError).
+  std::tuple<std::uintptr_t, std::size_t, int> read_written(
+      nb::handle o, const std::function<std::string()>& where);
   // Call `c`'s array in `out` (or its part of the one array), checked against the call (whose
   // inputs `d` holds) and against what the map's other calls read and write.
   void read_output(std::size_t c, described_call& d);

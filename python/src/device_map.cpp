@@ -74,7 +74,6 @@ class device_map_run_of final : public device_map_run {
         n_(nb::len(calls)),
         single_(single),
         given_outputs_(out.is_valid() && !out.is_none()),
-        one_output_(out_is_one_array),
         options_(options),
         future_type_(nb::borrow(future_type)),
         notes_{std::move(wait_streams), {}},
@@ -85,8 +84,8 @@ class device_map_run_of final : public device_map_run {
         held_(nb::make_tuple(std::move(keep_alive), held_flats_, out, notes_.views)) {
     if (single && n_ != 1) throw nb::value_error("gpupool: single needs exactly one call");
     if (given_outputs_ && single) throw nb::value_error("gpupool: out is for maps, not single");
-    if (one_output_) one_out_ = out;
-    if (given_outputs_ && !one_output_ && nb::len(out) != n_)
+    if (out_is_one_array) one_out_ = out;
+    if (given_outputs_ && !out_is_one_array && nb::len(out) != n_)
       throw nb::value_error(("gpupool: out has " + std::to_string(nb::len(out)) + " array(s) for " +
                              std::to_string(n_) + " call(s)")
                                 .c_str());
@@ -178,9 +177,11 @@ class device_map_run_of final : public device_map_run {
     return step({stage::all_queued}, [&] {
       if (!given_outputs_) place_views(pieces);
       nb::list all;
-      if (!one_output_)
+      if (!one_out_.is_valid())
         for (auto& o : outputs_) all.append(o);
-      nb::object result = single_ ? outputs_.front() : one_output_ ? one_out_ : nb::object(all);
+      nb::object result = single_               ? outputs_.front()
+                          : one_out_.is_valid() ? one_out_
+                                                : nb::object(all);
       nb::list futures;
       futures.append(adopt_kernel_tasks(queued_, future_type_, std::move(result), held_));
       queued_.clear();  // the future's from now on
@@ -225,7 +226,7 @@ class device_map_run_of final : public device_map_run {
     std::vector<gpupool::device_call> work;
     work.reserve(gr.members.size());
     for (std::size_t c : gr.members) {
-      if (!one_output_) outputs_[c] = std::move(described_[c].output);
+      if (!one_out_.is_valid()) outputs_[c] = std::move(described_[c].output);
       work.push_back(std::move(described_[c].work));
     }
     return work;
@@ -316,8 +317,9 @@ class device_map_run_of final : public device_map_run {
   std::size_t n_;
   bool single_;
   bool given_outputs_;
-  bool one_output_;     // `out` is one array taking every call's output end to end
-  nb::object one_out_;  // that array, the map's result
+  // With one array as `out` (taking every call's output end to end): that array, the map's
+  // result; invalid otherwise.
+  nb::object one_out_;
   gpupool::task_options options_;
   nb::object future_type_;
   reading_notes notes_;
