@@ -4,8 +4,11 @@
 // their inputs part way, stay on the devices; the trace and placement() say where each ran.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
+#include <fstream>
 #include <future>
 #include <limits>
 #include <mutex>
@@ -446,6 +449,33 @@ TEST(HostLanes, WithoutHostLanesNothingIsPlaced) {
   EXPECT_EQ(p.host_tasks, 0u);
   EXPECT_EQ(p.device_tasks, 0u);
   EXPECT_EQ(p.host_share, 0.0);
+}
+
+// The names of this process's threads, as Linux keeps them (15 characters at most).
+std::vector<std::string> thread_names() {
+  std::vector<std::string> names;
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task")) {
+    std::ifstream comm(task.path() / "comm");
+    std::string name;
+    if (std::getline(comm, name)) names.push_back(name);
+  }
+  return names;
+}
+
+TEST(LaneThreads, EveryLaneIsNamedForItsDeviceAndIndexAndEveryHostLaneForItsIndex) {
+  executor_options o = testing::quiet_options(backend_kind::cpu, 3);
+  o.cpu_devices = 2;
+  o.host_lanes = 2;
+  executor ex(o);
+  const std::vector<std::string> names = thread_names();
+  const auto count = [&](const std::string& name) {
+    return std::count(names.begin(), names.end(), name);
+  };
+  for (const char* name : {"gpupool d0.0", "gpupool d0.1", "gpupool d0.2", "gpupool d1.0",
+                           "gpupool d1.1", "gpupool d1.2", "gpupool host.0", "gpupool host.1"})
+    EXPECT_EQ(count(name), 1) << name;
+  EXPECT_EQ(count("gpupool d0.3"), 0);
+  EXPECT_EQ(count("gpupool host.2"), 0);
 }
 
 }  // namespace

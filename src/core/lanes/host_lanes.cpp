@@ -17,7 +17,9 @@ thread_local const host_lanes* current_lanes = nullptr;
 host_lanes::host_lanes(int count, const setup& s) : setup_(s), queue_(1, s.spin, s.priority) {
   try {
     threads_.reserve(static_cast<std::size_t>(count));
-    for (int i = 0; i < count; ++i) threads_.push_back(start_lane_thread([this, i] { run(i); }));
+    for (int i = 0; i < count; ++i)
+      threads_.push_back(
+          start_lane_thread("gpupool host." + std::to_string(i), [this, i] { run(i); }));
   } catch (const std::system_error& e) {
     close_and_join();
     throw std::runtime_error("gpupool: could not start host lane " +

@@ -53,8 +53,9 @@ lane_worker::~lane_worker() {
 std::future<void> lane_worker::start() {
   std::promise<void> ready;
   auto started = ready.get_future();
-  thread_ =
-      start_lane_thread([this, ready = std::move(ready)]() mutable { run(std::move(ready)); });
+  thread_ = start_lane_thread(
+      "gpupool d" + std::to_string(setup_.device) + "." + std::to_string(setup_.index_on_device),
+      [this, ready = std::move(ready)]() mutable { run(std::move(ready)); });
   return started;
 }
 
