@@ -16,6 +16,7 @@
 #include <utility>
 #include <vector>
 
+#include "core/backend.hpp"
 #include "core/kernels/kernel_cache.hpp"
 #include "core/tuning/tuning.hpp"
 #include "test_support.hpp"
@@ -384,6 +385,30 @@ TEST_F(Tuning, TheLargestConfigurationStillGivesEveryLaneSeveralPieces) {
     // The input and the output array each hold this much host memory at most.
     EXPECT_LE(plan.most_bytes_per_device * devices, std::size_t{2} << 30) << "host memory";
   }
+}
+
+// The sweep's rates for lane counts within a few percent of each other are noise; every lane more
+// is a thread more on the host's cores.
+TEST_F(Tuning, NearTiesGoToTheFewestLanesThenTheFastestOfThose) {
+  constexpr std::size_t mib = std::size_t{1} << 20;
+  const std::vector<tuning_sample> close = {
+      {4, 4 * mib, 27e9}, {8, 4 * mib, 39.5e9}, {16, 4 * mib, 41e9}, {8, 2 * mib, 40e9}};
+  EXPECT_EQ(detail::best_of(close).lanes_per_device, 8);
+  EXPECT_EQ(detail::best_of(close).chunk_bytes, 2 * mib);  // the faster of the 8-lane samples
+  const std::vector<tuning_sample> apart = {{8, 4 * mib, 38e9}, {16, 4 * mib, 41e9}};
+  EXPECT_EQ(detail::best_of(apart).lanes_per_device, 16);  // 7% slower is no tie
+  const std::vector<tuning_sample> equal = {{8, 4 * mib, 4e10}, {8, 2 * mib, 4e10}};
+  EXPECT_EQ(detail::best_of(equal).chunk_bytes, 4 * mib);  // the first of equals
+}
+
+TEST_F(Tuning, TheGpuSweepTriesOnlyLaneCountsThatLeaveTheCallerACore) {
+  const auto sweep = detail::traits_of(backend_kind::cuda).sweep_lanes;
+  EXPECT_EQ(sweep(1, 2), (std::vector<int>{4}));
+  EXPECT_EQ(sweep(1, 16), (std::vector<int>{4, 8}));
+  EXPECT_EQ(sweep(1, 17), (std::vector<int>{4, 8, 16}));
+  EXPECT_EQ(sweep(2, 32), (std::vector<int>{4, 8}));
+  EXPECT_EQ(sweep(2, 33), (std::vector<int>{4, 8, 16}));
+  EXPECT_EQ(sweep(8, 128), (std::vector<int>{4, 8}));
 }
 
 TEST_F(Tuning, ASweepCutShortIsUsedButNotCached) {

@@ -41,9 +41,16 @@ inline std::size_t least_device_batch_elements(const device_info& d) {
          resident_threads_per_multiprocessor * waves_per_device_batch;
 }
 
-// 4 to 16 lanes: fewer never keep a GPU's copy engines and multiprocessors busy together.
-inline std::vector<int> sweep_lanes(std::size_t /*devices*/, unsigned /*host_cores*/) {
-  return {4, 8, 16};
+// 4 to 16 lanes: fewer never keep a GPU's copy engines and multiprocessors busy together. More
+// than 4 only where every device's lanes together leave a host core to the caller's thread:
+// lanes stage, complete and wait on the host, and a caller that must share a core with them
+// feeds small tasks slower than fewer lanes take them.
+inline std::vector<int> sweep_lanes(std::size_t devices, unsigned host_cores) {
+  std::vector<int> lanes{4};
+  for (int more : {8, 16})
+    if (static_cast<std::size_t>(more) * std::max<std::size_t>(devices, 1) < host_cores)
+      lanes.push_back(more);
+  return lanes;
 }
 
 inline constexpr std::size_t sweep_chunks[] = {1 * mib, 2 * mib, 4 * mib, 8 * mib};

@@ -80,6 +80,11 @@ constexpr std::size_t most_sweep_bytes = 2048 * mib;
 // Beyond the executor's own limits (tuning.hpp), a sane size for a cache entry's chunks.
 constexpr std::size_t largest_chunk = std::size_t{1} << 34;
 constexpr std::size_t most_samples = 64;
+// Rates within this share of the fastest sample's are a tie, which the fewest lanes win: the
+// sweep's large pieces rate lane counts within a few percent of each other differently from one
+// run to the next, while every lane more is a thread more competing for the host's cores with
+// the caller, which small tasks (a Python caller's above all) feel where the sweep does not.
+constexpr double lanes_tie = 0.05;
 
 unsigned host_cores() {
   return std::max(1u, std::thread::hardware_concurrency());
@@ -358,9 +363,16 @@ sweep_result run_sweep(const executor_options& options, const sweep_plan& plan,
 
 const tuning_sample& best_of(const std::vector<tuning_sample>& samples) {
   if (samples.empty()) throw std::invalid_argument("gpupool: no tuning samples");
-  const tuning_sample* best = &samples.front();
-  for (const auto& s : samples)
-    if (s.bytes_per_second > best->bytes_per_second) best = &s;
+  double fastest = 0.0;
+  for (const auto& s : samples) fastest = std::max(fastest, s.bytes_per_second);
+  const tuning_sample* best = nullptr;
+  for (const auto& s : samples) {
+    if (s.bytes_per_second < (1.0 - lanes_tie) * fastest) continue;
+    if (best == nullptr || s.lanes_per_device < best->lanes_per_device ||
+        (s.lanes_per_device == best->lanes_per_device &&
+         s.bytes_per_second > best->bytes_per_second))
+      best = &s;
+  }
   return *best;
 }
 

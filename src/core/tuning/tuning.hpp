@@ -120,7 +120,8 @@ void forget_measurements();
 [[nodiscard]] sweep_result run_sweep(const executor_options& options, const sweep_plan& plan,
                                      const sweep_runner& runner);
 
-/// The best sample (highest bandwidth; the first of equals). `samples` must not be empty.
+/// The best sample: of those within 5% of the highest bandwidth, the one with the fewest lanes
+/// per device (the fastest of those; the first of equals). `samples` must not be empty.
 [[nodiscard]] const tuning_sample& best_of(const std::vector<tuning_sample>& samples);
 
 /// A sweep's result as the cache stores it, and back. `parse_tuning_entry` returns nothing for
