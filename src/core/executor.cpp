@@ -31,6 +31,8 @@ executor::impl::impl(const executor_options& options)
             options.priority),
       placement(options.host_lanes, lanes_per_device * static_cast<int>(ordinals.size())),
       default_priority(options.priority) {
+  // Those waiting on this executor's futures look as long as its lanes do before they sleep.
+  detail::set_waiter_spin(detail::lane_spin_from_environment());
   for (std::size_t d = 0; d < ordinals.size(); ++d) {
     owner->prepare_device(ordinals[d]);
     device_info info = owner->describe(ordinals[d]);

@@ -1,11 +1,15 @@
 // The untyped shared state behind every future.
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <thread>
 #include <utility>
 #include <vector>
 
+#include "core/scheduling/lane_spin.hpp"
 #include "gpupool/future.hpp"
 
 namespace gpupool {
@@ -37,6 +41,9 @@ constexpr std::uint32_t completing_from_running = 6;
 constexpr std::uint32_t waiters_flag = 1u << 3;    // a thread waits (or waited) on cv_
 constexpr std::uint32_t callbacks_flag = 1u << 4;  // callbacks are stored
 constexpr std::uint32_t taken_flag = 1u << 5;      // the value was handed over
+
+// How long a waiter looks for the outcome before it sleeps (set_waiter_spin), in microseconds.
+std::atomic<std::int64_t> waiter_spin_us{default_lane_spin.count()};
 
 constexpr std::uint32_t bits_of(task_status s) noexcept {
   return static_cast<std::uint32_t>(s);
@@ -246,8 +253,27 @@ bool state_base::wait_until(std::chrono::steady_clock::time_point deadline) cons
   return wait_final(&deadline);
 }
 
+void set_waiter_spin(std::chrono::microseconds spin) noexcept {
+  waiter_spin_us.store(spin.count(), std::memory_order_relaxed);
+}
+
 bool state_base::wait_final(const std::chrono::steady_clock::time_point* deadline) const {
   if (is_final(load())) return true;
+  // Results of small tasks come back within microseconds of each other, and a waiter asleep by
+  // then is woken through the kernel, which on an idle core (above all a virtual machine's) costs
+  // more than the task: a consumer that slept once fell behind and slept on every result after.
+  // So it looks first, as a lane does for work, yielding its core to any thread that wants it.
+  const auto spin = std::chrono::microseconds(waiter_spin_us.load(std::memory_order_relaxed));
+  if (spin.count() > 0) {
+    auto now = std::chrono::steady_clock::now();
+    auto until = now + spin;
+    if (deadline != nullptr && *deadline < until) until = *deadline;
+    while (now < until) {
+      std::this_thread::yield();
+      if (is_final(load())) return true;
+      now = std::chrono::steady_clock::now();
+    }
+  }
   std::unique_lock lock(mutex_);
   std::uint32_t word = load();
   while (!is_final(word)) {

@@ -24,4 +24,8 @@ std::chrono::microseconds parse_lane_spin(const char* value);
 /// GPUPOOL_LANE_SPIN_US as read now.
 std::chrono::microseconds lane_spin_from_environment();
 
+/// How long a thread waiting on a future looks for its outcome before it sleeps (process-wide;
+/// default_lane_spin until set): every executor sets it to its lanes' look as it is made.
+void set_waiter_spin(std::chrono::microseconds spin) noexcept;
+
 }  // namespace gpupool::detail
