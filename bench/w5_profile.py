@@ -44,20 +44,26 @@ def fma_body(fmas: int) -> str:
 
 
 def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any, reference: Any,
-                 table: bool) -> None:
+                 table: bool, into: Any = None) -> None:
     """Prints when the batches of a traced map were queued, taken and run (us since the map call
-    began), and the GPU's time without a batch running; with `table`, every batch's times."""
+    began), and the GPU's time without a batch running; with `table`, every batch's times.
+    With `into` (a device array as long as all chunks), the round is a map_into it instead."""
     marker = np.ones(16, dtype=np.float32)
     with ex.trace() as trace:
         begin = ex.submit(gpupool.kernels.square, marker)
-        got = ex.map(kernel, chunks, A, B)
-        end = ex.submit(gpupool.kernels.square, marker)
-        got = list(got)
+        if into is None:
+            got = ex.map(kernel, chunks, A, B)
+            end = ex.submit(gpupool.kernels.square, marker)
+            written = cp.concatenate(list(got))
+        else:
+            into.fill(float("nan"))
+            written = ex.map_into(kernel, chunks, A, B, out=into)
+            end = ex.submit(gpupool.kernels.square, marker)
         cp.cuda.runtime.deviceSynchronize()
         begin.result(), end.result()
-    if not bool(cp.allclose(cp.concatenate(got), reference, rtol=1e-5, atol=1e-6)):
+    if not bool(cp.allclose(written, reference, rtol=1e-5, atol=1e-6)):
         raise SystemExit("FAIL: the traced map differs from CuPy's kernel")
-    del got
+    del written
     records = sorted(trace.records(), key=lambda r: r["id"])
     if len(records) < 3 or records[0]["name"] != "square" or records[-1]["name"] != "square":
         raise SystemExit("FAIL: the traced round lacks its marker tasks")
@@ -65,7 +71,8 @@ def traced_round(ex: Any, kernel: Any, chunks: List[Any], cp: Any, reference: An
     batches = [r for r in records[1:-1] if r["kernel"]]
     if len(batches) != len(records) - 2:
         raise SystemExit("FAIL: a batch of the traced map has no kernel span")
-    print(f"traced round: {len(batches)} batches; the map call returned at {t_end - t0:.0f} us, "
+    what = "map" if into is None else "map_into"
+    print(f"traced {what} round: {len(batches)} batches; the call returned at {t_end - t0:.0f} us, "
           f"the last batch ended (done) at {max(r['done'] for r in batches) - t0:.0f} us")
     spans = sorted((r["kernel"][0], r["kernel"][1]) for r in batches)
     idle: List[Dict[str, float]] = []
@@ -162,6 +169,7 @@ def main() -> None:
             raise SystemExit("FAIL: gpupool's one launch differs from CuPy's kernel")
         del whole_out
         launch, calls, waits, wholes, gc_off, into, own = [], [], [], [], [], [], []
+        own_into: List[float] = []
         into_one: List[float] = []
         call_cpu: List[float] = []
         switches: List[int] = []
@@ -172,6 +180,13 @@ def main() -> None:
             cp.cuda.runtime.deviceSynchronize()
             own.append(time.perf_counter() - t0)
             del whole_out
+            if has_into:
+                # The same one launch into an array made beforehand: what the output's
+                # allocation and its hand-back cost of the launch above.
+                t0 = time.perf_counter()
+                ex.map_into(kernel, [data], A, B, out=one)
+                cp.cuda.runtime.deviceSynchronize()
+                own_into.append(time.perf_counter() - t0)
             t0 = time.perf_counter()
             got = list(ex.map(kernel, chunks, A, B, out=given_chunks))
             cp.cuda.runtime.deviceSynchronize()
@@ -216,6 +231,9 @@ def main() -> None:
               f"{args.repeat}, results checked")
         print(f"  CuPy one launch        {ms(launch):8.2f} ms")
         print(f"  gpupool one launch     {ms(own):8.2f} ms  ({ms(own) / ms(launch):.2f}x CuPy's)")
+        if has_into:
+            print(f"    into one array       {ms(own_into):8.2f} ms  "
+                  f"({ms(own_into) / ms(launch):.2f}x CuPy's; map_into of one call)")
         print(f"  gpupool map, whole     {ms(wholes):8.2f} ms  ({ms(wholes) / ms(launch):.2f}x one launch)")
         print(f"    the map call         {ms(calls):8.2f} ms  ({1e3 * ms(calls) / args.chunks:.1f} us per array)")
         switched_out = (f"{statistics.median(switches):g}" if RUSAGE_THREAD is not None
@@ -237,6 +255,8 @@ def main() -> None:
                          for c, u, n in zip(calls, call_cpu, switches)))
         if args.trace:
             traced_round(ex, kernel, chunks, cp, reference, args.table)
+            if has_into:
+                traced_round(ex, kernel, chunks, cp, reference, args.table, into=one)
         profile = cProfile.Profile()
         profile.enable()
         got = list(ex.map(kernel, chunks, A, B))
