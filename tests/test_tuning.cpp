@@ -303,7 +303,9 @@ TEST_F(Tuning, ASweepRunsLanesFirstThenChunkSizesAndStopsAtItsDeadline) {
   EXPECT_EQ(samples[1].lanes_per_device, 2);
   EXPECT_EQ(samples[0].chunk_bytes, plan.chunks[1]);
   EXPECT_EQ(samples[1].chunk_bytes, plan.chunks[1]);
-  const int best = samples[0].bytes_per_second >= samples[1].bytes_per_second ? 1 : 2;
+  // The faster lane count, or the fewer lanes where they are within 5% (best_of).
+  const double fastest = std::max(samples[0].bytes_per_second, samples[1].bytes_per_second);
+  const int best = samples[0].bytes_per_second >= 0.95 * fastest ? 1 : 2;
   EXPECT_EQ(samples[2].lanes_per_device, best);
   EXPECT_EQ(samples[2].chunk_bytes, plan.chunks[0]);
   EXPECT_EQ(samples[3].chunk_bytes, plan.chunks[2]);
