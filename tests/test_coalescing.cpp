@@ -254,6 +254,61 @@ TEST_P(CoalescingTest, InputsEndToEndInOnePinnedBlockAreReadInPlace) {
   EXPECT_EQ(ex.coalescing().batches, 2u);
 }
 
+// A batch's results are made end to end in shared pinned slabs (of at most 64 results), which
+// one download writes in place; a slab goes back to the pinned cache with its last result, in
+// whatever order the results are freed, resized or kept.
+TEST_P(CoalescingTest, ABatchsResultsShareSlabsWrittenInPlaceAndEachSlabEndsWithItsLastResult) {
+  executor ex(options());
+  ex.set_tracing(true);
+  constexpr std::size_t n = 200, count = 1024;  // 8 KiB a result: one batch of four slabs
+  std::vector<std::vector<double>> xs;
+  for (std::size_t i = 0; i < n; ++i) xs.push_back(random_vector<double>(count, 700 + i));
+  const auto run = [&] {
+    lane_gate gate(ex);
+    auto futures = ex.map(builtin_kernel::square(), xs);
+    gate.release();
+    return futures.get();
+  };
+  (void)run();  // the slot buffers and the cache's first blocks, outside what is counted below
+  const std::size_t held_before = pinned_memory_stats().in_use;
+  const std::uint64_t first = ex.next_task_id();
+  auto results = run();
+  ASSERT_EQ(results.size(), n);
+  std::size_t end_to_end = 0;
+  for (std::size_t i = 0; i < n; ++i) {
+    ASSERT_TRUE(testing::matches_reference(results[i], squared(xs[i]))) << "result " << i;
+    if (i > 0 && results[i].data() == results[i - 1].data() + count) ++end_to_end;
+  }
+  EXPECT_EQ(end_to_end, n - 4) << "200 results in four slabs of up to 64";
+  const auto records = ex.trace(first).records();
+  std::size_t squares = 0;
+  for (const task_record& r : records) {
+    if (r.name == "task") continue;  // the gate's
+    ++squares;
+    EXPECT_FALSE(r.stage_out.present()) << "task " << r.id;
+  }
+  EXPECT_EQ(squares, n);
+  EXPECT_GT(pinned_memory_stats().in_use, held_before);
+
+  // One result kept from each slab, one of them grown (moved out of its slab), the rest freed
+  // from the middle outwards: the slabs stay until their kept results go.
+  std::vector<host_vector<double>> kept;
+  for (std::size_t i : {5, 70, 130, 199}) kept.push_back(std::move(results[i]));
+  kept[1].push_back(1.0);
+  EXPECT_EQ(kept[1][count], 1.0);
+  EXPECT_TRUE(
+      testing::matches_reference(std::span<const double>(kept[1].data(), count), squared(xs[70])));
+  for (std::size_t i = n / 2; i-- > 0;) host_vector<double>().swap(results[i]);
+  for (std::size_t i = n / 2; i < n; ++i) host_vector<double>().swap(results[i]);
+  EXPECT_GT(pinned_memory_stats().in_use, held_before);
+  for (std::size_t k = 0; k < kept.size(); ++k)
+    EXPECT_TRUE(
+        testing::matches_reference(std::span<const double>(kept[k].data(), count),
+                                   squared(xs[std::vector<std::size_t>{5, 70, 130, 199}[k]])));
+  kept.clear();
+  EXPECT_EQ(pinned_memory_stats().in_use, held_before);
+}
+
 TEST(Coalescing, TransformsKeepTheirOwnOutputs) {
   executor ex(one_lane());
   constexpr int n = 50;

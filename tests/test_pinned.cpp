@@ -22,6 +22,7 @@
 #include "core/backend.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/pinned_cache.hpp"
+#include "core/memory/result_slabs.hpp"
 #include "gpupool/host_vector.hpp"
 #include "gpupool/pinned.hpp"
 #include "gpupool/pointer.hpp"
@@ -309,6 +310,47 @@ TEST_F(PinnedTest, OnlyTheCachesOwnBlocksAreTakenBackByTheirStart) {
   EXPECT_TRUE(detail::deallocate_if_pinned_block(block));
   EXPECT_LT(pinned_memory_stats().in_use, held.in_use);
   EXPECT_GT(pinned_memory_stats().cached, held.cached);
+}
+
+// Result slabs (core/memory/result_slabs.hpp): while a scope is open on a thread, the results it
+// allocates lie end to end, at most 64 to a slab; each slab ends with its last result, freed in
+// any order, before or after the scope closes.
+TEST_F(PinnedTest, ResultsCarvedFromSlabsLieEndToEndAndEachSlabEndsWithItsLastResult) {
+  EXPECT_EQ(detail::carve_result(8192), nullptr);  // no scope open
+  {
+    const detail::result_slabs one(1, 8192);  // nothing to share: not opened
+    EXPECT_EQ(detail::carve_result(8192), nullptr);
+  }
+  const std::size_t held = pinned_memory_stats().in_use;
+  constexpr std::size_t n = 130, bytes = 4096;
+  std::vector<char*> carved;
+  {
+    const detail::result_slabs slabs(n, n * bytes);
+    {
+      const detail::result_slabs inner(4, 4 * bytes);  // one scope a thread: inert
+      for (std::size_t i = 0; i < n; ++i) {
+        carved.push_back(static_cast<char*>(detail::carve_result(bytes)));
+        ASSERT_NE(carved.back(), nullptr) << i;
+        std::fill_n(carved.back(), bytes, static_cast<char>(i));
+      }
+    }
+    EXPECT_EQ(detail::carve_result(bytes), nullptr);  // the scope's results are spent
+    // Freed before the scope closes: the first slab's results, from the last to the first.
+    for (std::size_t i = 64; i-- > 0;) EXPECT_TRUE(detail::deallocate_if_pinned_block(carved[i]));
+  }
+  for (std::size_t i = 1; i < n; ++i) {
+    EXPECT_EQ(carved[i] == carved[i - 1] + bytes, i % 64 != 0) << "result " << i;
+    EXPECT_TRUE(is_pinned(carved[i]));
+  }
+  for (std::size_t i = 64; i < n; ++i)
+    EXPECT_TRUE(std::all_of(carved[i], carved[i] + bytes,
+                            [&](char c) { return c == static_cast<char>(i); }))
+        << "result " << i;
+  EXPECT_GT(pinned_memory_stats().in_use, held);
+  std::mt19937 order(7);
+  std::shuffle(carved.begin() + 64, carved.end(), order);
+  for (std::size_t i = 64; i < n; ++i) EXPECT_TRUE(detail::deallocate_if_pinned_block(carved[i]));
+  EXPECT_EQ(pinned_memory_stats().in_use, held);
 }
 
 TEST_F(PinnedTest, HostVectorsGiveTheirBlocksBackWhereTheyCameFrom) {

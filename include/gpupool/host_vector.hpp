@@ -33,6 +33,9 @@ struct result_allocator {
   T* allocate(std::size_t n) {
     const std::size_t bytes = detail::checked_bytes(n, sizeof(T), "host_vector");
     if (bytes >= pinned_from_bytes) {
+      // A result of a batch of calls lies end to end with the batch's others in a shared pinned
+      // block where a lane has one open: one download writes them all.
+      if (void* carved = detail::carve_result(bytes)) return static_cast<T*>(carved);
       try {
         return static_cast<T*>(allocate_pinned(bytes));
       } catch (...) {
@@ -43,9 +46,10 @@ struct result_allocator {
     return std::allocator<T>().allocate(n);
   }
   void deallocate(T* p, std::size_t n) noexcept {
-    // `n` is what was asked of allocate() for `p`; a large block came from the pinned cache
-    // unless pinning failed then, which the cache tells as it takes the block back (memory
-    // pinned some other way since, by cudaHostRegister say, is still the heap's).
+    // `n` is what was asked of allocate() for `p`; a large block came from the pinned cache (a
+    // block of its own, or a share of a slab) unless pinning failed then, which the cache tells
+    // as it takes the block back (memory pinned some other way since, by cudaHostRegister say,
+    // is still the heap's).
     if (n * sizeof(T) >= pinned_from_bytes && detail::deallocate_if_pinned_block(p)) return;
     std::allocator<T>().deallocate(p, n);
   }

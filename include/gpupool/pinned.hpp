@@ -22,10 +22,15 @@ void deallocate_pinned(void* p, std::size_t bytes) noexcept;
 
 namespace detail {
 /// Returns `p` to the pinned cache, as deallocate_pinned does, if it is the start of a block
-/// that allocate_pinned handed out; otherwise does nothing and returns false. For allocators
-/// that fall back to other memory (result_allocator): one lookup tells where a block came from
-/// and frees it. Thread-safe.
+/// that allocate_pinned handed out, or frees it as a result carved from a result slab if it lies
+/// inside one (carve_result); otherwise does nothing and returns false. For allocators that fall
+/// back to other memory (result_allocator): one lookup tells where a block came from and frees
+/// it. Thread-safe.
 [[nodiscard]] bool deallocate_if_pinned_block(void* p) noexcept;
+/// `bytes` for a result from the result slabs the calling thread has open (a lane starting the
+/// calls of a batch), end to end with the batch's other results; null where none is open.
+/// Thread-safe.
+[[nodiscard]] void* carve_result(std::size_t bytes) noexcept;
 }  // namespace detail
 
 /// Pinned memory held by gpupool's allocator.

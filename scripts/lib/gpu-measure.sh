@@ -314,10 +314,11 @@ if [ $profile = 1 ]; then
     # Each raw profile comes back with the files to read it by where the sources are
     # (bench/read_profile.py): the program, and this machine's libraries, which differ from
     # another machine's copies of them.
-    say "== CPU profile of W4's shape from C++ (map, 16 lanes, 40 rounds) -> w4.prof"
+    # As `gpupool compare` times it: each round frees the last round's results on the clock.
+    say "== CPU profile of W4's shape from C++ (map, 8 lanes, 40 rounds, results kept) -> w4.prof"
     bench=build-measure/bench/gpupool_bench_small_tasks
-    profiled w4 "$bench" --backend cuda --devices 1 --lanes 16 --modes map --repeat 40 \
-      --profile-signal $profile_signal 2>&1 |
+    profiled w4 "$bench" --backend cuda --devices 1 --lanes 8 --modes map --repeat 40 \
+      --keep-results yes --profile-signal $profile_signal 2>&1 |
       tee -a "$OUT/profile.txt" | tee -a "$log"
     step_done "${PIPESTATUS[0]}" "the profile of W4"
     if [ -f "$OUT/w4.prof" ]; then

@@ -105,6 +105,9 @@ class elementwise_job : public split_job {
 
   /// Where results go (`count()` elements). Thread-safe; may allocate on first call.
   virtual void* output() = 0;
+  /// Whether output() allocates the results (a map's call) rather than returning the caller's
+  /// memory.
+  [[nodiscard]] bool makes_its_output() const noexcept { return given_output() == nullptr; }
 
   /// Whether one pass over the elements in order may write the results straight over the host
   /// arrays (as a host lane does): the output is new memory, one of the inputs itself, or

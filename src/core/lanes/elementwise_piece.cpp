@@ -4,8 +4,10 @@
 #include <cstdint>
 
 #include "core/kernels/elementwise_math.hpp"
+#include "core/memory/result_slabs.hpp"
 #include "core/scheduling/placement.hpp"
 #include "gpupool/error.hpp"
+#include "gpupool/host_vector.hpp"
 
 namespace gpupool::detail {
 
@@ -94,6 +96,18 @@ void elementwise_piece::start(slot_context& slot) {
     ys = two_inputs ? std::span<host_part>(ys_) : ys;
     outs = outs_;
   }
+  // A batch's members are whole calls no lane has touched: the results the map's calls among
+  // them make now lie end to end in shared slabs, which one download then writes in place.
+  std::size_t results = 0, result_bytes = 0;
+  if (tasks.size() > 1)
+    for (const elementwise_piece* t : tasks) {
+      const std::size_t bytes = t->count_ * element;
+      if (t->job_->makes_its_output() && bytes >= result_allocator<char>::pinned_from_bytes) {
+        ++results;
+        result_bytes += bytes;
+      }
+    }
+  const result_slabs slabs(results, result_bytes);
   std::size_t elements = 0;
   for (std::size_t i = 0; i < tasks.size(); ++i) {
     const elementwise_piece& t = *tasks[i];

@@ -17,6 +17,7 @@
 #include "core/environment.hpp"
 #include "core/memory/host_memory.hpp"
 #include "core/memory/pinned_cache.hpp"
+#include "core/memory/result_slabs.hpp"
 #include "gpupool/fork.hpp"
 #include "gpupool/pinned.hpp"
 
@@ -347,6 +348,21 @@ bool pinned_cache::release(void* p) noexcept {
   if (p == nullptr) return false;
   const std::size_t capacity = registry_.capacity_at(p);
   if (capacity == 0) return false;  // not a block this cache handed out
+  release_known(p, capacity);
+  return true;
+}
+
+bool pinned_cache::release_block_or_result(void* p) noexcept {
+  if (p == nullptr) return false;
+  const auto [start, capacity] = registry_.block_around(p);
+  if (capacity == 0) return false;  // in no block of this cache
+  if (start != reinterpret_cast<std::uintptr_t>(p))
+    return release_carved_result(reinterpret_cast<void*>(start), *this);
+  release_known(p, capacity);
+  return true;
+}
+
+void pinned_cache::release_known(void* p, std::size_t capacity) noexcept {
   shard& home = shards_[thread_stripe(shard_count)];
   home.in_use.fetch_sub(capacity, std::memory_order_relaxed);
   {
@@ -357,14 +373,13 @@ bool pinned_cache::release(void* p) noexcept {
       try {
         home.free[capacity].push_back(p);
         home.blocks.fetch_add(1, std::memory_order_relaxed);
-        return true;
+        return;
       } catch (const std::bad_alloc&) {
         cached_.fetch_sub(capacity, std::memory_order_relaxed);  // no room to note it: give it back
       }
     }
   }
   give_back(p, capacity);
-  return true;
 }
 
 void pinned_cache::give_back(void* p, std::size_t capacity) noexcept {
@@ -477,7 +492,7 @@ void deallocate_pinned(void* p, std::size_t /*bytes*/) noexcept {
 }
 
 bool detail::deallocate_if_pinned_block(void* p) noexcept {
-  return detail::process_pinned_cache().release(p);
+  return detail::process_pinned_cache().release_block_or_result(p);
 }
 
 bool is_pinned(const void* p) noexcept {

@@ -49,6 +49,10 @@ class pinned_block_registry {
   [[nodiscard]] bool contains(const void* p) const noexcept;
   /// True if the `bytes` from `p` on lie inside one registered block.
   [[nodiscard]] bool contains_run(const void* p, std::size_t bytes) const noexcept;
+  /// The registered block `p` lies in: {start, capacity}, or {0, 0}.
+  [[nodiscard]] std::pair<std::uintptr_t, std::size_t> block_around(const void* p) const noexcept {
+    return find(reinterpret_cast<std::uintptr_t>(p));
+  }
   /// @throw std::bad_alloc.
   void add(void* p, std::size_t capacity);
   void remove(void* p) noexcept;
@@ -104,6 +108,10 @@ class pinned_cache {
   /// source. Pointers this cache did not hand out are ignored: the result says which it was
   /// (one lookup answers both whether the block is the cache's and its size class).
   bool release(void* p) noexcept;
+  /// Takes back `p` as `release` does, or, where `p` lies inside a block rather than at its start,
+  /// a result carved from a result slab there (result_slabs.hpp): one lookup for both. False if
+  /// `p` is neither.
+  bool release_block_or_result(void* p) noexcept;
   /// True if `p` points into a block of this cache (in use or cached). No source call, no lock
   /// other threads take.
   [[nodiscard]] bool owns(const void* p) const noexcept { return registry_.contains(p); }
@@ -142,6 +150,8 @@ class pinned_cache {
   };
 
   [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
+  // release() of a block this cache handed out, its capacity known.
+  void release_known(void* p, std::size_t capacity) noexcept;
   // Reserves room for `capacity` more cached bytes if the limit allows.
   [[nodiscard]] bool reserve_cache_room(std::size_t capacity) noexcept;
   void trim_to(std::size_t limit);
