@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/sanitizers.hpp"
+#include "core/scheduling/lane_spin.hpp"
 #include "gpupool/future.hpp"
 #include "test_support.hpp"
 
@@ -119,6 +120,36 @@ TEST(Future, WaitForTimesOutThenSucceeds) {
   EXPECT_TRUE(f.wait_for(10s));
   t.join();
   EXPECT_EQ(f.get(), 3);
+}
+
+// A waiter looks for the outcome before it sleeps (detail::set_waiter_spin), never past its
+// deadline, whether it looks at all or sleeps at once; an outcome set while it looks or while it
+// sleeps is seen either way.
+TEST(Future, AWaiterLooksBeforeItSleepsWithinItsDeadlineAndSeesTheOutcomeEitherWay) {
+  for (const auto spin : {0us, 50us, 100us}) {
+    detail::set_waiter_spin(spin);
+    auto state = std::make_shared<detail::shared_state<int>>();
+    future<int> f(state);
+    EXPECT_FALSE(f.wait_for(0ms)) << spin.count();
+    EXPECT_FALSE(f.wait_for(-1ms)) << spin.count();
+    const auto began = std::chrono::steady_clock::now();
+    EXPECT_FALSE(f.wait_for(20us)) << spin.count();
+    EXPECT_FALSE(f.wait_for(3ms)) << spin.count();
+    EXPECT_GE(std::chrono::steady_clock::now() - began, 3ms) << spin.count();
+    for (const auto after : {0us, 30us, 2000us}) {
+      auto s = std::make_shared<detail::shared_state<int>>();
+      future<int> g(s);
+      std::thread t([s, after] {
+        std::this_thread::sleep_for(after);
+        s->try_start();
+        s->set_value(7);
+      });
+      EXPECT_TRUE(g.wait_for(10s)) << spin.count() << " " << after.count();
+      t.join();
+      EXPECT_EQ(g.get(), 7);
+    }
+  }
+  detail::set_waiter_spin(detail::default_lane_spin);
 }
 
 TEST(Future, CallbackRunsOnceWhetherAddedBeforeOrAfterCompletion) {

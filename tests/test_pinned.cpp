@@ -335,21 +335,48 @@ TEST_F(PinnedTest, ResultsCarvedFromSlabsLieEndToEndAndEachSlabEndsWithItsLastRe
       }
     }
     EXPECT_EQ(detail::carve_result(bytes), nullptr);  // the scope's results are spent
-    // Freed before the scope closes: the first slab's results, from the last to the first.
+    // Runs of results end to end, each run one slab of 2 to 64 results.
+    std::size_t run = 1, runs = 1;
+    for (std::size_t i = 1; i < n; ++i) {
+      EXPECT_TRUE(is_pinned(carved[i])) << "result " << i;
+      if (carved[i] == carved[i - 1] + bytes) {
+        ++run;
+        continue;
+      }
+      EXPECT_GE(run, 2u) << "result " << i;
+      EXPECT_LE(run, detail::result_slabs::slab_results) << "result " << i;
+      run = 1;
+      ++runs;
+    }
+    EXPECT_LE(run, detail::result_slabs::slab_results);
+    EXPECT_EQ(runs, 3u) << "130 results of a page, 63 or 64 to a slab";
+    // Freed before the scope closes: the first 64 results, from the last to the first.
     for (std::size_t i = 64; i-- > 0;) EXPECT_TRUE(detail::deallocate_if_pinned_block(carved[i]));
-  }
-  for (std::size_t i = 1; i < n; ++i) {
-    EXPECT_EQ(carved[i] == carved[i - 1] + bytes, i % 64 != 0) << "result " << i;
-    EXPECT_TRUE(is_pinned(carved[i]));
   }
   for (std::size_t i = 64; i < n; ++i)
     EXPECT_TRUE(std::all_of(carved[i], carved[i] + bytes,
                             [&](char c) { return c == static_cast<char>(i); }))
         << "result " << i;
   EXPECT_GT(pinned_memory_stats().in_use, held);
+  // The rest freed from four threads at once, in shuffled order.
   std::mt19937 order(7);
   std::shuffle(carved.begin() + 64, carved.end(), order);
-  for (std::size_t i = 64; i < n; ++i) EXPECT_TRUE(detail::deallocate_if_pinned_block(carved[i]));
+  std::vector<std::thread> freeing;
+  for (std::size_t k = 0; k < 4; ++k)
+    freeing.emplace_back([&, k] {
+      for (std::size_t i = 64 + k; i < n; i += 4)
+        EXPECT_TRUE(detail::deallocate_if_pinned_block(carved[i]));
+    });
+  for (auto& t : freeing) t.join();
+  EXPECT_EQ(pinned_memory_stats().in_use, held);
+  // Results larger than a slab takes, or of over-aligned types, are no slab's.
+  {
+    const detail::result_slabs slabs(2, 2 * (detail::result_slabs::largest_result + 16));
+    EXPECT_EQ(detail::carve_result(detail::result_slabs::largest_result + 1), nullptr);
+    void* fits = detail::carve_result(bytes);
+    EXPECT_NE(fits, nullptr);
+    EXPECT_TRUE(detail::deallocate_if_pinned_block(fits));
+  }
   EXPECT_EQ(pinned_memory_stats().in_use, held);
 }
 

@@ -15,12 +15,15 @@
 
 namespace gpupool {
 
-/// Blocks of at least `pinned_from_bytes` (a page) come from gpupool's pinned cache
-/// (`allocate_pinned`), so a result is downloaded straight into it; smaller ones from the
-/// ordinary heap. Small results matter too: those of coalesced tasks are scattered from the
-/// batch's staging buffer by the lanes, and from the heap they were fresh pages the kernel zeroed
-/// at first touch (freed results go back to the system between maps), a large share of a lane's
-/// time on small tasks; the cache's blocks are reused as they are.
+/// Blocks of at least `pinned_from_bytes` (a page) come from gpupool's pinned cache, so a result
+/// is downloaded straight into it; smaller ones from the ordinary heap. The results of a batch of
+/// small calls a lane runs together (up to 64 KiB each) share pinned slabs of up to 64 results
+/// and about 1 MiB, laid end to end so that one download writes them all: such a result costs no
+/// block of its own, and a slab goes back to the cache once its last result is freed (or grows
+/// out of it). So a result kept alone while the others of its slab are freed holds the whole
+/// slab; keep a copy instead where that matters. A pinned block of its own is reused as it is:
+/// from the heap, results were fresh pages the kernel zeroed at first touch, a large share of a
+/// lane's time on small tasks.
 template <class T>
 struct result_allocator {
   using value_type = T;
@@ -35,7 +38,8 @@ struct result_allocator {
     if (bytes >= pinned_from_bytes) {
       // A result of a batch of calls lies end to end with the batch's others in a shared pinned
       // block where a lane has one open: one download writes them all.
-      if (void* carved = detail::carve_result(bytes)) return static_cast<T*>(carved);
+      if constexpr (alignof(T) <= alignof(std::max_align_t))
+        if (void* carved = detail::carve_result(bytes)) return static_cast<T*>(carved);
       try {
         return static_cast<T*>(allocate_pinned(bytes));
       } catch (...) {

@@ -97,26 +97,30 @@ void elementwise_piece::start(slot_context& slot) {
     outs = outs_;
   }
   // A batch's members are whole calls no lane has touched: the results the map's calls among
-  // them make now lie end to end in shared slabs, which one download then writes in place.
-  std::size_t results = 0, result_bytes = 0;
-  if (tasks.size() > 1)
-    for (const elementwise_piece* t : tasks) {
-      const std::size_t bytes = t->count_ * element;
-      if (t->job_->makes_its_output() && bytes >= result_allocator<char>::pinned_from_bytes) {
-        ++results;
-        result_bytes += bytes;
-      }
-    }
-  const result_slabs slabs(results, result_bytes);
+  // them make now lie end to end in shared slabs, which one download then writes in place. The
+  // slabs are open while the outputs are made, and only then.
   std::size_t elements = 0;
-  for (std::size_t i = 0; i < tasks.size(); ++i) {
-    const elementwise_piece& t = *tasks[i];
-    const std::size_t bytes = t.count_ * element;
-    const std::size_t skip = t.offset_ * element;
-    xs[i] = {static_cast<const char*>(t.job_->x()) + skip, bytes};
-    if (two_inputs) ys[i] = {static_cast<const char*>(t.job_->y()) + skip, bytes};
-    outs[i] = {static_cast<char*>(t.job_->output()) + skip, bytes};
-    elements += t.count_;
+  {
+    std::size_t results = 0, result_bytes = 0;
+    if (tasks.size() > 1)
+      for (const elementwise_piece* t : tasks) {
+        const std::size_t bytes = t->count_ * element;
+        if (t->job_->makes_its_output() && bytes >= result_allocator<char>::pinned_from_bytes &&
+            bytes <= result_slabs::largest_result) {
+          ++results;
+          result_bytes += result_slabs::bytes_of(bytes);
+        }
+      }
+    const result_slabs slabs(results, result_bytes);
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      const elementwise_piece& t = *tasks[i];
+      const std::size_t bytes = t.count_ * element;
+      const std::size_t skip = t.offset_ * element;
+      xs[i] = {static_cast<const char*>(t.job_->x()) + skip, bytes};
+      if (two_inputs) ys[i] = {static_cast<const char*>(t.job_->y()) + skip, bytes};
+      outs[i] = {static_cast<char*>(t.job_->output()) + skip, bytes};
+      elements += t.count_;
+    }
   }
 
   // Counted as it starts, whether or not its launch then succeeds.

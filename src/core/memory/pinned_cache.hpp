@@ -115,6 +115,10 @@ class pinned_cache {
   /// True if `p` points into a block of this cache (in use or cached). No source call, no lock
   /// other threads take.
   [[nodiscard]] bool owns(const void* p) const noexcept { return registry_.contains(p); }
+  /// The capacity of this cache's block that starts at `p` (its size class); 0 if none does.
+  [[nodiscard]] std::size_t capacity_at(const void* p) const noexcept {
+    return registry_.capacity_at(p);
+  }
   /// True if the `bytes` from `p` on lie inside one block of this cache.
   [[nodiscard]] bool owns_run(const void* p, std::size_t bytes) const noexcept {
     return registry_.contains_run(p, bytes);

@@ -51,35 +51,46 @@ void leave_slab() noexcept {
 }
 
 // Starts a slab for the next results, sized for what the scope has left (at most one slab's
-// bounds, its results counted at the scope's average size; at least `bytes`). False if none
+// bounds, its results counted at the scope's average size; at least `bytes`), its header in the
+// size class the results alone would take (one result fewer where it does not fit beside them and
+// more slabs follow), and carving up to the end of the block the cache hands out. False if none
 // could be had.
 bool start_slab(std::size_t bytes) noexcept {
   leave_slab();
   const std::size_t average = round_up(
       (current.bytes_left + current.results_left - 1) / current.results_left, result_alignment);
-  const std::size_t room = std::max(
+  std::size_t room = std::max(
       bytes, std::min({current.bytes_left, result_slabs::slab_bytes,
                        average * std::min(current.results_left, result_slabs::slab_results)}));
+  if (header_bytes + room > pinned_cache::size_class(room) && room < current.bytes_left &&
+      room >= bytes + average)
+    room -= average;  // a slab follows anyway: it takes that result
   void* block = nullptr;
   try {
     block = allocate_pinned(header_bytes + room);
   } catch (...) {
     return false;  // each result then takes a block of its own, as without slabs
   }
+  const std::size_t capacity =
+      std::max(process_pinned_cache().capacity_at(block), header_bytes + room);
   current.slab = ::new (block) slab_header();
   current.next = static_cast<char*>(block) + header_bytes;
-  current.end = current.next + room;
+  current.end = static_cast<char*>(block) + capacity;
   return true;
 }
 
 }  // namespace
+
+std::size_t result_slabs::bytes_of(std::size_t result_bytes) noexcept {
+  return round_up(result_bytes, result_alignment);
+}
 
 result_slabs::result_slabs(std::size_t results, std::size_t bytes) noexcept {
   if (results < 2 || current.open) return;
   current = carving{};
   current.open = open_ = true;
   current.results_left = results;
-  current.bytes_left = round_up(bytes, result_alignment);
+  current.bytes_left = bytes;
 }
 
 result_slabs::~result_slabs() {
@@ -89,7 +100,8 @@ result_slabs::~result_slabs() {
 }
 
 void* carve_result(std::size_t bytes) noexcept {
-  if (!current.open || current.results_left == 0) return nullptr;
+  if (!current.open || current.results_left == 0 || bytes > result_slabs::largest_result)
+    return nullptr;
   const std::size_t taken = round_up(bytes, result_alignment);
   if (current.slab == nullptr || current.carved_here == result_slabs::slab_results ||
       taken > static_cast<std::size_t>(current.end - current.next)) {

@@ -8,18 +8,19 @@ namespace gpupool::detail {
 
 class pinned_cache;
 
-/// While one is open on a thread, the results that thread allocates (result_allocator, through
-/// carve_result) are carved end to end from slabs: pinned blocks of at most `slab_results`
-/// results and `slab_bytes`, each ended (given back to the pinned cache) when its last result is
-/// freed, wherever and whenever that is. A result kept alone keeps its slab: the bounds cap what
-/// that holds. Allocations that do not fit what the scope was opened for, or whose slab cannot
-/// be had, are left to result_allocator's own path. Not copyable; one open per thread at a time
-/// (an inner one is inert).
+/// While one is open on a thread, the results of at most `largest_result` bytes that thread
+/// allocates (result_allocator, through carve_result) are carved end to end from slabs: pinned
+/// blocks of at most `slab_results` results and about `slab_bytes`, each ended (given back to the
+/// pinned cache) when its last result is freed, wherever and whenever that is. A result kept
+/// alone keeps its slab: the bounds cap what that holds, and larger results, which download in
+/// place on their own anyway, take blocks of their own. Allocations beyond what the scope was
+/// opened for, or whose slab cannot be had, are left to result_allocator's own path. Not
+/// copyable; one open per thread at a time (an inner one is inert).
 class result_slabs {
  public:
-  /// Opens slabs for the next `results` results the thread allocates, `bytes` in all (each
-  /// rounded up to operator new's alignment; the bytes only size the slabs: results beyond them
-  /// get slabs of their own size). Fewer than two results: nothing to share, nothing opened.
+  /// Opens slabs for the next `results` results the thread allocates, `bytes` in all (the sum of
+  /// bytes_of() of each; the bytes only size the slabs). Fewer than two results: nothing to
+  /// share, nothing opened.
   result_slabs(std::size_t results, std::size_t bytes) noexcept;
   result_slabs(const result_slabs&) = delete;
   result_slabs& operator=(const result_slabs&) = delete;
@@ -27,6 +28,10 @@ class result_slabs {
 
   static constexpr std::size_t slab_results = 64;
   static constexpr std::size_t slab_bytes = std::size_t{1} << 20;
+  static constexpr std::size_t largest_result = std::size_t{64} << 10;
+
+  /// What a result of `result_bytes` takes of a slab (its start stays aligned as operator new's).
+  [[nodiscard]] static std::size_t bytes_of(std::size_t result_bytes) noexcept;
 
  private:
   bool open_ = false;

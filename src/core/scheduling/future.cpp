@@ -1,4 +1,5 @@
 // The untyped shared state behind every future.
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -254,7 +255,7 @@ bool state_base::wait_until(std::chrono::steady_clock::time_point deadline) cons
 }
 
 void set_waiter_spin(std::chrono::microseconds spin) noexcept {
-  waiter_spin_us.store(spin.count(), std::memory_order_relaxed);
+  waiter_spin_us.store(std::min(spin, longest_waiter_spin).count(), std::memory_order_relaxed);
 }
 
 bool state_base::wait_final(const std::chrono::steady_clock::time_point* deadline) const {
@@ -273,6 +274,8 @@ bool state_base::wait_final(const std::chrono::steady_clock::time_point* deadlin
       if (is_final(load())) return true;
       now = std::chrono::steady_clock::now();
     }
+    // Out of time: no waiter flag set, so the completing thread takes no lock to wake nobody.
+    if (deadline != nullptr && now >= *deadline) return is_final(load());
   }
   std::unique_lock lock(mutex_);
   std::uint32_t word = load();

@@ -24,8 +24,14 @@ std::chrono::microseconds parse_lane_spin(const char* value);
 /// GPUPOOL_LANE_SPIN_US as read now.
 std::chrono::microseconds lane_spin_from_environment();
 
+/// The longest a thread waiting on a future looks before it sleeps, whatever the lanes' look: a
+/// lane looks only when it runs dry, a waiter at every wait, on any thread, for tasks of any
+/// length.
+inline constexpr std::chrono::microseconds longest_waiter_spin{100};
+
 /// How long a thread waiting on a future looks for its outcome before it sleeps (process-wide;
-/// default_lane_spin until set): every executor sets it to its lanes' look as it is made.
+/// default_lane_spin until set): every executor sets it to its lanes' look as it is made, at most
+/// longest_waiter_spin.
 void set_waiter_spin(std::chrono::microseconds spin) noexcept;
 
 }  // namespace gpupool::detail

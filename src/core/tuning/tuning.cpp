@@ -16,6 +16,7 @@
 #include <thread>
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <unistd.h>
 
@@ -86,7 +87,13 @@ constexpr std::size_t most_samples = 64;
 // the caller, which small tasks (a Python caller's above all) feel where the sweep does not.
 constexpr double lanes_tie = 0.05;
 
+// The cores this process may run on (its CPU affinity, as a container or taskset sets it),
+// else the machine's.
 unsigned host_cores() {
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) == 0 && CPU_COUNT(&allowed) > 0)
+    return static_cast<unsigned>(CPU_COUNT(&allowed));
   return std::max(1u, std::thread::hardware_concurrency());
 }
 
@@ -367,13 +374,13 @@ const tuning_sample& best_of(const std::vector<tuning_sample>& samples) {
   for (const auto& s : samples) fastest = std::max(fastest, s.bytes_per_second);
   const tuning_sample* best = nullptr;
   for (const auto& s : samples) {
-    if (s.bytes_per_second < (1.0 - lanes_tie) * fastest) continue;
+    if (!(s.bytes_per_second >= (1.0 - lanes_tie) * fastest)) continue;  // NaN too
     if (best == nullptr || s.lanes_per_device < best->lanes_per_device ||
         (s.lanes_per_device == best->lanes_per_device &&
          s.bytes_per_second > best->bytes_per_second))
       best = &s;
   }
-  return *best;
+  return best != nullptr ? *best : samples.front();  // no rate to compare at all
 }
 
 std::string tuning_entry_json(const std::vector<tuning_sample>& samples) {
