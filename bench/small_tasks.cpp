@@ -87,10 +87,25 @@ std::vector<int> split_ints(const std::string& text) {
   return values;
 }
 
+constexpr const char* usage_text =
+    "usage: gpupool_bench_small_tasks [--backend cpu|cuda] [--devices 1,2] [--lanes 4,8,16]\n"
+    "                                 [--tasks N] [--size N] [--repeat N]\n"
+    "                                 [--modes submit,one,map]\n"
+    "                                 [--budget default|none] [--shared-gpu no|yes]\n"
+    "                                 [--keep-results no|yes]\n"
+    "                                 [--host-lanes N] [--cpu-copy-rate BYTES_PER_SECOND]\n"
+    "                                 [--profile-signal N]\n"
+    "Tiny tasks per second as devices and lanes grow (W4's shape from C++); the comment at the\n"
+    "top of bench/small_tasks.cpp says what each mode and option measures.\n";
+
 settings parse(int argc, char** argv) {
   settings s;
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
+    if (flag == "--help" || flag == "-h") {
+      std::fputs(usage_text, stdout);
+      std::exit(0);
+    }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
     if (flag == "--backend")
@@ -314,7 +329,7 @@ int main(int argc, char** argv) {
     std::printf("results checked\n");
     return 0;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "gpupool_bench_small_tasks: %s\n", e.what());
+    std::fprintf(stderr, "gpupool_bench_small_tasks: %s (--help lists the options)\n", e.what());
     return 1;
   }
 }
