@@ -447,10 +447,25 @@ void limits(const options& o) {
   }
 }
 
+constexpr char usage[] =
+    "usage: gpupool_baseline_pipeline --workload limits|W1|W2|W3|W4|W5|W6|W6c [--chunks N]\n"
+    "           [--size N] [--fmas N] [--repeat N] [--min-repeat N] [--seconds S]\n"
+    "           [--threads-list 1,4,8,16]\n"
+    "\n"
+    "A hand-written CUDA pipeline (threads, streams, pinned staging; no gpupool) on one\n"
+    "workload of `gpupool compare`, or the machine's copy limits and launch latency\n"
+    "(limits); one JSON object per line, each run's results checked first.\n"
+    "  --chunks, --size   inputs and elements per input (default 5 x 1000000)\n"
+    "  --fmas             dependent FMAs per element, W5 and W6c (default 2048)\n"
+    "  --repeat, --min-repeat, --seconds\n"
+    "                     timed runs after one warm-up: at most --repeat, stopping past\n"
+    "                     --seconds once --min-repeat ran (default 7, 3, 1.5)\n"
+    "  --threads-list     host threads, each with its own stream (default: per workload)\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = compare::parse(argc, argv);
+  const options o = compare::parse(argc, argv, usage);
   try {
     device_count();
     const double gigabytes = static_cast<double>(o.chunks * o.size * sizeof(double)) / 1e9;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -11,6 +12,7 @@
 #include <cstdlib>
 #include <stdexcept>
 #include <string>
+#include <system_error>
 #include <vector>
 
 namespace compare {
@@ -30,6 +32,18 @@ struct options {
   std::vector<int> host_lanes_list;
 };
 
+// The whole of `text` as a number, or std::invalid_argument saying what it is instead.
+template <class T>
+T to_number(const std::string& text) {
+  T value{};
+  const char* end = text.data() + text.size();
+  const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (text.empty() || error != std::errc() || stop != end)
+    throw std::invalid_argument("takes a number, not '" + text + "'");
+  return value;
+}
+
+// A comma-separated list of positive numbers ("4,8,16").
 inline std::vector<std::size_t> parse_list(const std::string& text) {
   std::vector<std::size_t> out;
   std::size_t start = 0;
@@ -38,38 +52,43 @@ inline std::vector<std::size_t> parse_list(const std::string& text) {
     if (end == std::string::npos) end = text.size();
     const std::string part = text.substr(start, end - start);
     if (!part.empty()) {
-      std::size_t used = 0;
-      const unsigned long long value = std::stoull(part, &used);
-      if (used != part.size() || value == 0) throw std::invalid_argument("bad list entry " + part);
-      out.push_back(static_cast<std::size_t>(value));
+      const auto value = to_number<std::size_t>(part);
+      if (value == 0) throw std::invalid_argument("takes positive numbers, not 0");
+      out.push_back(value);
     }
     start = end + 1;
   }
   return out;
 }
 
-// Exits with status 2 and a message on anything it does not understand.
-inline options parse(int argc, char** argv) {
+// Prints `usage` (the program's own) and exits 0 for -h or --help; exits with status 2 and a
+// message naming the option on anything it does not understand.
+inline options parse(int argc, char** argv, const char* usage) {
   options o;
+  std::string flag;
   try {
     for (int i = 1; i < argc; ++i) {
-      const std::string flag = argv[i];
-      if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value");
+      flag = argv[i];
+      if (flag == "-h" || flag == "--help") {
+        std::fputs(usage, stdout);
+        std::exit(0);
+      }
+      if (i + 1 >= argc) throw std::invalid_argument("needs a value");
       const std::string value = argv[++i];
       if (flag == "--workload")
         o.workload = value;
       else if (flag == "--chunks")
-        o.chunks = std::stoul(value);
+        o.chunks = to_number<std::size_t>(value);
       else if (flag == "--size")
-        o.size = std::stoul(value);
+        o.size = to_number<std::size_t>(value);
       else if (flag == "--fmas")
-        o.fmas = std::stoi(value);
+        o.fmas = to_number<int>(value);
       else if (flag == "--repeat")
-        o.repeat = std::stoi(value);
+        o.repeat = to_number<int>(value);
       else if (flag == "--min-repeat")
-        o.min_repeat = std::stoi(value);
+        o.min_repeat = to_number<int>(value);
       else if (flag == "--seconds")
-        o.seconds = std::stod(value);
+        o.seconds = to_number<double>(value);
       else if (flag == "--backend")
         o.backend = value;
       else if (flag == "--lanes-list")
@@ -81,10 +100,10 @@ inline options parse(int argc, char** argv) {
       else if (flag == "--host-lanes-list")
         for (auto v : parse_list(value)) o.host_lanes_list.push_back(static_cast<int>(v));
       else
-        throw std::invalid_argument("unknown option " + flag);
+        throw std::invalid_argument("is not an option");
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
+    std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());
     std::exit(2);
   }
   if (o.chunks == 0 || o.size == 0 || o.fmas < 1 || o.repeat < 1 || o.min_repeat < 1 ||

@@ -288,10 +288,28 @@ void every_device_vs_one(const options& o, bool compute) {
       every, one);
 }
 
+constexpr char usage[] =
+    "usage: gpupool_bench_compare --workload W1|W2|W3|W4|W5|W6|W6c [--chunks N] [--size N]\n"
+    "           [--fmas N] [--repeat N] [--min-repeat N] [--seconds S] [--backend cpu|cuda]\n"
+    "           [--lanes-list 4,8,16] [--chunk-list 1048576,8388608] [--host-lanes-list 2,8]\n"
+    "\n"
+    "gpupool from C++ on one workload of `gpupool compare`: the executor's defaults, then a\n"
+    "sweep of lanes x chunk bytes; one JSON object per line, each run's results checked first.\n"
+    "  --chunks, --size   inputs and float64 (float32 for W5, W6c) per input (default 5 x "
+    "1000000)\n"
+    "  --fmas             dependent FMAs per element, W5 and W6c (default 2048)\n"
+    "  --repeat, --min-repeat, --seconds\n"
+    "                     timed runs after one warm-up: at most --repeat, stopping past\n"
+    "                     --seconds once --min-repeat ran (default 7, 3, 1.5)\n"
+    "  --backend          the executor's backend (default: the executor's choice)\n"
+    "  --lanes-list, --chunk-list\n"
+    "                     the sweep's lanes per device and chunk bytes (default: none)\n"
+    "  --host-lanes-list  W1, W2 and W4 also with the defaults and that many host lanes\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  const options o = compare::parse(argc, argv);
+  const options o = compare::parse(argc, argv, usage);
   try {
     const double gigabytes = static_cast<double>(o.chunks * o.size * sizeof(double)) / 1e9;
     if (o.workload == "W1")
