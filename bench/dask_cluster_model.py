@@ -32,6 +32,12 @@ Each point reports the share of its blocks that moved between workers.
 1. g: one pool alone (no Dask) over --blocks-alone blocks, in this process: blocks/s.
 2. For each N and B: the measured rate of gpupool.dask.map_blocks(square, x, blocks_per_task=B)
    persisted (results checked once per point).
+   Beside each point, with --pools-at-once: the same work without Dask, N processes at once,
+   each a pool of its own running its share of the tasks one after another (a map of B blocks,
+   waited for, then the next) as a worker's one thread does, all started together: what this
+   machine's cores and the stand-ins' pacing allow N pools without any scheduler. Dask's rate
+   over it is what Dask itself costs at that N; the pools' over N g is what the simulation
+   itself loses as N grows.
 3. t_w and t_b from one worker's points with the fewest and the most blocks per task (1 / rate
    = t_w / B + t_b for each); S as the highest rate of one block per task over every N (where
    adding workers stops helping, the scheduler is the bound). Every point is then compared with
@@ -51,6 +57,7 @@ below the model; the table shows where (docs/scaling.md).
 
 import argparse
 import json
+import multiprocessing
 import os
 import platform
 import statistics
@@ -94,6 +101,61 @@ def pool_alone(args):
                 if not np.array_equal(r, b * b):
                     raise SystemExit("pool alone: a wrong result")
     return args.blocks_alone / statistics.median(times)
+
+
+def _pool_at_once(args, blocks, blocks_per_task, seed, ready, results):
+    """One process of pools_at_once: its own pool and blocks; after `ready` (every process
+    made its pool and warmed it up), each run's start and end, then whether every result was
+    right."""
+    rng = np.random.default_rng(seed)
+    data = [rng.random(args.block_elements) for _ in range(blocks)]
+    spans = []
+    right = True
+    with gpupool.Executor(**pool_options(args)) as ex:
+        list(ex.map(gpupool.kernels.square, data[:blocks_per_task]))  # warm
+        for _ in range(args.repeat):
+            ready.wait()
+            start = time.perf_counter()
+            for i in range(0, blocks, blocks_per_task):
+                task = data[i:i + blocks_per_task]
+                got = list(ex.map(gpupool.kernels.square, task))
+                right = right and np.array_equal(got[-1], task[-1] * task[-1])
+            spans.append((start, time.perf_counter()))
+    results.put((spans, right))
+
+
+def pools_at_once(args, processes, blocks, blocks_per_task):
+    """Blocks/s of `processes` pools without Dask, started together, each with its share of
+    `blocks` in tasks of blocks_per_task (the median over --repeat runs of all blocks over the
+    time from the first start to the last end). perf_counter is the system's monotonic clock,
+    which every process reads alike."""
+    context = multiprocessing.get_context("spawn")  # a fork would copy this process's pool
+    tasks = -(-blocks // blocks_per_task)
+    shares = [(tasks // processes + (p < tasks % processes)) * blocks_per_task
+              for p in range(processes)]
+    shares = [share for share in shares if share]
+    ready = context.Barrier(len(shares), timeout=600)
+    results = context.Queue()
+    workers = [context.Process(target=_pool_at_once,
+                               args=(args, share, blocks_per_task, p, ready, results))
+               for p, share in enumerate(shares)]
+    for w in workers:
+        w.start()
+    try:
+        ended = [results.get(timeout=600) for _ in workers]
+    finally:
+        for w in workers:
+            w.join(timeout=60)
+            if w.is_alive():
+                w.kill()
+    if not all(right for _, right in ended):
+        raise SystemExit("pools at once: a wrong result")
+    rates = []
+    for run in range(args.repeat):
+        first = min(spans[run][0] for spans, _ in ended)
+        last = max(spans[run][1] for spans, _ in ended)
+        rates.append(sum(shares) / (last - first))
+    return statistics.median(rates)
 
 
 def cpu_seconds():
@@ -185,6 +247,9 @@ def main():
     parser.add_argument("--repeat", type=int, default=3, help="runs per point (median)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--from-json", help="print the table of a run --json saved")
+    parser.add_argument("--pools-at-once", action="store_true",
+                        help="beside each point, the same tasks on as many pools without "
+                        "Dask, one process each, all at once (see above)")
     parser.add_argument("--cores", type=int, default=0,
                         help="the host's cores for the host model (default: this machine's)")
     args = parser.parse_args()
@@ -207,7 +272,9 @@ def main():
             report(args, run["g_blocks_per_s"],
                    [(r["workers"], r["blocks_per_task"], r["blocks"], r["blocks_per_s"],
                      r.get("cpu_us_per_block", 0) / 1e6, r.get("moved"))
-                    for r in run["rows"]])
+                    for r in run["rows"]],
+                   {(p["workers"], p["blocks_per_task"]): p["blocks_per_s"]
+                    for p in run.get("pools_at_once", [])})
         return
     worker_counts = [int(w) for w in args.workers.split(",")]
     groupings = [int(b) for b in args.blocks_per_task.split(",")]
@@ -218,7 +285,15 @@ def main():
     g = pool_alone(args)
     print(json.dumps({"g_blocks_per_s": round(g)}), flush=True)
     measured = []
+    at_once = {}  # (workers, blocks per task): blocks/s of as many pools without Dask
     for workers in worker_counts:
+        if args.pools_at_once:
+            # Before the cluster starts, whose idle processes would take part of the cores.
+            for bpt, tasks in zip(groupings, task_counts):
+                blocks = max(tasks, args.tasks_per_worker * workers) * bpt
+                at_once[(workers, bpt)] = pools_at_once(args, workers, blocks, bpt)
+                print(json.dumps({"pools_at_once": workers, "blocks_per_task": bpt,
+                                  "blocks_per_s": round(at_once[(workers, bpt)])}), flush=True)
         with LocalCluster(n_workers=workers, threads_per_worker=args.worker_threads,
                           processes=True,
                           host="127.0.0.1", dashboard_address=None) as cluster, \
@@ -233,9 +308,9 @@ def main():
                                   "cpu_us_per_block": round(cpu * 1e6, 1),
                                   "moved": round(moved, 3)}), flush=True)
                 # A run cut short (a time limit, Ctrl-C) keeps the points it measured.
-                save(args, g, measured, complete=False)
+                save(args, g, measured, at_once, complete=False)
 
-    report(args, g, measured)
+    report(args, g, measured, at_once)
 
 
 def fitted(measured, g):
@@ -251,7 +326,7 @@ def fitted(measured, g):
     return t_w, t_b, max(singles) / b1
 
 
-def model_rows(args, g, measured):
+def model_rows(args, g, measured, at_once=None):
     """The fitted t_w, t_b and S, the cores, and every point beside the models' predictions."""
     t_w, t_b, scheduler = fitted(measured, g)
     cores = args.cores or os.cpu_count()
@@ -272,17 +347,21 @@ def model_rows(args, g, measured):
                      "over_host_model": host_model and round(rate / host_model, 3),
                      "n_star": round(scheduler * bpt / g, 2),
                      "moved": None if moved is None else round(moved, 3)})
+        pools = (at_once or {}).get((workers, bpt))
+        if pools:
+            rows[-1].update({"pools_at_once": round(pools),
+                             "over_pools_at_once": round(rate / pools, 3)})
     return t_w, t_b, scheduler, cores, rows
 
 
-def save(args, g, measured, complete=True):
+def save(args, g, measured, at_once=None, complete=True):
     """Writes --json: the fit and the rows, once one worker's points allow the fit; before
     that, the points alone. A file of a run cut short says so ("complete": false)."""
     if not args.json:
         return
     result = {"g_blocks_per_s": g, "args": vars(args), "complete": complete}
     if len({b for w, b, *_ in measured if w == 1}) >= 2:
-        t_w, t_b, scheduler, cores, rows = model_rows(args, g, measured)
+        t_w, t_b, scheduler, cores, rows = model_rows(args, g, measured, at_once)
         result.update({"s_tasks_per_s": scheduler, "t_w_seconds": t_w, "t_b_seconds": t_b,
                        "cores": cores, "rows": rows})
     else:
@@ -290,12 +369,15 @@ def save(args, g, measured, complete=True):
                              "blocks_per_s": round(rate), "cpu_us_per_block": round(cpu * 1e6, 1),
                              "moved": None if moved is None else round(moved, 3)}
                             for w, b, n, rate, cpu, moved in measured]
+    if at_once:
+        result["pools_at_once"] = [{"workers": w, "blocks_per_task": b, "blocks_per_s": round(r)}
+                                   for (w, b), r in at_once.items()]
     with open(args.json, "w", encoding="utf-8") as out:
         json.dump(result, out, indent=1)
 
 
-def report(args, g, measured):
-    t_w, t_b, scheduler, cores, rows = model_rows(args, g, measured)
+def report(args, g, measured, at_once=None):
+    t_w, t_b, scheduler, cores, rows = model_rows(args, g, measured, at_once)
     print(f"\n{cores} cores, {platform.processor() or platform.machine()}, gpupool "
           f"{gpupool.__version__}, CPU stand-ins paced at {args.block_seconds * 1e3:.3f} ms a "
           f"block ({args.block_elements * 8} bytes), {args.lanes} lanes and "
@@ -304,14 +386,18 @@ def report(args, g, measured):
           f"t_b = {t_b * 1e6:.0f} us per block on a worker; S = {scheduler:,.0f} tasks/s")
     print(f"{'workers':>7} {'B':>3} {'blocks/s':>9} {'CPU us/block':>12} {'bound model':>11} "
           f"{'ratio':>6} {'worker model':>12} {'ratio':>6} {'host model':>10} {'ratio':>6} "
-          f"{'N*':>6} {'moved':>5}")
+          f"{'N*':>6} {'moved':>5}" + (f" {'pools at once':>13} {'ratio':>6}" if at_once else ""))
     for r in rows:
+        pools = ""
+        if at_once:
+            pools = (f" {r['pools_at_once']:>13} {r['over_pools_at_once']:>6.2f}"
+                     if "pools_at_once" in r else f" {'-':>13} {'-':>6}")
         print(f"{r['workers']:>7} {r['blocks_per_task']:>3} {r['blocks_per_s']:>9} "
               f"{r['cpu_us_per_block']:>12} {r['bound_model']:>11} {r['over_bound_model']:>6.2f} "
               f"{r['worker_model']:>12} {r['over_worker_model']:>6.2f} "
               f"{r['host_model'] or '-':>10} {r['over_host_model'] or '-':>6} {r['n_star']:>6} "
-              f"{'-' if r['moved'] is None else format(r['moved'], '.2f'):>5}")
-    save(args, g, measured)
+              f"{'-' if r['moved'] is None else format(r['moved'], '.2f'):>5}{pools}")
+    save(args, g, measured, at_once)
 
 
 if __name__ == "__main__":
