@@ -38,8 +38,10 @@ Optional steps, each bounded by --step-seconds:
                   and W4 sizes), each beside Dask's floor for its graph; the first
                   also traced (each worker's pool stats)
   --dask-model    where dask and distributed import: bench/dask_scaling.py and
-                  bench/dask_cluster_model.py (CPU backend; the model's step may take
-                  8 x --step-seconds)
+                  bench/dask_cluster_model.py --pools-at-once (CPU backend; the model's
+                  step may take 8 x --step-seconds)
+                  Both install dask and distributed from .deps/wheels
+                  (scripts/stage-wheels) where they do not import.
   --host-lanes LIST  W4's shape with that many host lanes beside GPU 0's lanes (each
                   count in LIST, such as 4,8): from C++ (gpupool_bench_small_tasks,
                   map) and from Python (bench/python_task_cost.py, the square's map
@@ -254,8 +256,15 @@ dask_step() {
 }
 
 if [ $dask = 1 ] || [ $dask_model = 1 ]; then
+  # Where they do not import, the wheels scripts/stage-wheels put in .deps/wheels (a machine
+  # without package access), installed into this run's own folder beside the package's.
+  if ! python3 -c 'import dask, distributed' >/dev/null 2>&1 && compgen -G ".deps/wheels/*.whl" >/dev/null; then
+    say "-- dask and distributed from .deps/wheels"
+    python3 -m pip install --no-index --no-deps --target "$pydir/dask" .deps/wheels/*.whl \
+      >"$OUT/pip-dask.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:$pydir/dask
+  fi
   if ! python3 -c 'import dask, distributed' >/dev/null 2>&1; then
-    say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]')"
+    say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]', or scripts/stage-wheels where PyPI can be reached)"
     status=1
     dask=0 dask_model=0
   fi
@@ -282,7 +291,7 @@ if [ $dask_model = 1 ]; then
   step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
   say "== The cluster model against a simulated cluster (bench/dask_cluster_model.py)"
   GPUPOOL_BACKEND=cpu timeout "$((step * 8))" python3 bench/dask_cluster_model.py \
-    --workers 1,2,4,8,16,32,64 --json "$OUT/dask_cluster_model.json" 2>&1 |
+    --workers 1,2,4,8,16,32,64 --pools-at-once --json "$OUT/dask_cluster_model.json" 2>&1 |
     tee -a "$OUT/dask.txt" | tee -a "$log"
   step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
 fi
