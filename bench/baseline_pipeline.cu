@@ -460,7 +460,8 @@ constexpr char usage[] =
     "  --repeat, --min-repeat, --seconds\n"
     "                     timed runs after one warm-up: at most --repeat, stopping past\n"
     "                     --seconds once --min-repeat ran (default 7, 3, 1.5)\n"
-    "  --threads-list     host threads, each with its own stream (default: per workload)\n";
+    "  --threads-list     host threads, each with its own stream (default: per workload)\n"
+    "The other options of gpupool_bench_compare are taken and have no effect here.\n";
 
 }  // namespace
 

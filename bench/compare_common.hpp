@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
+#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <system_error>
@@ -32,32 +33,38 @@ struct options {
   std::vector<int> host_lanes_list;
 };
 
-// The whole of `text` as a number, or std::invalid_argument saying what it is instead.
+// The whole of `text` as a number of type T, or std::invalid_argument saying what it is
+// instead (a sign, a fraction or digits past T's range included).
 template <class T>
 T to_number(const std::string& text) {
   T value{};
   const char* end = text.data() + text.size();
   const auto [stop, error] = std::from_chars(text.data(), end, value);
+  if (error == std::errc::result_out_of_range)
+    throw std::invalid_argument("takes a smaller number, not " + text);
   if (text.empty() || error != std::errc() || stop != end)
     throw std::invalid_argument("takes a number, not '" + text + "'");
   return value;
 }
 
-// A comma-separated list of positive numbers ("4,8,16").
-inline std::vector<std::size_t> parse_list(const std::string& text) {
-  std::vector<std::size_t> out;
+// A comma-separated list of positive numbers ("4,8,16"); an empty list is refused, since
+// leaving the option out is how a program's default is asked for.
+template <class T>
+std::vector<T> parse_list(const std::string& text) {
+  std::vector<T> out;
   std::size_t start = 0;
   while (start < text.size()) {
     std::size_t end = text.find(',', start);
     if (end == std::string::npos) end = text.size();
     const std::string part = text.substr(start, end - start);
     if (!part.empty()) {
-      const auto value = to_number<std::size_t>(part);
-      if (value == 0) throw std::invalid_argument("takes positive numbers, not 0");
+      const T value = to_number<T>(part);
+      if (!(value > 0)) throw std::invalid_argument("takes positive numbers, not " + part);
       out.push_back(value);
     }
     start = end + 1;
   }
+  if (out.empty()) throw std::invalid_argument("takes a list of numbers, such as 4,8,16");
   return out;
 }
 
@@ -73,6 +80,12 @@ inline options parse(int argc, char** argv, const char* usage) {
         std::fputs(usage, stdout);
         std::exit(0);
       }
+      static constexpr const char* known[] = {
+          "--workload",   "--chunks",     "--size",         "--fmas",
+          "--repeat",     "--min-repeat", "--seconds",      "--backend",
+          "--lanes-list", "--chunk-list", "--threads-list", "--host-lanes-list"};
+      if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
+        throw std::invalid_argument("is not an option");
       if (i + 1 >= argc) throw std::invalid_argument("needs a value");
       const std::string value = argv[++i];
       if (flag == "--workload")
@@ -92,15 +105,13 @@ inline options parse(int argc, char** argv, const char* usage) {
       else if (flag == "--backend")
         o.backend = value;
       else if (flag == "--lanes-list")
-        for (auto v : parse_list(value)) o.lanes_list.push_back(static_cast<int>(v));
+        o.lanes_list = parse_list<int>(value);
       else if (flag == "--chunk-list")
-        o.chunk_list = parse_list(value);
+        o.chunk_list = parse_list<std::size_t>(value);
       else if (flag == "--threads-list")
-        for (auto v : parse_list(value)) o.threads_list.push_back(static_cast<int>(v));
+        o.threads_list = parse_list<int>(value);
       else if (flag == "--host-lanes-list")
-        for (auto v : parse_list(value)) o.host_lanes_list.push_back(static_cast<int>(v));
-      else
-        throw std::invalid_argument("is not an option");
+        o.host_lanes_list = parse_list<int>(value);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());

@@ -60,6 +60,7 @@ import json
 import multiprocessing
 import os
 import platform
+import queue
 import statistics
 import time
 import uuid
@@ -105,44 +106,63 @@ def pool_alone(args):
 
 def _pool_at_once(args, blocks, blocks_per_task, seed, ready, results):
     """One process of pools_at_once: its own pool and blocks; after `ready` (every process
-    made its pool and warmed it up), each run's start and end, then whether every result was
-    right."""
-    rng = np.random.default_rng(seed)
-    data = [rng.random(args.block_elements) for _ in range(blocks)]
-    spans = []
-    right = True
-    with gpupool.Executor(**pool_options(args)) as ex:
-        list(ex.map(gpupool.kernels.square, data[:blocks_per_task]))  # warm
-        for _ in range(args.repeat):
-            ready.wait()
-            start = time.perf_counter()
-            for i in range(0, blocks, blocks_per_task):
-                task = data[i:i + blocks_per_task]
-                got = list(ex.map(gpupool.kernels.square, task))
-                right = right and np.array_equal(got[-1], task[-1] * task[-1])
-            spans.append((start, time.perf_counter()))
-    results.put((spans, right))
+    made its pool and warmed it up), each run's start and end, then whether every task's last
+    result was right. On any error it breaks `ready`, so that the others stop waiting, and
+    sends the error instead."""
+    try:
+        rng = np.random.default_rng(seed)
+        data = [rng.random(args.block_elements) for _ in range(blocks)]
+        spans = []
+        right = True
+        with gpupool.Executor(**pool_options(args)) as ex:
+            list(ex.map(gpupool.kernels.square, data[:blocks_per_task]))  # warm
+            for _ in range(args.repeat):
+                ready.wait()
+                start = time.perf_counter()
+                for i in range(0, blocks, blocks_per_task):
+                    task = data[i:i + blocks_per_task]
+                    got = list(ex.map(gpupool.kernels.square, task))
+                    right = right and np.array_equal(got[-1], task[-1] * task[-1])
+                spans.append((start, time.perf_counter()))
+        results.put((spans, right))
+    except BaseException as e:  # noqa: B036  (the parent must hear of any end)
+        ready.abort()
+        results.put((None, f"{type(e).__name__}: {e}"))
+        raise
 
 
 def pools_at_once(args, processes, blocks, blocks_per_task):
     """Blocks/s of `processes` pools without Dask, started together, each with its share of
     `blocks` in tasks of blocks_per_task (the median over --repeat runs of all blocks over the
     time from the first start to the last end). perf_counter is the system's monotonic clock,
-    which every process reads alike."""
+    which every process reads alike. Every process gets a task or more (blocks are at least
+    `processes` tasks wherever main calls it)."""
     context = multiprocessing.get_context("spawn")  # a fork would copy this process's pool
     tasks = -(-blocks // blocks_per_task)
+    if tasks < processes:
+        raise SystemExit(f"pools at once: {tasks} tasks cannot keep {processes} pools busy")
     shares = [(tasks // processes + (p < tasks % processes)) * blocks_per_task
               for p in range(processes)]
-    shares = [share for share in shares if share]
-    ready = context.Barrier(len(shares), timeout=600)
+    ready = context.Barrier(processes)
     results = context.Queue()
     workers = [context.Process(target=_pool_at_once,
                                args=(args, share, blocks_per_task, p, ready, results))
                for p, share in enumerate(shares)]
     for w in workers:
         w.start()
+    ended = []
     try:
-        ended = [results.get(timeout=600) for _ in workers]
+        while len(ended) < len(workers):
+            try:
+                ended.append(results.get(timeout=1))
+            except queue.Empty:
+                # A process that died without a word (killed, out of memory) sends nothing.
+                if any(w.exitcode not in (None, 0) for w in workers):
+                    ready.abort()
+                    raise SystemExit("pools at once: a process ended with exit status "
+                                     f"{[w.exitcode for w in workers]}") from None
+            if ended and ended[-1][0] is None:
+                raise SystemExit(f"pools at once: a process failed: {ended[-1][1]}")
     finally:
         for w in workers:
             w.join(timeout=60)

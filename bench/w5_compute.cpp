@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -53,6 +54,10 @@ settings parse(int argc, char** argv) {
         std::fputs(usage, stdout);
         std::exit(0);
       }
+      static constexpr const char* known[] = {"--chunks", "--size",  "--fmas",
+                                              "--repeat", "--lanes", "--backend"};
+      if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
+        throw std::invalid_argument("is not an option");
       if (i + 1 >= argc) throw std::invalid_argument("needs a value");
       const std::string value = argv[++i];
       if (flag == "--chunks")
@@ -67,8 +72,6 @@ settings parse(int argc, char** argv) {
         s.lanes = compare::to_number<int>(value);
       else if (flag == "--backend")
         s.backend = value;
-      else
-        throw std::invalid_argument("is not an option");
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());

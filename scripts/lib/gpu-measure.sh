@@ -39,7 +39,7 @@ Optional steps, each bounded by --step-seconds:
                   also traced (each worker's pool stats)
   --dask-model    where dask and distributed import: bench/dask_scaling.py and
                   bench/dask_cluster_model.py --pools-at-once (CPU backend; the model's
-                  step may take 8 x --step-seconds)
+                  step may take 12 x --step-seconds)
                   Both install dask and distributed from .deps/wheels
                   (scripts/stage-wheels) where they do not import.
   --host-lanes LIST  W4's shape with that many host lanes beside GPU 0's lanes (each
@@ -264,7 +264,7 @@ if [ $dask = 1 ] || [ $dask_model = 1 ]; then
       >"$OUT/pip-dask.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:$pydir/dask
   fi
   if ! python3 -c 'import dask, distributed' >/dev/null 2>&1; then
-    say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]', or scripts/stage-wheels where PyPI can be reached)"
+    say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]', or scripts/stage-wheels where PyPI can be reached; an install from .deps/wheels logs to pip-dask.log)"
     status=1
     dask=0 dask_model=0
   fi
@@ -290,7 +290,7 @@ if [ $dask_model = 1 ]; then
     --blocks 4000 2>&1 | tee -a "$OUT/dask.txt" | tee -a "$log"
   step_done "${PIPESTATUS[0]}" "bench/dask_scaling.py"
   say "== The cluster model against a simulated cluster (bench/dask_cluster_model.py)"
-  GPUPOOL_BACKEND=cpu timeout "$((step * 8))" python3 bench/dask_cluster_model.py \
+  GPUPOOL_BACKEND=cpu timeout "$((step * 12))" python3 bench/dask_cluster_model.py \
     --workers 1,2,4,8,16,32,64 --pools-at-once --json "$OUT/dask_cluster_model.json" 2>&1 |
     tee -a "$OUT/dask.txt" | tee -a "$log"
   step_done "${PIPESTATUS[0]}" "bench/dask_cluster_model.py"
