@@ -10,9 +10,11 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
-#include <iterator>
+#include <exception>
+#include <initializer_list>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 #include <system_error>
 #include <vector>
 
@@ -68,26 +70,39 @@ std::vector<T> parse_list(const std::string& text) {
   return out;
 }
 
-// Prints `usage` (the program's own) and exits 0 for -h or --help; exits with status 2 and a
-// message naming the option on anything it does not understand.
+// One option of a benchmark's command line: `flag` becomes argv[i], and the value after it is
+// returned (i moves past it). For -h or --help, prints `usage` and exits 0; throws
+// std::invalid_argument for a flag not in `known` or one with no value after it.
+inline std::string take_option(int argc, char** argv, int& i, const char* usage,
+                               std::initializer_list<std::string_view> known, std::string& flag) {
+  flag = argv[i];
+  if (flag == "-h" || flag == "--help") {
+    std::fputs(usage, stdout);
+    std::exit(0);
+  }
+  if (std::find(known.begin(), known.end(), flag) == known.end())
+    throw std::invalid_argument("is not an option");
+  if (i + 1 >= argc) throw std::invalid_argument("needs a value");
+  return argv[++i];
+}
+
+// Says which option was wrong and why, and exits with status 2.
+[[noreturn]] inline void refuse_option(const std::string& flag, const std::exception& e) {
+  std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());
+  std::exit(2);
+}
+
+// The options of gpupool_bench_compare and gpupool_baseline_pipeline (see take_option).
 inline options parse(int argc, char** argv, const char* usage) {
   options o;
   std::string flag;
   try {
     for (int i = 1; i < argc; ++i) {
-      flag = argv[i];
-      if (flag == "-h" || flag == "--help") {
-        std::fputs(usage, stdout);
-        std::exit(0);
-      }
-      static constexpr const char* known[] = {
-          "--workload",   "--chunks",     "--size",         "--fmas",
-          "--repeat",     "--min-repeat", "--seconds",      "--backend",
-          "--lanes-list", "--chunk-list", "--threads-list", "--host-lanes-list"};
-      if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
-        throw std::invalid_argument("is not an option");
-      if (i + 1 >= argc) throw std::invalid_argument("needs a value");
-      const std::string value = argv[++i];
+      const std::string value = take_option(
+          argc, argv, i, usage,
+          {"--workload", "--chunks", "--size", "--fmas", "--repeat", "--min-repeat", "--seconds",
+           "--backend", "--lanes-list", "--chunk-list", "--threads-list", "--host-lanes-list"},
+          flag);
       if (flag == "--workload")
         o.workload = value;
       else if (flag == "--chunks")
@@ -114,8 +129,7 @@ inline options parse(int argc, char** argv, const char* usage) {
         o.host_lanes_list = parse_list<int>(value);
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());
-    std::exit(2);
+    refuse_option(flag, e);
   }
   if (o.chunks == 0 || o.size == 0 || o.fmas < 1 || o.repeat < 1 || o.min_repeat < 1 ||
       !(o.seconds > 0)) {

@@ -12,7 +12,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <iterator>
 #include <random>
 #include <span>
 #include <stdexcept>
@@ -42,24 +41,15 @@ constexpr char usage[] =
     "results checked against the CPU, then the median of --repeat runs of each.\n"
     "Defaults: 2000 chunks x 16384, 2048 FMAs, 10 runs, the executor's lanes and backend.\n";
 
-// Prints the usage and exits 0 for -h or --help; exits 2 naming the option on anything else
-// it does not understand.
+// The options (compare::take_option says how -h, --help and mistakes are met).
 settings parse(int argc, char** argv) {
   settings s;
   std::string flag;
   try {
     for (int i = 1; i < argc; ++i) {
-      flag = argv[i];
-      if (flag == "-h" || flag == "--help") {
-        std::fputs(usage, stdout);
-        std::exit(0);
-      }
-      static constexpr const char* known[] = {"--chunks", "--size",  "--fmas",
-                                              "--repeat", "--lanes", "--backend"};
-      if (std::find(std::begin(known), std::end(known), flag) == std::end(known))
-        throw std::invalid_argument("is not an option");
-      if (i + 1 >= argc) throw std::invalid_argument("needs a value");
-      const std::string value = argv[++i];
+      const std::string value = compare::take_option(
+          argc, argv, i, usage,
+          {"--chunks", "--size", "--fmas", "--repeat", "--lanes", "--backend"}, flag);
       if (flag == "--chunks")
         s.chunks = compare::to_number<std::size_t>(value);
       else if (flag == "--size")
@@ -74,8 +64,7 @@ settings parse(int argc, char** argv) {
         s.backend = value;
     }
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());
-    std::exit(2);
+    compare::refuse_option(flag, e);
   }
   if (s.chunks == 0 || s.size == 0 || s.fmas < 1 || s.repeat < 1 || s.lanes < 0) {
     std::fprintf(stderr, "sizes, FMAs and repeats must be positive, lanes not negative\n");
