@@ -237,13 +237,15 @@ class CopyRate : public ::testing::Test {
   static constexpr double rate = 4.0 * (1 << 20);                // bytes per second each way
   static constexpr std::size_t elements = std::size_t{1} << 18;  // 1 MiB of float32 each way
 
-  // Seconds `devices` take to square 1 MiB of float32 in 64 inputs.
+  // Seconds `devices` take to square 1 MiB of float32 in 64 inputs. Slots hold one input each,
+  // so that no batch carries more than one: however late a loaded machine wakes the lanes,
+  // inputs cannot pile into one device's batch while the other device waits.
   static double seconds_for(std::vector<int> devices, int stand_ins) {
     executor_options o = testing::quiet_options(backend_kind::cpu, 4);
     o.cpu_devices = stand_ins;
     o.devices = std::move(devices);
     o.tuning = tuning::fixed;
-    o.chunk_bytes = std::size_t{1} << 20;
+    o.chunk_bytes = elements / 64 * sizeof(float);
     o.cpu_copy_rate = rate;
     executor ex(o);
     std::vector<std::vector<float>> xs(64, std::vector<float>(elements / 64, 3.0f));
