@@ -236,19 +236,20 @@ class CopyRate : public ::testing::Test {
   // even on a loaded machine under a sanitizer.
   static constexpr double rate = 4.0 * (1 << 20);                // bytes per second each way
   static constexpr std::size_t elements = std::size_t{1} << 18;  // 1 MiB of float32 each way
+  static constexpr std::size_t inputs = 64;
 
-  // Seconds `devices` take to square 1 MiB of float32 in 64 inputs. Slots hold one input each,
-  // so that no batch carries more than one: however late a loaded machine wakes the lanes,
+  // Seconds `devices` take to square 1 MiB of float32 in `inputs` inputs. Slots hold one input
+  // each, so that no batch carries more than one: however late a loaded machine wakes the lanes,
   // inputs cannot pile into one device's batch while the other device waits.
   static double seconds_for(std::vector<int> devices, int stand_ins) {
     executor_options o = testing::quiet_options(backend_kind::cpu, 4);
     o.cpu_devices = stand_ins;
     o.devices = std::move(devices);
     o.tuning = tuning::fixed;
-    o.chunk_bytes = elements / 64 * sizeof(float);
+    o.chunk_bytes = elements / inputs * sizeof(float);
     o.cpu_copy_rate = rate;
     executor ex(o);
-    std::vector<std::vector<float>> xs(64, std::vector<float>(elements / 64, 3.0f));
+    std::vector<std::vector<float>> xs(inputs, std::vector<float>(elements / inputs, 3.0f));
     const auto start = std::chrono::steady_clock::now();
     auto results = ex.map(builtin_kernel::square(), xs).get();
     const double seconds =
