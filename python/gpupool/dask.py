@@ -866,6 +866,14 @@ class ClusterTrace:
                   for p in self._data().values() if p["records"]]
         return min(starts) if starts else 0.0
 
+    @property
+    def origin(self) -> float:
+        """The wall-clock time, in seconds since the epoch, that time 0 of :meth:`records` and
+        :meth:`chrome_trace` stands for (0.0 for a trace with no records): a record's
+        ``origin + started / 1e6`` is on the clock of ``time.time()``, as the times of Dask's
+        own task stream (``distributed.get_task_stream``) are, so the two line up."""
+        return self._zero() / 1e6
+
     def records(self) -> List[Dict[str, Any]]:
         """Every worker's records (see gpupool.Trace.records), each with ``worker`` (its
         address), times moved onto the common clock."""

@@ -23,7 +23,7 @@ pytest.importorskip("dask.array", reason="dask[array] is not installed (pip inst
 pytest.importorskip("distributed", reason="distributed is not installed (pip install '.[dask]')")
 
 import dask.array as da  # noqa: E402
-from distributed import Client, LocalCluster, wait  # noqa: E402
+from distributed import Client, LocalCluster, get_task_stream, wait  # noqa: E402
 
 import gpupool.dask as gd  # noqa: E402
 
@@ -343,6 +343,27 @@ def test_cluster_trace_is_one_chrome_trace_with_a_process_per_worker(client, tmp
     records = t.records()
     assert {r["worker"] for r in records} == set(workers)
     assert "lane" in t.stats_table()
+
+
+def test_cluster_trace_origin_lines_records_up_with_dasks_task_stream(client):
+    x = da.random.random(20_000, chunks=500).persist()
+    wait(x)
+    y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=4)
+    with gd.trace(client) as t, get_task_stream(client) as stream:
+        y.compute()
+    computes = [(s["start"], s["stop"]) for task in stream.data for s in task["startstops"]
+                if s["action"] == "compute" and "square" in str(task["key"])]
+    assert len(computes) == 10
+    squares = [r for r in t.records() if r["name"] == "square"]
+    assert len(squares) == 40 and t.origin > 0
+    # Each block was queued and ran inside its Dask task: both clocks are the workers' wall
+    # clocks (the same host's), the pool's lined up to it within the tracer's precision.
+    slack = 0.005
+    for r in squares:
+        submitted = t.origin + r["submitted"] / 1e6
+        done = t.origin + r["done"] / 1e6
+        assert any(begin - slack <= submitted and done <= end + slack
+                   for begin, end in computes), (submitted, done, computes)
 
 
 # -- a worker killed mid-run; the plugin's life ----------------------------------------------------
