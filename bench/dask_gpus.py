@@ -25,6 +25,12 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
    results come back to this process, as concurrent.futures results must, so this one also
    measures the link between the workers and the client (loopback TCP here).
 
+With --trace, one more run of the pools' graph and of the floor's, each under gpupool.dask.trace
+and Dask's task stream, gives each worker's pool stats and where the run's wall time went
+(timeline_parts): the pool busy, a block queued for a lane, a task's own Python with nothing of
+it in the pool (ours), and no task computing (Dask between tasks; the floor's run is almost all
+this).
+
 ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9). Every
 measurement that squares checks its last run's results (each block squared) and stops at a
 wrong one; the floor's tasks and the traced run compute nothing checked.
@@ -139,6 +145,41 @@ def numpy_groups(kernel, x, blocks_per_task, name, task=square_group):
     return da.Array(graph, name, chunks, dtype=x.dtype)
 
 
+def timeline_parts(start, end, computing, pool_busy, pool_queued=()):
+    """Splits the wall time from `start` to `end` (seconds) four ways, each moment counted once,
+    in this order: the pool busy (some block between started and done, on any worker); a block
+    queued, waiting for a lane (between submitted and started); some Dask task computing with
+    nothing of it in the pool (the task's own Python around the pool's work: ours); and no Dask
+    task computing (Dask between tasks: its scheduler and the workers' event loops). Each
+    argument after `end` is a list of (begin, end) intervals on the same clock. Also the mean
+    number of Dask tasks computing at once."""
+    layers = [("pool_busy_s", pool_busy), ("block_queued_s", pool_queued),
+              ("in_tasks_s", computing)]
+    events = sorted((t, layer, step) for layer, (_, spans) in enumerate(layers)
+                    for b, e in spans for t, step in ((b, 1), (e, -1)))
+    edges = sorted({start, end, *(t for t, _, _ in events if start < t < end)})
+    parts = dict.fromkeys([key for key, _ in layers] + ["between_tasks_s"], 0.0)
+    open_spans = [0] * len(layers)
+    i = 0
+    for left, right in zip(edges, edges[1:]):
+        while i < len(events) and events[i][0] <= left:  # the state from `left` on
+            open_spans[events[i][1]] += events[i][2]
+            i += 1
+        key = next((k for (k, _), n in zip(layers, open_spans) if n > 0), "between_tasks_s")
+        parts[key] += right - left
+    wall = end - start
+    computed = sum(min(e, end) - max(b, start) for b, e in computing if e > start and b < end)
+    return dict({k: round(v, 6) for k, v in parts.items()}, wall_s=round(wall, 6),
+                tasks=len(computing),
+                tasks_at_once=round(computed / wall, 3) if wall > 0 else 0.0)
+
+
+def compute_spans(stream_data, name):
+    """(start, stop) of each compute of a task whose key names `name`, from Dask's task stream."""
+    return [(s["start"], s["stop"]) for task in stream_data for s in task["startstops"]
+            if s["action"] == "compute" and name in str(task["key"])]
+
+
 def visible(args, process):
     """CUDA_VISIBLE_DEVICES of baseline process or worker number `process`."""
     return "0" if args.one_gpu else str(process)
@@ -183,7 +224,7 @@ def cluster_runs(args):
     import dask
     import dask.array as da
     import numpy as np
-    from distributed import Client, Nanny, Scheduler, SpecCluster, wait
+    from distributed import Client, Nanny, Scheduler, SpecCluster, get_task_stream, wait
 
     import gpupool
     import gpupool.dask as gd
@@ -252,19 +293,34 @@ def cluster_runs(args):
                     "gb_s": share_bytes / statistics.median(seconds[what]) / 1e9,
                     "seconds": seconds[what], "result_chunks_per_worker": placed_out[what]}
             if args.trace:
-                # One more run of the pools' map, traced: each worker's stage times.
-                ys = [gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=bpt,
-                                    name=f"traced-square-{uuid.uuid4().hex}") for x in xs]
-                with gd.trace(client) as recorded:
-                    start = time.perf_counter()
-                    ys = client.persist(ys)
-                    wait(ys)
-                    traced_s = time.perf_counter() - start
-                out.setdefault("traced", {})[f"blocks_per_task={bpt}"] = {
-                    "seconds": traced_s, "stats": recorded.stats_table()}
-                if args.trace_dir:
-                    recorded.write(os.path.join(args.trace_dir, f"dask-bpt{bpt}.json"))
-                del ys
+                # One more run of the pools' map, traced: each worker's stage times, and with
+                # Dask's task stream, where the run's wall time went (timeline_parts); then the
+                # floor's graph the same way, for Dask's own share.
+                traced = {}
+                for what in ("dask", "dask_floor"):
+                    make = gd.map_blocks if what == "dask" else floor
+                    name = f"traced-{what}-{uuid.uuid4().hex}"
+                    ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt, name=name)
+                          for x in xs]
+                    with gd.trace(client) as recorded, get_task_stream(client) as stream:
+                        start = time.time()
+                        ys = client.persist(ys)
+                        wait(ys)
+                        end = time.time()
+                    ran = [r for r in recorded.records()
+                           if r["started"] is not None and r["done"] is not None]
+                    at = recorded.origin
+                    traced[what] = timeline_parts(
+                        start, end, compute_spans(stream.data, name),
+                        [(at + r["started"] / 1e6, at + r["done"] / 1e6) for r in ran],
+                        [(at + r["submitted"] / 1e6, at + r["started"] / 1e6) for r in ran])
+                    if what == "dask":
+                        traced["stats"] = recorded.stats_table()
+                        if args.trace_dir:
+                            recorded.write(os.path.join(args.trace_dir, f"dask-bpt{bpt}.json"))
+                    del ys
+                traced["seconds"] = traced["dask"]["wall_s"]
+                out.setdefault("traced", {})[f"blocks_per_task={bpt}"] = traced
         total = share_bytes
         if args.executor:
             block_futures = [f for x in xs for f in ordered_futures(x)]
@@ -307,8 +363,9 @@ def main():
                         "square in each task instead of the pool, and with a task that only "
                         "hands on its first block (what Dask itself costs for that grouping)")
     parser.add_argument("--trace", action="store_true",
-                        help="one more traced run per blocks_per_task: each worker's pool stats "
-                        "(gpupool.dask.trace) under 'traced'")
+                        help="one more traced run per blocks_per_task (and one of the floor's "
+                        "graph): each worker's pool stats (gpupool.dask.trace) and where the "
+                        "wall time went, under 'traced'")
     parser.add_argument("--trace-dir", default=None,
                         help="with --trace, also write each run's Chrome trace here")
     parser.add_argument("--no-executor", dest="executor", action="store_false",

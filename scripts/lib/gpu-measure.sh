@@ -35,8 +35,10 @@ Optional steps, each bounded by --step-seconds:
   --dask          where dask and distributed import: bench/dask_gpus.py over every
                   GPU (two or more), and on GPU 0 alone with one worker against one
                   process and two sharing it against two processes sharing it (W2
-                  and W4 sizes), each beside Dask's floor for its graph; the first
-                  also traced (each worker's pool stats)
+                  and W4 sizes), each beside Dask's floor for its graph; those at W2's
+                  size also traced (each worker's pool stats, and where the wall time
+                  went: the pool busy, a block queued, Python in a task, Dask between
+                  tasks)
   --dask-model    where dask and distributed import: bench/dask_scaling.py and
                   bench/dask_cluster_model.py --pools-at-once (CPU backend; the model's
                   step may take 12 x --step-seconds)
@@ -280,7 +282,8 @@ if [ $dask = 1 ]; then
   dask_step "one worker against one process, GPU 0, W2 size (and traced)" --gpus 1 --one-gpu \
     --trace
   dask_step "one worker against one process, GPU 0, W4 size" --gpus 1 --one-gpu "${w4[@]}"
-  dask_step "two workers sharing GPU 0 against two processes, W2 size" --gpus 2 --one-gpu
+  dask_step "two workers sharing GPU 0 against two processes, W2 size (and traced)" --gpus 2 \
+    --one-gpu --trace
   dask_step "two workers sharing GPU 0 against two processes, W4 size" --gpus 2 --one-gpu \
     "${w4[@]}"
 fi
