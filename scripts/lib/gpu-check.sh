@@ -19,7 +19,8 @@ Builds for sm_90 in build-gpu (tests, tools and benchmarks; NVTX ranges on) and 
   4. `gpupool info --tuning remeasure` (the sweep the default settings come from)
      and `gpupool demo`
   5. pip install of the package, pytest (only skips that do not depend on a GPU
-     allowed), examples/seed.py
+     allowed; Dask's tests too, from .deps/wheels where dask does not import:
+     scripts/stage-wheels), examples/seed.py
 
 options:
   --out DIR         where the results go (default ./gpu-out; env OUT)
@@ -219,16 +220,20 @@ python3 -m pip list 2>/dev/null | grep -iE "^(nanobind|scikit.build.core|numpy|c
 pydir=$(mktemp -d /tmp/gpupool-python.XXXXXX) || exit 1
 if install_python "$pydir" "$OUT/pip.log"; then
   export PYTHONPATH=$pydir${PYTHONPATH:+:$PYTHONPATH}
+  # Dask's tests run here too where .deps/wheels has them (scripts/stage-wheels).
+  no_dask="|is not installed \(pip install '\.\[dask\]'\)"
+  install_staged_wheels "$pydir/dask" "$OUT/pip-dask.log" && no_dask=""
   GPUPOOL_TUNING=fixed python3 -m pytest -q -rs "${pytest_args[@]}" 2>&1 |
     tee "$OUT/pytest.log" | tail -15
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   # Skips that do not depend on a GPU may stay: the console script (a --target install makes
-  # none), mypy, dask and CPython's test suite where they are not installed, and the CPU-backend
+  # none), mypy, dask (where neither it nor .deps/wheels is there) and CPython's test suite where
+  # they are not installed, and the CPU-backend
   # notice (never shown with a GPU). With one GPU, the tests that need two skip too.
   two_gpus=""
   [ "$gpus" -lt 2 ] && two_gpus="|needs two GPUs"
   if grep -E "^SKIPPED" "$OUT/pytest.log" |
-    grep -vE "BackendUnavailable|not a pip install|import 'mypy'|no CPU-backend notice|is not installed \(pip install '\.\[dask\]'\)|test_concurrent_futures is not in$two_gpus"; then
+    grep -vE "BackendUnavailable|not a pip install|import 'mypy'|no CPU-backend notice|test_concurrent_futures is not in$no_dask$two_gpus"; then
     echo "FAIL: Python tests skipped on a GPU machine"
     status=1
   fi

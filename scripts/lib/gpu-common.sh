@@ -49,6 +49,20 @@ install_python() {
   }
 }
 
+# install_staged_wheels DIR LOG: where dask and distributed do not import, installs the wheels
+# scripts/stage-wheels put in .deps/wheels (a machine without package access) into DIR and puts
+# DIR on PYTHONPATH (pip's output in LOG). Returns 0 where they import afterwards.
+install_staged_wheels() {
+  local dir=$1 log=$2
+  if ! python3 -c 'import dask, distributed' >/dev/null 2>&1 &&
+    compgen -G ".deps/wheels/*.whl" >/dev/null; then
+    echo "-- dask and distributed from .deps/wheels"
+    python3 -m pip install --no-index --no-deps --target "$dir" .deps/wheels/*.whl >"$log" 2>&1 &&
+      export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$dir
+  fi
+  python3 -c 'import dask, distributed' >/dev/null 2>&1
+}
+
 # tree_commit: the commit this tree is at, "+modified" where tracked files differ from it (as
 # `gpupool compare` records it), or "unknown" outside a git checkout.
 tree_commit() {

@@ -260,12 +260,7 @@ dask_step() {
 if [ $dask = 1 ] || [ $dask_model = 1 ]; then
   # Where they do not import, the wheels scripts/stage-wheels put in .deps/wheels (a machine
   # without package access), installed into this run's own folder beside the package's.
-  if ! python3 -c 'import dask, distributed' >/dev/null 2>&1 && compgen -G ".deps/wheels/*.whl" >/dev/null; then
-    say "-- dask and distributed from .deps/wheels"
-    python3 -m pip install --no-index --no-deps --target "$pydir/dask" .deps/wheels/*.whl \
-      >"$OUT/pip-dask.log" 2>&1 && export PYTHONPATH=$PYTHONPATH:$pydir/dask
-  fi
-  if ! python3 -c 'import dask, distributed' >/dev/null 2>&1; then
+  if ! install_staged_wheels "$pydir/dask" "$OUT/pip-dask.log"; then
     say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]', or scripts/stage-wheels where PyPI can be reached; an install from .deps/wheels logs to pip-dask.log)"
     status=1
     dask=0 dask_model=0
