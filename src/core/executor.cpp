@@ -14,7 +14,6 @@
 
 #include "core/executor/configuration.hpp"
 #include "core/executor/executor_impl.hpp"
-#include "core/scheduling/lane_spin.hpp"
 
 namespace gpupool {
 
@@ -27,12 +26,11 @@ executor::impl::impl(const executor_options& options)
       slots(options.slots_per_lane),
       chunk_bytes(settings.chunk_bytes),
       sizing(chunk_bytes, settings.chunk_from == setting_source::given, lanes_per_device),
-      queue(static_cast<int>(ordinals.size()), detail::lane_spin_from_environment(),
-            options.priority),
+      queue(static_cast<int>(ordinals.size()), lane_spin, options.priority),
       placement(options.host_lanes, lanes_per_device * static_cast<int>(ordinals.size())),
       default_priority(options.priority) {
   // Those waiting on this executor's futures look as long as its lanes do before they sleep.
-  detail::set_waiter_spin(detail::lane_spin_from_environment());
+  detail::set_waiter_spin(lane_spin);
   for (std::size_t d = 0; d < ordinals.size(); ++d) {
     owner->prepare_device(ordinals[d]);
     device_info info = owner->describe(ordinals[d]);
@@ -72,7 +70,7 @@ executor::impl::impl(const executor_options& options)
       host_setup.first_index = lanes_per_device * static_cast<int>(ordinals.size());
       host_setup.budget = gate.get();
       host_setup.priority = options.priority;
-      host_setup.spin = detail::lane_spin_from_environment();
+      host_setup.spin = lane_spin;
       host = std::make_unique<detail::host_lanes>(options.host_lanes, host_setup);
     }
     // If these cannot start, the host lanes stop as `host` goes.

@@ -34,6 +34,7 @@
 #include "core/lanes/host_lanes.hpp"
 #include "core/lanes/lane_worker.hpp"
 #include "core/scheduling/device_health.hpp"
+#include "core/scheduling/lane_spin.hpp"
 #include "core/scheduling/placement.hpp"
 #include "core/scheduling/task_queue.hpp"
 #include "core/scheduling/work_item.hpp"
@@ -80,6 +81,9 @@ struct executor::impl {
   int slots;
   std::size_t chunk_bytes;
   detail::piece_sizing sizing;
+  // GPUPOOL_LANE_SPIN_US, read once: the devices' lanes, the host lanes and those waiting on
+  // this executor's futures look as long as each other before they sleep.
+  const std::chrono::microseconds lane_spin = detail::lane_spin_from_environment();
   detail::task_queue queue;
   std::vector<device_info> devices;
   std::vector<std::unique_ptr<detail::device_memory>> memory;
