@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <system_error>
+#include <type_traits>
 #include <vector>
 
 namespace compare {
@@ -46,6 +47,10 @@ T to_number(const std::string& text) {
     throw std::invalid_argument("takes a smaller number, not " + text);
   if (text.empty() || error != std::errc() || stop != end)
     throw std::invalid_argument("takes a number, not '" + text + "'");
+  if constexpr (std::is_floating_point_v<T>) {
+    // from_chars reads "inf" and "nan" as numbers; no option of a benchmark means either.
+    if (!std::isfinite(value)) throw std::invalid_argument("takes a finite number, not " + text);
+  }
   return value;
 }
 
