@@ -470,6 +470,70 @@ TEST(PinnedCacheTest, BlocksLeaveTheRegistryBeforeTheirMemoryIsFreed) {
   EXPECT_EQ(source.bad_frees(), 0);
 }
 
+TEST(PinnedCacheTest, AFullCacheKeepsTheSizeInUseInPlaceOfCachedBlocksOfOtherSizes) {
+  constexpr std::size_t kib = 1024;
+  counting_resource source;
+  detail::pinned_cache cache(source, 1024 * kib);
+  source.watch(&cache);
+  // The cache filled by one size (four 256 KiB blocks), which is then not asked for again.
+  std::vector<void*> old_size;
+  for (int i = 0; i < 4; ++i) old_size.push_back(cache.acquire(256 * kib));
+  for (void* p : old_size) cache.release(p);
+  ASSERT_EQ(cache.stats().cached, 1024 * kib);
+  // Blocks of the size in use now, taken and given back round after round: the first round
+  // makes them; from then on they are cached in place of the old ones and come back as they are.
+  void* first = nullptr;
+  void* second = nullptr;
+  for (int round = 0; round < 3; ++round) {
+    void* a = cache.acquire(384 * kib);
+    void* b = cache.acquire(384 * kib);
+    if (round == 0) {
+      first = a;
+      second = b;
+    } else {
+      EXPECT_TRUE((a == first && b == second) || (a == second && b == first))
+          << "round " << round << ": the size in use was made again";
+    }
+    cache.release(a);
+    cache.release(b);
+  }
+  EXPECT_EQ(source.allocations(), 6) << "four old blocks, then two of the size in use, once";
+  EXPECT_LE(cache.stats().cached, 1024 * kib) << "the limit still holds";
+  EXPECT_EQ(cache.stats().cached, 2 * 384 * kib + 256 * kib);  // one old block still fits
+  EXPECT_EQ(source.live_bytes(), cache.stats().cached);
+  EXPECT_EQ(source.freed_while_owned(), 0);
+
+  // A size the cache is already full of displaces nothing: it is given back.
+  detail::pinned_cache same(source, 512 * kib);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(same.acquire(256 * kib));
+  for (void* p : blocks) same.release(p);
+  EXPECT_EQ(same.stats().cached, 512 * kib);
+  // Nor does a block larger than the limit, whatever else is cached.
+  void* huge = same.acquire(640 * kib);
+  same.release(huge);
+  EXPECT_EQ(same.stats().cached, 512 * kib);
+  EXPECT_FALSE(same.owns(huge));
+  // Once a smaller class is cached, a block of the full class may displace it again.
+  same.set_limit(768 * kib);
+  void* small = same.acquire(64 * kib);
+  same.release(small);
+  EXPECT_EQ(same.stats().cached, 512 * kib + 64 * kib);
+  void* a = same.acquire(256 * kib);
+  void* b = same.acquire(256 * kib);
+  void* c = same.acquire(256 * kib);  // made: two were cached
+  same.release(a);
+  same.release(b);
+  same.release(c);  // 576 KiB + 256 KiB is past 768 KiB: the 64 KiB block makes way
+  EXPECT_EQ(same.stats().cached, 768 * kib);
+  EXPECT_FALSE(same.owns(small));
+  source.watch(nullptr);
+  same.trim();
+  cache.trim();
+  EXPECT_EQ(source.live_bytes(), 0u);
+  EXPECT_EQ(source.bad_frees(), 0);
+}
+
 TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
   counting_resource source;
   constexpr std::size_t limit = std::size_t{2} << 20;
