@@ -150,15 +150,20 @@ def timeline_parts(start, end, computing, pool_busy, pool_queued=()):
     in this order: the pool busy (some block between started and done, on any worker); a block
     queued, waiting for a lane (between submitted and started); some Dask task computing with
     nothing of it in the pool (the task's own Python around the pool's work: ours); and no Dask
-    task computing (Dask between tasks: its scheduler and the workers' event loops). Each
-    argument after `end` is a list of (begin, end) intervals on the same clock. Also the mean
-    number of Dask tasks computing at once."""
+    task computing (Dask between tasks: its scheduler and the workers' event loops), of which
+    how much came before the first task started and after the last one ended (the graph's way
+    to the workers and the results' way back, which no pool's work can overlap). Each argument
+    after `end` is a list of (begin, end) intervals on the same clock. Also the mean number of
+    Dask tasks computing at once."""
     layers = [("pool_busy_s", pool_busy), ("block_queued_s", pool_queued),
               ("in_tasks_s", computing)]
     events = sorted((t, layer, step) for layer, (_, spans) in enumerate(layers)
                     for b, e in spans for t, step in ((b, 1), (e, -1)))
     edges = sorted({start, end, *(t for t, _, _ in events if start < t < end)})
-    parts = dict.fromkeys([key for key, _ in layers] + ["between_tasks_s"], 0.0)
+    parts = dict.fromkeys([key for key, _ in layers] + ["between_tasks_s", "before_first_task_s",
+                                                        "after_last_task_s"], 0.0)
+    first = min((b for b, _ in computing), default=end)
+    last = max((e for _, e in computing), default=start)
     open_spans = [0] * len(layers)
     i = 0
     for left, right in zip(edges, edges[1:]):
@@ -167,6 +172,11 @@ def timeline_parts(start, end, computing, pool_busy, pool_queued=()):
             i += 1
         key = next((k for (k, _), n in zip(layers, open_spans) if n > 0), "between_tasks_s")
         parts[key] += right - left
+        if key == "between_tasks_s":  # edges include first and last where they lie inside
+            if right <= first:
+                parts["before_first_task_s"] += right - left
+            elif left >= last:
+                parts["after_last_task_s"] += right - left
     wall = end - start
     computed = sum(min(e, end) - max(b, start) for b, e in computing if e > start and b < end)
     return dict({k: round(v, 6) for k, v in parts.items()}, wall_s=round(wall, 6),

@@ -25,6 +25,8 @@ def test_each_moment_is_counted_once_in_order(timeline_parts):
     assert parts["block_queued_s"] == pytest.approx(0.5 + 1.0)
     assert parts["in_tasks_s"] == pytest.approx(0.5 + 2 + 1)  # 1-1.5, 4-6 and 8-9
     assert parts["between_tasks_s"] == pytest.approx(1.0 + 1.0)  # 0-1 and 9-10
+    assert parts["before_first_task_s"] == pytest.approx(1.0)
+    assert parts["after_last_task_s"] == pytest.approx(1.0)
     assert sum(parts[k] for k in ("pool_busy_s", "block_queued_s", "in_tasks_s",
                                   "between_tasks_s")) == pytest.approx(parts["wall_s"])
     assert parts["tasks"] == 2
@@ -36,4 +38,14 @@ def test_spans_outside_the_run_are_cut_to_it(timeline_parts):
     assert parts["pool_busy_s"] == pytest.approx(0.5)
     assert parts["in_tasks_s"] == pytest.approx(0.5)
     assert parts["between_tasks_s"] == pytest.approx(1.0)
+    assert parts["before_first_task_s"] == 0.0
+    assert parts["after_last_task_s"] == pytest.approx(1.0)
     assert parts["tasks_at_once"] == pytest.approx(0.5)
+
+
+def test_a_gap_between_two_tasks_is_neither_before_nor_after(timeline_parts):
+    parts = timeline_parts(0.0, 6.0, [(1, 2), (4, 5)], [])
+    assert parts["between_tasks_s"] == pytest.approx(4.0)
+    assert parts["before_first_task_s"] == pytest.approx(1.0)
+    assert parts["after_last_task_s"] == pytest.approx(1.0)
+    assert parts["in_tasks_s"] == pytest.approx(2.0)
