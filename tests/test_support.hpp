@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <limits>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <stdexcept>
 #include <string>
@@ -44,13 +45,28 @@ bool fail_allocation_on_this_thread(std::size_t n);
 // Sets an environment variable for one scope.
 class scoped_env {
  public:
-  scoped_env(const char* name, const char* value) : name_(name) { ::setenv(name, value, 1); }
+  /// `value` null: the variable is unset for the scope.
+  scoped_env(const char* name, const char* value) : name_(name) {
+    if (const char* before = std::getenv(name)) previous_ = before;
+    if (value != nullptr)
+      ::setenv(name, value, 1);
+    else
+      ::unsetenv(name);
+  }
   scoped_env(const scoped_env&) = delete;
   scoped_env& operator=(const scoped_env&) = delete;
-  ~scoped_env() { ::unsetenv(name_); }
+  /// Puts back what the environment held: a test run with the variable set (GPUPOOL_QUIET=1,
+  /// say) keeps it for the tests after this one.
+  ~scoped_env() {
+    if (previous_)
+      ::setenv(name_, previous_->c_str(), 1);
+    else
+      ::unsetenv(name_);
+  }
 
  private:
   const char* name_;
+  std::optional<std::string> previous_;
 };
 
 // Points GPUPOOL_CACHE_DIR at `dir` for the scope, then restores what was there.
