@@ -373,77 +373,13 @@ void pinned_cache::release_known(void* p, std::size_t capacity) noexcept {
       try {
         home.free[capacity].push_back(p);
         home.blocks.fetch_add(1, std::memory_order_relaxed);
-        // A class other than the one that last found nothing to displace is cached: the next
-        // miss of that one may find this to displace.
-        if (const std::size_t stuck = no_room_class_.load(std::memory_order_relaxed);
-            stuck != 0 && stuck != capacity)
-          no_room_class_.store(0, std::memory_order_relaxed);
         return;
       } catch (const std::bad_alloc&) {
         cached_.fetch_sub(capacity, std::memory_order_relaxed);  // no room to note it: give it back
       }
     }
   }
-  if (no_room_class_.load(std::memory_order_relaxed) != capacity &&
-      cache_in_place_of_others(p, capacity, home))
-    return;
   give_back(p, capacity);
-}
-
-bool pinned_cache::cache_in_place_of_others(void* p, std::size_t capacity, shard& home) noexcept {
-  std::vector<std::pair<void*, std::size_t>> taken;
-  {
-    std::array<std::unique_lock<std::mutex>, shard_count> locks;
-    for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
-    const std::size_t limit = limit_.load(std::memory_order_relaxed);
-    std::size_t others = 0;  // bytes and blocks cached of every other class
-    std::size_t other_blocks = 0;
-    for (const shard& s : shards_)
-      for (const auto& [size, blocks] : s.free)
-        if (size != capacity) {
-          others += size * blocks.size();
-          other_blocks += blocks.size();
-        }
-    const std::size_t cached = cached_.load(std::memory_order_relaxed);
-    if (capacity > limit || cached - others > limit - capacity) {
-      // Not even all of them would make room (the cache is full of this class, or the block is
-      // larger than the limit): later releases of this class need not look again until another
-      // class is cached.
-      no_room_class_.store(capacity, std::memory_order_relaxed);
-      return false;
-    }
-    try {
-      taken.reserve(other_blocks);
-      auto& mine = home.free[capacity];
-      mine.reserve(mine.size() + 1);  // so that nothing below can fail once blocks leave
-    } catch (const std::bad_alloc&) {
-      return false;
-    }
-    // Largest first, as trim_to: the fewest blocks given back for the room made.
-    while (cached_.load(std::memory_order_relaxed) > limit - capacity) {
-      shard* largest = nullptr;
-      std::map<std::size_t, std::vector<void*>>::iterator largest_class;
-      for (shard& s : shards_)
-        for (auto it = s.free.rbegin(); it != s.free.rend(); ++it)
-          if (it->first != capacity && !it->second.empty()) {
-            if (largest == nullptr || it->first > largest_class->first) {
-              largest = &s;
-              largest_class = std::prev(it.base());
-            }
-            break;
-          }
-      auto& [size, blocks] = *largest_class;  // there is one: the check above counted them
-      taken.emplace_back(blocks.back(), size);
-      blocks.pop_back();
-      largest->blocks.fetch_sub(1, std::memory_order_relaxed);
-      cached_.fetch_sub(size, std::memory_order_relaxed);
-    }
-    cached_.fetch_add(capacity, std::memory_order_relaxed);
-    home.free[capacity].push_back(p);
-    home.blocks.fetch_add(1, std::memory_order_relaxed);
-  }
-  for (auto [block, size] : taken) give_back(block, size);  // slow: no shard lock held
-  return true;
 }
 
 void pinned_cache::give_back(void* p, std::size_t capacity) noexcept {

@@ -156,12 +156,6 @@ class pinned_cache {
   [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
   // release() of a block this cache handed out, its capacity known.
   void release_known(void* p, std::size_t capacity) noexcept;
-  // For a block the limit leaves no room for: caches it in `home` in place of cached blocks of
-  // other classes, given back (largest first) until it fits, where giving them all back would
-  // make room. The block just released is of a size in use now; they may never be asked for
-  // again, and would otherwise hold the cache while every block of the sizes in use is made and
-  // given back, each time, by the source (page-locking: slow, and it holds the driver's locks).
-  [[nodiscard]] bool cache_in_place_of_others(void* p, std::size_t capacity, shard& home) noexcept;
   // Reserves room for `capacity` more cached bytes if the limit allows.
   [[nodiscard]] bool reserve_cache_room(std::size_t capacity) noexcept;
   void trim_to(std::size_t limit);
@@ -172,10 +166,6 @@ class pinned_cache {
   std::array<shard, shard_count> shards_;
   std::atomic<std::size_t> cached_{0};
   std::atomic<std::size_t> limit_;
-  // The class whose last release found nothing to displace (0: none): its releases give their
-  // block back without locking every shard to look again, until a block of another class is
-  // cached. A hint: a stale value costs one look too many or a block given back.
-  std::atomic<std::size_t> no_room_class_{0};
 };
 
 /// is_pinned and describe_pointer over a given cache and host memory (the public functions pass the
