@@ -28,8 +28,7 @@ same GPUs driven by one single-GPU gpupool.Executor per process, both at once. P
 With --trace, one more run of the pools' graph and of the floor's, each under gpupool.dask.trace
 and Dask's task stream, gives each worker's pool stats and where the run's wall time went
 (timeline_parts): the pool busy, a block queued for a lane, a task's own Python with nothing of
-it in the pool (ours), and no task computing (Dask between tasks; the floor's run is almost all
-this).
+it in the pool (ours), and no task computing (Dask between tasks).
 
 ratio = dask rate / baseline rate, per blocks_per_task (the target: at least 0.9). Every
 measurement that squares checks its last run's results (each block squared) and stops at a
@@ -184,10 +183,13 @@ def timeline_parts(start, end, computing, pool_busy, pool_queued=()):
                 tasks_at_once=round(computed / wall, 3) if wall > 0 else 0.0)
 
 
-def compute_spans(stream_data, name):
-    """(start, stop) of each compute of a task whose key names `name`, from Dask's task stream."""
+def compute_spans(stream_data, prefix):
+    """(start, stop) of each compute of a task whose key's name starts with `prefix`, from
+    Dask's task stream."""
+    def named(key):
+        return str(key[0] if isinstance(key, tuple) else key).startswith(prefix)
     return [(s["start"], s["stop"]) for task in stream_data for s in task["startstops"]
-            if s["action"] == "compute" and name in str(task["key"])]
+            if s["action"] == "compute" and named(task["key"])]
 
 
 def visible(args, process):
@@ -309,9 +311,11 @@ def cluster_runs(args):
                 traced = {}
                 for what in ("dask", "dask_floor"):
                     make = gd.map_blocks if what == "dask" else floor
+                    # A name per worker's array (one name for all would make them one array
+                    # to Dask), under one prefix that finds this run's tasks in the stream.
                     name = f"traced-{what}-{uuid.uuid4().hex}"
-                    ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt, name=name)
-                          for x in xs]
+                    ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt,
+                               name=f"{name}-{w}") for w, x in enumerate(xs)]
                     with gd.trace(client) as recorded, get_task_stream(client) as stream:
                         start = time.time()
                         ys = client.persist(ys)
@@ -320,8 +324,13 @@ def cluster_runs(args):
                     ran = [r for r in recorded.records()
                            if r["started"] is not None and r["done"] is not None]
                     at = recorded.origin
+                    spans = compute_spans(stream.data, name)
+                    if len(spans) != sum(y.numblocks[0] for y in ys):
+                        raise SystemExit(f"traced run of {what}: {len(spans)} of its "
+                                         f"{sum(y.numblocks[0] for y in ys)} tasks in Dask's "
+                                         "task stream")
                     traced[what] = timeline_parts(
-                        start, end, compute_spans(stream.data, name),
+                        start, end, spans,
                         [(at + r["started"] / 1e6, at + r["done"] / 1e6) for r in ran],
                         [(at + r["submitted"] / 1e6, at + r["started"] / 1e6) for r in ran])
                     if what == "dask":
