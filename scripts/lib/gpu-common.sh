@@ -49,16 +49,28 @@ install_python() {
   }
 }
 
-# install_staged_wheels DIR LOG: where dask and distributed do not import, installs the wheels
-# scripts/stage-wheels put in .deps/wheels (a machine without package access) into DIR and puts
-# DIR on PYTHONPATH (pip's output in LOG). Returns 0 where they import afterwards.
+# install_staged_wheels DIR LOG [NOTE]: where dask and distributed do not import, installs the
+# wheels scripts/stage-wheels put in .deps/wheels (a machine without package access) into DIR and
+# puts DIR on PYTHONPATH (pip's output in LOG; what it did also appended to the file NOTE). Only
+# the wheels of distributions this Python lacks: DIR comes before site-packages, and a staged
+# copy of a package the machine has (packaging, jinja2, ...) would replace it for every test.
+# Returns 0 where dask and distributed import afterwards.
 install_staged_wheels() {
-  local dir=$1 log=$2
+  local dir=$1 log=$2 note=${3:-/dev/null} wheel name missing=()
   if ! python3 -c 'import dask, distributed' >/dev/null 2>&1 &&
     compgen -G ".deps/wheels/*.whl" >/dev/null; then
-    echo "-- dask and distributed from .deps/wheels"
-    python3 -m pip install --no-index --no-deps --target "$dir" .deps/wheels/*.whl >"$log" 2>&1 &&
+    for wheel in .deps/wheels/*.whl; do
+      name=${wheel##*/}
+      name=${name%%-*}
+      python3 -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$name" \
+        >/dev/null 2>&1 || missing+=("$wheel")
+    done
+    echo "-- dask and distributed from .deps/wheels: ${#missing[@]} missing distribution(s)" |
+      tee -a "$note"
+    if [ ${#missing[@]} -gt 0 ] &&
+      python3 -m pip install --no-index --no-deps --target "$dir" "${missing[@]}" >"$log" 2>&1; then
       export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$dir
+    fi
   fi
   python3 -c 'import dask, distributed' >/dev/null 2>&1
 }

@@ -260,7 +260,7 @@ dask_step() {
 if [ $dask = 1 ] || [ $dask_model = 1 ]; then
   # Where they do not import, the wheels scripts/stage-wheels put in .deps/wheels (a machine
   # without package access), installed into this run's own folder beside the package's.
-  if ! install_staged_wheels "$pydir/dask" "$OUT/pip-dask.log"; then
+  if ! install_staged_wheels "$pydir/dask" "$OUT/pip-dask.log" "$log"; then
     say "FAIL: --dask or --dask-model, but dask and distributed do not import (pip install '.[dask]', or scripts/stage-wheels where PyPI can be reached; an install from .deps/wheels logs to pip-dask.log)"
     status=1
     dask=0 dask_model=0
