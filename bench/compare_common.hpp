@@ -49,7 +49,8 @@ T to_number(const std::string& text) {
     throw std::invalid_argument("takes a number, not '" + text + "'");
   if constexpr (std::is_floating_point_v<T>) {
     // from_chars reads "inf" and "nan" as numbers; no option of a benchmark means either.
-    if (!std::isfinite(value)) throw std::invalid_argument("takes a finite number, not " + text);
+    if (!std::isfinite(value))
+      throw std::invalid_argument("takes a finite number, not '" + text + "'");
   }
   return value;
 }

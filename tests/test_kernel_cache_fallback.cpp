@@ -160,7 +160,8 @@ void count_warnings_in_a_fresh_process() {
 
 TEST(KernelCacheFallbackDeathTest, TheWarningIsPrintedOncePerProcess) {
   GTEST_FLAG_SET(death_test_style, "threadsafe");
-  const scoped_env loud("GPUPOOL_QUIET", nullptr);  // as a suite run with it set would have it
+  // Unset for the fresh process, even where the suite runs with GPUPOOL_QUIET=1.
+  const scoped_env loud("GPUPOOL_QUIET", nullptr);
   EXPECT_EXIT(count_warnings_in_a_fresh_process(), ::testing::ExitedWithCode(0),
               "results right, warnings printed: 1, warned: 1\\.");
 }

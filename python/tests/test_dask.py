@@ -357,8 +357,9 @@ def test_cluster_trace_origin_lines_records_up_with_dasks_task_stream(client):
     squares = [r for r in t.records() if r["name"] == "square"]
     assert len(squares) == 40 and t.origin > 0
     # Each block was queued and ran inside its Dask task: both clocks are the workers' wall
-    # clocks (the same host's), the pool's lined up to it within the tracer's precision.
-    slack = 0.005
+    # clocks (the same host's), the pool's lined up to it by one no-op task's round trip, whose
+    # error a loaded machine may stretch to milliseconds; a wrong origin is off by far more.
+    slack = 0.05
     for r in squares:
         submitted = t.origin + r["submitted"] / 1e6
         done = t.origin + r["done"] / 1e6

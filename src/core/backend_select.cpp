@@ -38,7 +38,7 @@ int cpu_devices_from_environment() {
 
 // The variables read elsewhere only when their feature is used (GPUPOOL_EVENT_WAIT by the CUDA
 // backend's first event, GPUPOOL_PINNED_CACHE_BYTES by the first pinned allocation,
-// GPUPOOL_LANE_SPIN_US by the executor's queue after the backend is chosen, GPUPOOL_DEVICES
+// GPUPOOL_LANE_SPIN_US by the executor after the backend is chosen, GPUPOOL_DEVICES
 // where the options name no devices) are checked
 // here too, so that a typo is refused when an executor is made, on every backend, instead of
 // being ignored on one.
