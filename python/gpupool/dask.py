@@ -202,15 +202,27 @@ def _bound_pinned_cache(worker: Any) -> None:
         _ext.set_pinned_cache_limit(bound)
 
 
-def _clock_offset_us(pool: _executor.Executor) -> float:
-    """Lines the pool's trace clock (microseconds since it started) up with the epoch: one
-    traced no-op task whose ``submitted`` time lies between two readings of the wall clock."""
+def _clock_offset_us(pool: _executor.Executor, tries: int = 8) -> float:
+    """Lines the pool's trace clock (microseconds since it started) up with the epoch. A traced
+    no-op task's ``submitted`` time is stamped inside ``submit``, so it lies between readings of
+    the wall clock just before and just after that call (not the task's whole round trip, which
+    a lane's wake-up stretches); of a few such windows, the narrowest places it best."""
+    windows = []
     with pool.trace() as recording:
-        before = time.time_ns()
-        pool.submit(int).result()
-        after = time.time_ns()
-    submitted = min(r["submitted"] for r in recording.records())
-    return float((before + after) / 2e3 - submitted)
+        for _ in range(tries):
+            before = time.time_ns()
+            future = pool.submit(int)
+            after = time.time_ns()
+            future.result()
+            windows.append((before, after))
+    # Records come in submission order, one per task.
+    submitted = [r["submitted"] for r in recording.records()]
+    if len(submitted) != len(windows):
+        raise RuntimeError(f"gpupool.dask: {len(submitted)} trace records for {len(windows)} "
+                           "tasks while lining up the pool's clock")
+    before, after, stamp = min(((b, a, s) for (b, a), s in zip(windows, submitted)),
+                               key=lambda w: w[1] - w[0])
+    return float((before + after) / 2e3 - stamp)
 
 
 def install(client: "distributed.Client", **executor_kwargs: Any) -> Dict[str, Any]:

@@ -345,6 +345,27 @@ def test_cluster_trace_is_one_chrome_trace_with_a_process_per_worker(client, tmp
     assert "lane" in t.stats_table()
 
 
+def test_a_pools_clock_is_lined_up_by_its_submit_alone_not_by_the_tasks_wait():
+    with gpupool.Executor(threads_per_gpu=1) as pool:
+        busy = pool.submit(time.sleep, 0.2)  # the first no-op task waits behind it
+        offset = gd._clock_offset_us(pool, tries=1)
+        assert busy.done()
+        windows = []
+        with pool.trace() as recording:
+            for _ in range(10):
+                before = time.time_ns() / 1e3
+                future = pool.submit(int)
+                windows.append((before, time.time_ns() / 1e3))
+                future.result()
+        stamps = [r["submitted"] + offset for r in recording.records()]
+    assert len(stamps) == len(windows)
+    # A wait in the queue (here 0.2 s) is not the clock's error: the stamp, made inside submit,
+    # lands within each call's window up to the narrowest window the estimate had.
+    slack_us = 1000
+    for (before, after), stamp in zip(windows, stamps):
+        assert before - slack_us <= stamp <= after + slack_us, (before, stamp, after)
+
+
 def test_cluster_trace_origin_lines_records_up_with_dasks_task_stream(client):
     x = da.random.random(20_000, chunks=500).persist()
     wait(x)
