@@ -183,12 +183,14 @@ def timeline_parts(start, end, computing, pool_busy, pool_queued=()):
                 tasks_at_once=round(computed / wall, 3) if wall > 0 else 0.0)
 
 
-def compute_spans(stream_data, prefix):
+def compute_spans(stream_data, prefix, delay):
     """(start, stop) of each compute of a task whose key's name starts with `prefix`, from
-    Dask's task stream."""
+    Dask's task stream, less `delay[worker]` (seconds): the lead the worker that ran it added,
+    its estimate of the scheduler's clock's."""
     def named(key):
         return str(key[0] if isinstance(key, tuple) else key).startswith(prefix)
-    return [(s["start"], s["stop"]) for task in stream_data for s in task["startstops"]
+    return [(s["start"] - delay[task["worker"]], s["stop"] - delay[task["worker"]])
+            for task in stream_data for s in task["startstops"]
             if s["action"] == "compute" and named(task["key"])]
 
 
@@ -321,18 +323,24 @@ def cluster_runs(args):
                         ys = client.persist(ys)
                         wait(ys)
                         end = time.time()
-                    ran = [r for r in recorded.records()
-                           if r["started"] is not None and r["done"] is not None]
+                    # Dask's task stream and the cluster trace are on the scheduler's clock, each
+                    # worker's times moved by its estimate of that clock's lead; every process
+                    # here shares one host's clock, so each worker's estimate comes off again to
+                    # line both up with this run's start and end.
+                    delay = client.run(lambda dask_worker: float(dask_worker.scheduler_delay))
                     at = recorded.origin
-                    spans = compute_spans(stream.data, name)
+                    ran = [(r["worker"], at + r["submitted"] / 1e6, at + r["started"] / 1e6,
+                            at + r["done"] / 1e6) for r in recorded.records()
+                           if r["started"] is not None and r["done"] is not None]
+                    spans = compute_spans(stream.data, name, delay)
                     if len(spans) != sum(y.numblocks[0] for y in ys):
                         raise SystemExit(f"traced run of {what}: {len(spans)} of its "
                                          f"{sum(y.numblocks[0] for y in ys)} tasks in Dask's "
                                          "task stream")
                     traced[what] = timeline_parts(
                         start, end, spans,
-                        [(at + r["started"] / 1e6, at + r["done"] / 1e6) for r in ran],
-                        [(at + r["submitted"] / 1e6, at + r["started"] / 1e6) for r in ran])
+                        [(begin - delay[w], end_ - delay[w]) for w, _, begin, end_ in ran],
+                        [(queued - delay[w], begin - delay[w]) for w, queued, begin, _ in ran])
                     if what == "dask":
                         traced["stats"] = recorded.stats_table()
                         if args.trace_dir:

@@ -36,6 +36,7 @@ import inspect
 import itertools
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -845,17 +846,27 @@ def _trace_end(dask_worker: Any) -> Optional[Dict[str, Any]]:
         "name": str(dask_worker.name),
         "address": dask_worker.address,
         "backend": snapshot.backend,
-        "clock_offset_us": plugin.clock_offset_us,
+        # Onto the scheduler's clock, as the worker moves the times of Dask's task stream (its
+        # wall clock plus its estimate of the scheduler's lead over it), so that the two line up
+        # on each worker whatever that estimate's error.
+        "clock_offset_us": plugin.clock_offset_us + 1e6 * _scheduler_delay_s(dask_worker),
         "chrome": json.loads(snapshot.chrome_json()),
         "records": snapshot.records(),
         "stats_table": snapshot.stats_table(),
     }
 
 
+def _scheduler_delay_s(dask_worker: Any) -> float:
+    """The scheduler's clock's lead over the worker's, as the worker estimates it (seconds)."""
+    delay = getattr(dask_worker, "scheduler_delay", 0.0)
+    return float(delay) if isinstance(delay, (int, float)) and math.isfinite(delay) else 0.0
+
+
 class ClusterTrace:
     """The traces of every worker's pool, taken together (see :func:`trace`). Times are
-    microseconds since the earliest worker's first traced event, each worker's clock lined up
-    with its wall clock (so across machines as closely as their clocks agree)."""
+    microseconds since the earliest worker's first traced event, on the scheduler's clock: each
+    worker's pool clock lined up with the worker's wall clock, then moved as the worker moves
+    the times of Dask's own task stream (by its estimate of the scheduler's clock's lead)."""
 
     def __init__(self) -> None:
         self._parts: Optional[Dict[str, Dict[str, Any]]] = None
@@ -880,10 +891,11 @@ class ClusterTrace:
 
     @property
     def origin(self) -> float:
-        """The wall-clock time, in seconds since the epoch, that time 0 of :meth:`records` and
-        :meth:`chrome_trace` stands for (0.0 for a trace with no records): a record's
-        ``origin + started / 1e6`` is on the clock of ``time.time()``, as the times of Dask's
-        own task stream (``distributed.get_task_stream``) are, so the two line up."""
+        """The time, in seconds since the epoch on the scheduler's clock, that time 0 of
+        :meth:`records` and :meth:`chrome_trace` stands for (0.0 for a trace with no records): a
+        record's ``origin + started / 1e6`` is on the clock of Dask's own task stream
+        (``distributed.get_task_stream``), so the two line up; on the scheduler's host it is
+        ``time.time()`` give or take Dask's estimate of each worker's clock."""
         return self._zero() / 1e6
 
     def records(self) -> List[Dict[str, Any]]:
