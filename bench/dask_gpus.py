@@ -189,9 +189,16 @@ def compute_spans(stream_data, prefix, delay):
     its estimate of the scheduler's clock's."""
     def named(key):
         return str(key[0] if isinstance(key, tuple) else key).startswith(prefix)
-    return [(s["start"] - delay[task["worker"]], s["stop"] - delay[task["worker"]])
-            for task in stream_data for s in task["startstops"]
-            if s["action"] == "compute" and named(task["key"])]
+    spans = []
+    for task in stream_data:
+        for s in task["startstops"]:
+            if s["action"] == "compute" and named(task["key"]):
+                if task["worker"] not in delay:
+                    raise SystemExit(f"traced run: worker {task['worker']} ran a task but left "
+                                     "no trace (lost or replaced during the run)")
+                lead = delay[task["worker"]]
+                spans.append((s["start"] - lead, s["stop"] - lead))
+    return spans
 
 
 def visible(args, process):
@@ -318,6 +325,7 @@ def cluster_runs(args):
                     name = f"traced-{what}-{uuid.uuid4().hex}"
                     ys = [make(gpupool.kernels.square, x, blocks_per_task=bpt,
                                name=f"{name}-{w}") for w, x in enumerate(xs)]
+                    delay_before = client.run(gd._scheduler_delay_s)
                     with gd.trace(client) as recorded, get_task_stream(client) as stream:
                         start = time.time()
                         ys = client.persist(ys)
@@ -326,8 +334,12 @@ def cluster_runs(args):
                     # Dask's task stream and the cluster trace are on the scheduler's clock, each
                     # worker's times moved by its estimate of that clock's lead; every process
                     # here shares one host's clock, so each worker's estimate comes off again to
-                    # line both up with this run's start and end.
-                    delay = client.run(lambda dask_worker: float(dask_worker.scheduler_delay))
+                    # line both up with this run's start and end. The trace keeps the estimate
+                    # it used; Dask used the one at each task's run, which a heartbeat between
+                    # may have changed: that change is the split's uncertainty.
+                    delay = recorded.scheduler_delays
+                    uncertainty = max(abs(delay[a] - d) for a, d in delay_before.items()
+                                      if a in delay)
                     at = recorded.origin
                     ran = [(r["worker"], at + r["submitted"] / 1e6, at + r["started"] / 1e6,
                             at + r["done"] / 1e6) for r in recorded.records()
@@ -337,10 +349,11 @@ def cluster_runs(args):
                         raise SystemExit(f"traced run of {what}: {len(spans)} of its "
                                          f"{sum(y.numblocks[0] for y in ys)} tasks in Dask's "
                                          "task stream")
-                    traced[what] = timeline_parts(
+                    traced[what] = dict(timeline_parts(
                         start, end, spans,
                         [(begin - delay[w], end_ - delay[w]) for w, _, begin, end_ in ran],
-                        [(queued - delay[w], begin - delay[w]) for w, queued, begin, _ in ran])
+                        [(queued - delay[w], begin - delay[w]) for w, queued, begin, _ in ran]),
+                        clock_uncertainty_s=round(uncertainty, 6))
                     if what == "dask":
                         traced["stats"] = recorded.stats_table()
                         if args.trace_dir:

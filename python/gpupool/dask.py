@@ -204,26 +204,31 @@ def _bound_pinned_cache(worker: Any) -> None:
 
 
 def _clock_offset_us(pool: _executor.Executor, tries: int = 8) -> float:
-    """Lines the pool's trace clock (microseconds since it started) up with the epoch. A traced
-    no-op task's ``submitted`` time is stamped inside ``submit``, so it lies between readings of
-    the wall clock just before and just after that call (not the task's whole round trip, which
-    a lane's wake-up stretches); of a few such windows, the narrowest places it best."""
-    windows = []
+    """Lines the pool's trace clock (microseconds since it started) up with the epoch, once, as
+    the pool is made. A traced no-op task's ``submitted`` time is stamped inside ``submit``, so
+    it lies between readings of the wall clock just before and just after that call (not the
+    task's whole round trip, which a lane's wake-up or a busy lane stretches); of a few such
+    windows, the narrowest places it best. Each window is matched to its record by the task's
+    id, so that other tasks traced meanwhile are no matter."""
+    core = _untyped(pool)._core
+    windows = {}
     with pool.trace() as recording:
         for _ in range(tries):
+            task_id = core.next_task_id
             before = time.time_ns()
             future = pool.submit(int)
             after = time.time_ns()
+            if core.next_task_id == task_id + 1:  # no other task took an id in between
+                windows[task_id] = (before, after)
             future.result()
-            windows.append((before, after))
-    # Records come in submission order, one per task.
-    submitted = [r["submitted"] for r in recording.records()]
-    if len(submitted) != len(windows):
-        raise RuntimeError(f"gpupool.dask: {len(submitted)} trace records for {len(windows)} "
-                           "tasks while lining up the pool's clock")
-    before, after, stamp = min(((b, a, s) for (b, a), s in zip(windows, submitted)),
-                               key=lambda w: w[1] - w[0])
-    return float((before + after) / 2e3 - stamp)
+    stamped = [(after - before, (before + after) / 2e3 - r["submitted"])
+               for r in recording.records() if r["id"] in windows
+               for before, after in [windows[r["id"]]]]
+    if not stamped:
+        _log.warning("gpupool.dask: could not line the pool's trace clock up with the wall "
+                     "clock; a cluster trace's times may be off by this pool's uptime")
+        return 0.0
+    return float(min(stamped)[1])
 
 
 def install(client: "distributed.Client", **executor_kwargs: Any) -> Dict[str, Any]:
@@ -842,14 +847,17 @@ def _trace_end(dask_worker: Any) -> Optional[Dict[str, Any]]:
         return None
     recording, snapshot = tracing
     recording.__exit__(None, None, None)
+    delay = _scheduler_delay_s(dask_worker)
     return {
         "name": str(dask_worker.name),
         "address": dask_worker.address,
         "backend": snapshot.backend,
         # Onto the scheduler's clock, as the worker moves the times of Dask's task stream (its
-        # wall clock plus its estimate of the scheduler's lead over it), so that the two line up
-        # on each worker whatever that estimate's error.
-        "clock_offset_us": plugin.clock_offset_us + 1e6 * _scheduler_delay_s(dask_worker),
+        # wall clock plus its estimate of the scheduler's lead over it, which each heartbeat
+        # measures again), so that the two line up on each worker while that estimate holds:
+        # the one at the trace's end is used and kept.
+        "clock_offset_us": plugin.clock_offset_us + 1e6 * delay,
+        "scheduler_delay_s": delay,
         "chrome": json.loads(snapshot.chrome_json()),
         "records": snapshot.records(),
         "stats_table": snapshot.stats_table(),
@@ -888,6 +896,13 @@ class ClusterTrace:
         starts = [p["clock_offset_us"] + min(r["submitted"] for r in p["records"])
                   for p in self._data().values() if p["records"]]
         return min(starts) if starts else 0.0
+
+    @property
+    def scheduler_delays(self) -> Dict[str, float]:
+        """Per worker address, the lead of the scheduler's clock over the worker's (seconds) that
+        its times were moved by: the worker's estimate at the trace's end. Taking it off again
+        puts a worker's records back on its own wall clock."""
+        return {a: float(p.get("scheduler_delay_s", 0.0)) for a, p in self._data().items()}
 
     @property
     def origin(self) -> float:

@@ -23,7 +23,7 @@ pytest.importorskip("dask.array", reason="dask[array] is not installed (pip inst
 pytest.importorskip("distributed", reason="distributed is not installed (pip install '.[dask]')")
 
 import dask.array as da  # noqa: E402
-from distributed import Client, LocalCluster, get_task_stream, wait  # noqa: E402
+from distributed import Client, LocalCluster, Worker, get_task_stream, wait  # noqa: E402
 
 import gpupool.dask as gd  # noqa: E402
 
@@ -346,7 +346,7 @@ def test_cluster_trace_is_one_chrome_trace_with_a_process_per_worker(client, tmp
 
 
 def test_a_pools_clock_is_lined_up_by_its_submit_alone_not_by_the_tasks_wait():
-    with gpupool.Executor(threads_per_gpu=1) as pool:
+    with gpupool.Executor(backend="cpu", cpu_devices=1, threads_per_gpu=1) as pool:
         busy = pool.submit(time.sleep, 0.2)  # the first no-op task waits behind it
         offset = gd._clock_offset_us(pool, tries=1)
         assert busy.done()
@@ -366,6 +366,44 @@ def test_a_pools_clock_is_lined_up_by_its_submit_alone_not_by_the_tasks_wait():
         assert before - slack_us <= stamp <= after + slack_us, (before, stamp, after)
 
 
+class _LateClockWorker(Worker):
+    """A worker whose estimate of the scheduler's clock's lead over its own stays at 5 s: Dask
+    moves the times of its tasks by that much, and so must the cluster trace."""
+
+    @property
+    def scheduler_delay(self):
+        return 5.0
+
+    @scheduler_delay.setter
+    def scheduler_delay(self, value):
+        pass
+
+
+def test_cluster_trace_moves_each_workers_times_as_dask_moves_its_tasks():
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      worker_class=_LateClockWorker, dashboard_address=":0") as cluster, \
+            Client(cluster) as late_client:
+        gd.install(late_client, backend="cpu", threads_per_gpu=2)
+        x = da.random.random(8_000, chunks=1_000).persist()
+        wait(x)
+        y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=2)
+        with gd.trace(late_client) as t, get_task_stream(late_client) as stream:
+            y.compute()
+        (address,) = late_client.scheduler_info()["workers"]
+        assert t.scheduler_delays == {address: 5.0}
+        computes = [(s["start"], s["stop"]) for task in stream.data for s in task["startstops"]
+                    if s["action"] == "compute" and "square" in str(task["key"])]
+        squares = [r for r in t.records() if r["name"] == "square"]
+        assert len(computes) == 4 and len(squares) == 8
+        # Left on the worker's own clock, or moved the wrong way, they would be 5 or 10 s off.
+        for r in squares:
+            submitted = t.origin + r["submitted"] / 1e6
+            done = t.origin + r["done"] / 1e6
+            assert any(begin - 0.05 <= submitted and done <= end + 0.05
+                       for begin, end in computes), (submitted, done, computes)
+        gd._uninstall(late_client)
+
+
 def test_cluster_trace_origin_lines_records_up_with_dasks_task_stream(client):
     x = da.random.random(20_000, chunks=500).persist()
     wait(x)
@@ -377,9 +415,10 @@ def test_cluster_trace_origin_lines_records_up_with_dasks_task_stream(client):
     assert len(computes) == 10
     squares = [r for r in t.records() if r["name"] == "square"]
     assert len(squares) == 40 and t.origin > 0
-    # Each block was queued and ran inside its Dask task: both clocks are the workers' wall
-    # clocks (the same host's), the pool's lined up to it by one no-op task's round trip, whose
-    # error a loaded machine may stretch to milliseconds; a wrong origin is off by far more.
+    # Each block was queued and ran inside its Dask task: both are on the scheduler's clock,
+    # the pool's lined up to its worker's by submit calls and moved by the same estimate Dask
+    # moves the task times by (which a heartbeat may change by milliseconds meanwhile); a wrong
+    # origin is off by far more.
     slack = 0.05
     for r in squares:
         submitted = t.origin + r["submitted"] / 1e6

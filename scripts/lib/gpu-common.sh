@@ -51,24 +51,29 @@ install_python() {
 
 # install_staged_wheels DIR LOG [NOTE]: where dask and distributed do not import, installs the
 # wheels scripts/stage-wheels put in .deps/wheels (a machine without package access) into DIR and
-# puts DIR on PYTHONPATH (pip's output in LOG; what it did also appended to the file NOTE). Only
-# the wheels of distributions this Python lacks: DIR comes before site-packages, and a staged
-# copy of a package the machine has (packaging, jinja2, ...) would replace it for every test.
-# Returns 0 where dask and distributed import afterwards.
+# puts DIR on PYTHONPATH (pip's output in LOG; what it did also appended to the file NOTE).
+# Those of distributions this Python lacks or has in another version, and dask and distributed
+# always (they pin each other): DIR comes before site-packages, and a staged copy of a package
+# the machine has in the same version would only shadow it. Returns 0 where dask and
+# distributed import afterwards.
 install_staged_wheels() {
-  local dir=$1 log=$2 note=${3:-/dev/null} wheel name missing=()
+  local dir=$1 log=$2 note=${3:-/dev/null} wheel file name version wanted=()
   if ! python3 -c 'import dask, distributed' >/dev/null 2>&1 &&
     compgen -G ".deps/wheels/*.whl" >/dev/null; then
     for wheel in .deps/wheels/*.whl; do
-      name=${wheel##*/}
-      name=${name%%-*}
-      python3 -c 'import importlib.metadata as m, sys; m.version(sys.argv[1])' "$name" \
-        >/dev/null 2>&1 || missing+=("$wheel")
+      file=${wheel##*/}
+      name=${file%%-*}
+      version=${file#*-}
+      version=${version%%-*}
+      if [ "$name" = dask ] || [ "$name" = distributed ] ||
+        ! python3 -c 'import importlib.metadata as m, sys
+sys.exit(m.version(sys.argv[1]) != sys.argv[2])' "$name" "$version" >/dev/null 2>&1; then
+        wanted+=("$wheel")
+      fi
     done
-    echo "-- dask and distributed from .deps/wheels: ${#missing[@]} missing distribution(s)" |
+    echo "-- dask and distributed from .deps/wheels: ${#wanted[@]} of them installed" |
       tee -a "$note"
-    if [ ${#missing[@]} -gt 0 ] &&
-      python3 -m pip install --no-index --no-deps --target "$dir" "${missing[@]}" >"$log" 2>&1; then
+    if python3 -m pip install --no-index --no-deps --target "$dir" "${wanted[@]}" >"$log" 2>&1; then
       export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$dir
     fi
   fi
