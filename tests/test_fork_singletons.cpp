@@ -13,7 +13,6 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -32,28 +31,6 @@ namespace fs = std::filesystem;
 using namespace std::chrono_literals;
 using testing::expect_clean_exit;
 using testing::temporary_folder;
-
-// Sets an environment variable for one scope, then restores what was there (the test run may
-// have set it: GPUPOOL_CXX to a compiler of its choice, say).
-class restored_env {
- public:
-  restored_env(const char* name, const std::string& value) : name_(name) {
-    if (const char* v = std::getenv(name)) previous_ = v;
-    ::setenv(name, value.c_str(), 1);
-  }
-  restored_env(const restored_env&) = delete;
-  restored_env& operator=(const restored_env&) = delete;
-  ~restored_env() {
-    if (previous_)
-      ::setenv(name_, previous_->c_str(), 1);
-    else
-      ::unsetenv(name_);
-  }
-
- private:
-  const char* name_;
-  std::optional<std::string> previous_;
-};
 
 // y = x * `c` + 0.25 over x = 0, 1, ..., 999 on one CPU lane, with the environment as it is (the
 // threads here must not change it while another reads it); true if every result is right.
@@ -152,7 +129,8 @@ void child_compiles_while_a_parent_thread_is_stopped(bool block_version, int c) 
   const std::string folder = temporary_folder("fork-compiler");
   const std::string cache = temporary_folder("fork-compiler-cache");
   const testing::scoped_cache_dir cache_dir(cache);
-  const restored_env cxx("GPUPOOL_CXX", blocking_compiler(folder, block_version));
+  // Restored afterwards: the test run may have set it (to a compiler of its choice, say).
+  const testing::scoped_env cxx("GPUPOOL_CXX", blocking_compiler(folder, block_version).c_str());
   const std::string name = block_version ? "fork_held_lock" : "fork_in_flight";
 
   bool parent_right = false;
@@ -269,20 +247,19 @@ TEST(CacheFolder, EachCallerSaysWhetherAFolderOfTheProcessWillDo) {
 
 TEST(QuietFromEnvironment, OneIsQuietZeroOrNothingIsNotAndAnythingElseIsRefused) {
   {
-    const restored_env quiet("GPUPOOL_QUIET", "1");
+    const testing::scoped_env quiet("GPUPOOL_QUIET", "1");
     EXPECT_TRUE(detail::quiet_from_environment());
   }
   for (const char* not_quiet : {"0", ""}) {
-    const restored_env quiet("GPUPOOL_QUIET", not_quiet);
+    const testing::scoped_env quiet("GPUPOOL_QUIET", not_quiet);
     EXPECT_FALSE(detail::quiet_from_environment()) << "'" << not_quiet << "'";
   }
   {
-    const restored_env quiet("GPUPOOL_QUIET", "1");
-    ::unsetenv("GPUPOOL_QUIET");
+    const testing::scoped_env quiet("GPUPOOL_QUIET", nullptr);
     EXPECT_FALSE(detail::quiet_from_environment());
   }
   for (const char* bad : {"yes", "true", " 1", "2"}) {
-    const restored_env quiet("GPUPOOL_QUIET", bad);
+    const testing::scoped_env quiet("GPUPOOL_QUIET", bad);
     try {
       (void)detail::quiet_from_environment();
       ADD_FAILURE() << "GPUPOOL_QUIET='" << bad << "' was accepted";

@@ -72,21 +72,10 @@ class scoped_env {
 // Points GPUPOOL_CACHE_DIR at `dir` for the scope, then restores what was there.
 class scoped_cache_dir {
  public:
-  explicit scoped_cache_dir(const std::string& dir) {
-    if (const char* v = std::getenv("GPUPOOL_CACHE_DIR")) previous_ = v;
-    ::setenv("GPUPOOL_CACHE_DIR", dir.c_str(), 1);
-  }
-  ~scoped_cache_dir() {
-    if (previous_.empty())
-      ::unsetenv("GPUPOOL_CACHE_DIR");
-    else
-      ::setenv("GPUPOOL_CACHE_DIR", previous_.c_str(), 1);
-  }
-  scoped_cache_dir(const scoped_cache_dir&) = delete;
-  scoped_cache_dir& operator=(const scoped_cache_dir&) = delete;
+  explicit scoped_cache_dir(const std::string& dir) : env_("GPUPOOL_CACHE_DIR", dir.c_str()) {}
 
  private:
-  std::string previous_;
+  scoped_env env_;
 };
 
 // A new private folder under /tmp, named after `tag`, removed (with what it holds) when the
