@@ -345,10 +345,10 @@ def cluster_runs(args):
                             at + r["done"] / 1e6) for r in recorded.records()
                            if r["started"] is not None and r["done"] is not None]
                     spans = compute_spans(stream.data, name, delay)
-                    if len(spans) != sum(y.numblocks[0] for y in ys):
-                        raise SystemExit(f"traced run of {what}: {len(spans)} of its "
-                                         f"{sum(y.numblocks[0] for y in ys)} tasks in Dask's "
-                                         "task stream")
+                    tasks = sum(y.numblocks[0] for y in ys)
+                    if len(spans) != tasks:
+                        raise SystemExit(f"traced run of {what}: {len(spans)} of its {tasks} "
+                                         "tasks in Dask's task stream")
                     traced[what] = dict(timeline_parts(
                         start, end, spans,
                         [(begin - delay[w], end_ - delay[w]) for w, _, begin, end_ in ran],

@@ -366,6 +366,24 @@ def test_a_pools_clock_is_lined_up_by_its_submit_alone_not_by_the_tasks_wait():
         assert before - slack_us <= stamp <= after + slack_us, (before, stamp, after)
 
 
+def _assert_squares_ran_inside_their_tasks(trace, stream, tasks, blocks):
+    """Each traced square block was queued and ran inside one of the Dask tasks that computed
+    squares: the trace and Dask's task stream are both on the scheduler's clock, the pool's
+    lined up with its worker's by submit calls and moved by the estimate Dask moves the task
+    times by (which a heartbeat may change by milliseconds meanwhile; a wrong origin or a move
+    left out is off by far more)."""
+    computes = [(s["start"], s["stop"]) for task in stream.data for s in task["startstops"]
+                if s["action"] == "compute" and "square" in str(task["key"])]
+    squares = [r for r in trace.records() if r["name"] == "square"]
+    assert len(computes) == tasks and len(squares) == blocks
+    slack = 0.05
+    for r in squares:
+        submitted = trace.origin + r["submitted"] / 1e6
+        done = trace.origin + r["done"] / 1e6
+        assert any(begin - slack <= submitted and done <= end + slack
+                   for begin, end in computes), (submitted, done, computes)
+
+
 class _LateClockWorker(Worker):
     """A worker whose estimate of the scheduler's clock's lead over its own stays at 5 s: Dask
     moves the times of its tasks by that much, and so must the cluster trace."""
@@ -391,16 +409,8 @@ def test_cluster_trace_moves_each_workers_times_as_dask_moves_its_tasks():
             y.compute()
         (address,) = late_client.scheduler_info()["workers"]
         assert t.scheduler_delays == {address: 5.0}
-        computes = [(s["start"], s["stop"]) for task in stream.data for s in task["startstops"]
-                    if s["action"] == "compute" and "square" in str(task["key"])]
-        squares = [r for r in t.records() if r["name"] == "square"]
-        assert len(computes) == 4 and len(squares) == 8
         # Left on the worker's own clock, or moved the wrong way, they would be 5 or 10 s off.
-        for r in squares:
-            submitted = t.origin + r["submitted"] / 1e6
-            done = t.origin + r["done"] / 1e6
-            assert any(begin - 0.05 <= submitted and done <= end + 0.05
-                       for begin, end in computes), (submitted, done, computes)
+        _assert_squares_ran_inside_their_tasks(t, stream, tasks=4, blocks=8)
         gd._uninstall(late_client)
 
 
@@ -410,21 +420,8 @@ def test_cluster_trace_origin_lines_records_up_with_dasks_task_stream(client):
     y = gd.map_blocks(gpupool.kernels.square, x, blocks_per_task=4)
     with gd.trace(client) as t, get_task_stream(client) as stream:
         y.compute()
-    computes = [(s["start"], s["stop"]) for task in stream.data for s in task["startstops"]
-                if s["action"] == "compute" and "square" in str(task["key"])]
-    assert len(computes) == 10
-    squares = [r for r in t.records() if r["name"] == "square"]
-    assert len(squares) == 40 and t.origin > 0
-    # Each block was queued and ran inside its Dask task: both are on the scheduler's clock,
-    # the pool's lined up to its worker's by submit calls and moved by the same estimate Dask
-    # moves the task times by (which a heartbeat may change by milliseconds meanwhile); a wrong
-    # origin is off by far more.
-    slack = 0.05
-    for r in squares:
-        submitted = t.origin + r["submitted"] / 1e6
-        done = t.origin + r["done"] / 1e6
-        assert any(begin - slack <= submitted and done <= end + slack
-                   for begin, end in computes), (submitted, done, computes)
+    assert t.origin > 0
+    _assert_squares_ran_inside_their_tasks(t, stream, tasks=10, blocks=40)
 
 
 # -- a worker killed mid-run; the plugin's life ----------------------------------------------------

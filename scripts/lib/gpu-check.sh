@@ -227,9 +227,9 @@ if install_python "$pydir" "$OUT/pip.log"; then
     tee "$OUT/pytest.log" | tail -15
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
   # Skips that do not depend on a GPU may stay: the console script (a --target install makes
-  # none), mypy, dask (where neither it nor .deps/wheels is there) and CPython's test suite where
-  # they are not installed, and the CPU-backend
-  # notice (never shown with a GPU). With one GPU, the tests that need two skip too.
+  # none), mypy and CPython's test suite where they are not installed, dask where neither it nor
+  # .deps/wheels is there, and the CPU-backend notice (never shown with a GPU). With one GPU,
+  # the tests that need two skip too.
   two_gpus=""
   [ "$gpus" -lt 2 ] && two_gpus="|needs two GPUs"
   if grep -E "^SKIPPED" "$OUT/pytest.log" |
