@@ -470,11 +470,120 @@ TEST(PinnedCacheTest, BlocksLeaveTheRegistryBeforeTheirMemoryIsFreed) {
   EXPECT_EQ(source.bad_frees(), 0);
 }
 
-TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
+// A stand-in clock for the cache's generations, moved by the tests.
+std::atomic<std::int64_t> fake_nanoseconds{0};
+std::int64_t fake_clock() noexcept {
+  return fake_nanoseconds.load();
+}
+void let_a_generation_pass() {
+  fake_nanoseconds += detail::pinned_cache::generation_length.count();
+}
+// A clock that moves half a generation each time it is read: every other slow step starts a
+// new generation, so sizes age as fast as they can.
+std::atomic<std::int64_t> racing_nanoseconds{0};
+std::int64_t racing_clock() noexcept {
+  return racing_nanoseconds.fetch_add(detail::pinned_cache::generation_length.count() / 2);
+}
+
+// A cache filled by one size that is then not asked for again, and another size in use, taken
+// and freed round after round: once the old size has gone unused for two generations, the size
+// in use is cached in its place and comes back as it is, where before every one of its blocks
+// was made and given back each round.
+TEST(PinnedCacheTest, AFullCacheKeepsTheSizeInUseInPlaceOfSizesNotUsedLately) {
+  constexpr std::size_t kib = 1024;
+  counting_resource source;
+  detail::pinned_cache cache(source, 1024 * kib, &fake_clock);
+  source.watch(&cache);
+  std::vector<void*> old_size;
+  for (int i = 0; i < 4; ++i) old_size.push_back(cache.acquire(256 * kib));
+  for (void* p : old_size) cache.release(p);
+  ASSERT_EQ(cache.stats().cached, 1024 * kib);
+  std::vector<void*> kept;
+  for (int round = 0; round < 5; ++round) {
+    let_a_generation_pass();
+    void* a = cache.acquire(384 * kib);
+    void* b = cache.acquire(384 * kib);
+    cache.release(a);
+    cache.release(b);
+    const pinned_stats s = cache.stats();
+    if (round == 0) {
+      // One generation since the old size was used: it may yet be asked for again.
+      EXPECT_EQ(source.allocations(), 6);
+      EXPECT_EQ(s.cached, 1024 * kib);
+      EXPECT_FALSE(cache.owns(a));
+      EXPECT_FALSE(cache.owns(b));
+    } else if (round == 1) {
+      // Two: two of the old blocks make way for the first, one for the second.
+      EXPECT_EQ(source.allocations(), 8);
+      EXPECT_EQ(s.cached, 2 * 384 * kib + 256 * kib);
+      kept = {a, b};
+    } else {
+      EXPECT_EQ(source.allocations(), 8) << "round " << round << ": the size in use was made again";
+      EXPECT_TRUE((a == kept[0] && b == kept[1]) || (a == kept[1] && b == kept[0]));
+      EXPECT_EQ(s.cached, 2 * 384 * kib + 256 * kib);
+    }
+    EXPECT_EQ(source.live_bytes(), s.cached);
+  }
+  EXPECT_EQ(source.freed_while_owned(), 0);
+
+  // Nothing displaces blocks of its own size, nor makes way for a block larger than the limit.
+  detail::pinned_cache same(source, 512 * kib, &fake_clock);
+  std::vector<void*> blocks;
+  for (int i = 0; i < 3; ++i) blocks.push_back(same.acquire(256 * kib));
+  let_a_generation_pass();
+  let_a_generation_pass();
+  for (void* p : blocks) same.release(p);
+  EXPECT_EQ(same.stats().cached, 512 * kib);
+  EXPECT_FALSE(same.owns(blocks[2]));
+  void* huge = same.acquire(640 * kib);
+  let_a_generation_pass();
+  let_a_generation_pass();
+  same.release(huge);
+  EXPECT_EQ(same.stats().cached, 512 * kib);
+  EXPECT_FALSE(same.owns(huge));
+  source.watch(nullptr);
+  same.trim();
+  cache.trim();
+  EXPECT_EQ(source.live_bytes(), 0u);
+  EXPECT_EQ(source.bad_frees(), 0);
+}
+
+// Sizes that take turns in a workload larger than the cache (six 64 KiB and two 512 KiB blocks
+// a round, 1 MiB cached) are each used every round, so none is displaced, however slow the
+// rounds: the cache keeps what it kept, and makes no more blocks than a cache whose sizes never
+// age, where displacing would make and give back blocks round after round.
+TEST(PinnedCacheTest, SizesThatTakeTurnsDisplaceNothing) {
+  constexpr std::size_t kib = 1024;
+  const auto blocks_made = [&](bool generations_pass) {
+    counting_resource source;
+    {
+      detail::pinned_cache cache(source, 1024 * kib, &fake_clock);
+      for (int round = 0; round < 50; ++round) {
+        if (generations_pass) let_a_generation_pass();
+        std::vector<void*> held;
+        for (int i = 0; i < 8; ++i) held.push_back(cache.acquire((i % 4 == 1 ? 512 : 64) * kib));
+        // Freed in a different order each round.
+        std::rotate(held.begin(), held.begin() + round % 8, held.end());
+        for (void* p : held) cache.release(p);
+        EXPECT_LE(cache.stats().cached, 1024 * kib);
+      }
+      cache.trim();
+    }
+    EXPECT_EQ(source.live_bytes(), 0u);
+    return source.allocations();
+  };
+  const int never_aging = blocks_made(false);
+  const int aging = blocks_made(true);
+  EXPECT_EQ(aging, never_aging);
+  EXPECT_LT(aging, 8 * 50 / 2) << "the cache serves most blocks";
+}
+
+void expect_every_byte_accounted_for_under_many_threads(
+    detail::pinned_cache::clock_function clock) {
   counting_resource source;
   constexpr std::size_t limit = std::size_t{2} << 20;
   {
-    detail::pinned_cache cache(source, limit);
+    detail::pinned_cache cache(source, limit, clock);
     source.watch(&cache);
     std::atomic<bool> stop{false};
     std::atomic<bool> over_limit{false};
@@ -514,6 +623,16 @@ TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
     source.watch(nullptr);
   }
   EXPECT_EQ(source.bad_frees(), 0);
+}
+
+TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
+  expect_every_byte_accounted_for_under_many_threads(&detail::pinned_cache::steady_nanoseconds);
+}
+
+// The same with sizes ageing as fast as they can, so that freed blocks displace others while
+// other threads take and free them.
+TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreadsWhileSizesAge) {
+  expect_every_byte_accounted_for_under_many_threads(&racing_clock);
 }
 
 // Results freed on one thread and made again on many (a caller dropping a map's results, lanes

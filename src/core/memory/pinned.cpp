@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -250,8 +251,15 @@ void pinned_block_registry::remove(void* p) noexcept {
 
 // ---- pinned_cache
 
-pinned_cache::pinned_cache(memory_resource& source, std::size_t cache_limit) noexcept
-    : source_(source), limit_(cache_limit) {}
+std::int64_t pinned_cache::steady_nanoseconds() noexcept {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(
+             std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+pinned_cache::pinned_cache(memory_resource& source, std::size_t cache_limit,
+                           clock_function clock) noexcept
+    : source_(source), limit_(cache_limit), generation_began_(clock()), clock_(clock) {}
 
 pinned_cache::~pinned_cache() {
   try {
@@ -267,6 +275,30 @@ std::size_t pinned_cache::size_class(std::size_t bytes) noexcept {
   const std::size_t power = std::size_t{1} << (63 - __builtin_clzll(bytes));
   const std::size_t step = power / 4;
   return (bytes + step - 1) / step * step;
+}
+
+std::size_t pinned_cache::class_index(std::size_t capacity) noexcept {
+  constexpr std::size_t page_classes = (std::size_t{64} << 10) / host_page_bytes;
+  if (capacity <= (std::size_t{64} << 10)) return capacity / host_page_bytes - 1;
+  const int power = 63 - __builtin_clzll(capacity);  // 16 or more
+  const std::size_t quarter = (capacity - (std::size_t{1} << power)) >> (power - 2);
+  return page_classes + 4 * static_cast<std::size_t>(power - 16) + quarter;
+}
+
+void pinned_cache::note_use(std::size_t capacity) noexcept {
+  class_use& use = uses_[class_index(capacity)];
+  const std::uint32_t now = generation_.load(std::memory_order_relaxed);
+  if (use.generation.load(std::memory_order_relaxed) != now)
+    use.generation.store(now, std::memory_order_relaxed);
+}
+
+void pinned_cache::next_generation_if_due() noexcept {
+  const std::int64_t now = clock_();
+  std::int64_t began = generation_began_.load(std::memory_order_relaxed);
+  if (now - began < generation_length.count()) return;
+  // One of the threads that find it due starts the next one.
+  if (generation_began_.compare_exchange_strong(began, now, std::memory_order_relaxed))
+    generation_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void* pinned_cache::take_cached(std::size_t capacity) noexcept {
@@ -323,6 +355,7 @@ void* pinned_cache::acquire(std::size_t bytes) {
   const std::size_t capacity = size_class(bytes == 0 ? 1 : bytes);
   void* p = take_cached(capacity);
   if (p == nullptr) {
+    next_generation_if_due();
     p = source_.allocate(capacity);  // slow: no lock held
     try {
       registry_.add(p, capacity);
@@ -331,6 +364,7 @@ void* pinned_cache::acquire(std::size_t bytes) {
       throw;
     }
   }
+  note_use(capacity);
   shards_[thread_stripe(shard_count)].in_use.fetch_add(capacity, std::memory_order_relaxed);
   return p;
 }
@@ -365,6 +399,7 @@ bool pinned_cache::release_block_or_result(void* p) noexcept {
 void pinned_cache::release_known(void* p, std::size_t capacity) noexcept {
   shard& home = shards_[thread_stripe(shard_count)];
   home.in_use.fetch_sub(capacity, std::memory_order_relaxed);
+  note_use(capacity);
   {
     // The room is reserved under the shard's lock, so trim_to (which holds every shard's lock)
     // sees either this block in the shard or, after it, its own new limit applied to it.
@@ -373,13 +408,109 @@ void pinned_cache::release_known(void* p, std::size_t capacity) noexcept {
       try {
         home.free[capacity].push_back(p);
         home.blocks.fetch_add(1, std::memory_order_relaxed);
+        std::atomic<bool>& maybe_cached = uses_[class_index(capacity)].maybe_cached;
+        if (!maybe_cached.load(std::memory_order_relaxed))
+          maybe_cached.store(true, std::memory_order_relaxed);
         return;
       } catch (const std::bad_alloc&) {
         cached_.fetch_sub(capacity, std::memory_order_relaxed);  // no room to note it: give it back
       }
     }
   }
+  if (cache_in_place_of_unused(p, capacity, home)) return;
   give_back(p, capacity);
+}
+
+bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard& home) noexcept {
+  if (capacity > limit_.load(std::memory_order_relaxed)) return false;
+  next_generation_if_due();
+  const std::uint32_t now = generation_.load(std::memory_order_relaxed);
+  const std::size_t mine = class_index(capacity);
+  // Signed: a class marked by a thread that read the generation after this one did is in use.
+  const auto unused = [&](std::size_t i) {
+    return i != mine && static_cast<std::int32_t>(
+                            now - uses_[i].generation.load(std::memory_order_relaxed)) >= 2;
+  };
+  // Unlocked: nothing to displace (the common case of a cache full of the sizes in use) costs
+  // no shard's lock.
+  bool any = false;
+  for (std::size_t i = 0; i < class_count && !any; ++i)
+    any = uses_[i].maybe_cached.load(std::memory_order_relaxed) && unused(i);
+  if (!any) return false;
+
+  std::vector<std::pair<void*, std::size_t>> taken;
+  {
+    std::array<std::unique_lock<std::mutex>, shard_count> locks;
+    for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
+    // Under every lock: nothing is cached or taken meanwhile, so cached_ stands still.
+    const std::size_t limit = limit_.load(std::memory_order_relaxed);
+    const std::size_t cached = cached_.load(std::memory_order_relaxed);
+    if (capacity > limit) return false;
+    // The classes cached, and of those not used lately, the bytes cached and how long ago
+    // they were used (read once: a use noted meanwhile must not reorder them mid-sort).
+    struct candidate {
+      std::size_t size = 0;
+      std::size_t bytes = 0;
+      std::uint32_t age = 0;
+    };
+    std::array<bool, class_count> present{};
+    std::array<candidate, class_count> unused_classes{};
+    std::size_t room = 0, unused_blocks = 0, unused_count = 0;
+    for (const shard& s : shards_)
+      for (const auto& [size, blocks] : s.free) {
+        if (blocks.empty()) continue;
+        const std::size_t i = class_index(size);
+        present[i] = true;
+        if (!unused(i)) continue;
+        candidate& c = unused_classes[i];
+        if (c.bytes == 0) {
+          c.size = size;
+          c.age = now - uses_[i].generation.load(std::memory_order_relaxed);
+          ++unused_count;
+        }
+        c.bytes += size * blocks.size();
+        room += size * blocks.size();
+        unused_blocks += blocks.size();
+      }
+    for (std::size_t i = 0; i < class_count; ++i)
+      if (!present[i]) uses_[i].maybe_cached.store(false, std::memory_order_relaxed);
+    if (cached > limit - capacity + room) return false;  // giving them all back is not enough
+    std::vector<candidate> order;
+    try {
+      taken.reserve(unused_blocks);
+      order.reserve(unused_count);
+      auto& mine_cached = home.free[capacity];
+      mine_cached.reserve(mine_cached.size() + 1);  // so that nothing below can fail
+    } catch (const std::bad_alloc&) {
+      return false;
+    }
+    for (const candidate& c : unused_classes)
+      if (c.bytes != 0) order.push_back(c);
+    // Used longest ago first; of those used as long ago, larger first (the fewest blocks given
+    // back for the room made).
+    std::sort(order.begin(), order.end(), [](const candidate& a, const candidate& b) {
+      return a.age != b.age ? a.age > b.age : a.size > b.size;
+    });
+    const auto full = [&] { return cached_.load(std::memory_order_relaxed) > limit - capacity; };
+    for (const candidate& c : order)
+      for (shard& s : shards_) {
+        const auto found = s.free.find(c.size);
+        if (found == s.free.end()) continue;
+        auto& blocks = found->second;
+        while (!blocks.empty() && full()) {
+          taken.emplace_back(blocks.back(), c.size);
+          blocks.pop_back();
+          s.blocks.fetch_sub(1, std::memory_order_relaxed);
+          cached_.fetch_sub(c.size, std::memory_order_relaxed);
+        }
+      }
+    cached_.fetch_add(capacity, std::memory_order_relaxed);
+    home.free[capacity].push_back(p);
+    home.blocks.fetch_add(1, std::memory_order_relaxed);
+    uses_[mine].maybe_cached.store(true, std::memory_order_relaxed);
+  }
+  for (auto [block, size] : taken) give_back(block, size);  // slow: no shard lock held
+  return true;
 }
 
 void pinned_cache::give_back(void* p, std::size_t capacity) noexcept {

@@ -9,6 +9,7 @@
 
 #include <array>
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -92,10 +93,22 @@ class pinned_block_registry {
 };
 
 /// Pinned blocks from one memory_resource, with the freed ones kept for reuse up to a limit.
-/// Thread-safe.
+/// A block freed into a full cache takes the place of cached blocks of sizes not used lately
+/// (see release()). Thread-safe.
 class pinned_cache {
  public:
-  pinned_cache(memory_resource& source, std::size_t cache_limit) noexcept;
+  /// Nanoseconds on a monotonic clock: what tells how long ago a size was used.
+  using clock_function = std::int64_t (*)() noexcept;
+  /// The process's steady clock.
+  [[nodiscard]] static std::int64_t steady_nanoseconds() noexcept;
+  /// The shortest span of one generation of use: a size class used (a block taken or freed) in
+  /// neither the current generation nor the one before it has not been used for at least this
+  /// long. A generation ends only at a slow step (a block made, or one freed into a full cache),
+  /// so a workload that page-locks nothing never ages its sizes.
+  static constexpr std::chrono::nanoseconds generation_length = std::chrono::seconds(1);
+
+  pinned_cache(memory_resource& source, std::size_t cache_limit,
+               clock_function clock = &steady_nanoseconds) noexcept;
   pinned_cache(const pinned_cache&) = delete;
   pinned_cache& operator=(const pinned_cache&) = delete;
   /// Gives every cached block back to the source; blocks still in use must have been released.
@@ -104,9 +117,13 @@ class pinned_cache {
   /// A block of at least `bytes`: a cached one of its size class, else a new one.
   /// @throw std::length_error beyond any machine's memory; std::bad_alloc.
   [[nodiscard]] void* acquire(std::size_t bytes);
-  /// Takes back a block from `acquire`: cached while the cache has room, else given back to the
-  /// source. Pointers this cache did not hand out are ignored: the result says which it was
-  /// (one lookup answers both whether the block is the cache's and its size class).
+  /// Takes back a block from `acquire`: cached while the cache has room; else cached in place of
+  /// cached blocks of sizes used in neither this generation nor the last (given back, those used
+  /// longest ago first) where that makes room; else given back to the source. A size in use
+  /// thus keeps its blocks however full of old sizes the cache was, while sizes that all take
+  /// turns (a cyclic workload larger than the cache) displace nothing. Pointers this cache did
+  /// not hand out are ignored: the result says which it was (one lookup answers both whether the
+  /// block is the cache's and its size class).
   bool release(void* p) noexcept;
   /// Takes back `p` as `release` does, or, where `p` lies inside a block rather than at its start,
   /// a result carved from a result slab there (result_slabs.hpp): one lookup for both. False if
@@ -153,9 +170,27 @@ class pinned_cache {
     std::atomic<std::size_t> in_use{0};
   };
 
+  // Size classes: every page up to 64 KiB, then four per power of two up to 2^63 bytes.
+  static constexpr std::size_t class_count = (std::size_t{64} << 10) / host_page_bytes + 1 + 4 * 48;
+  [[nodiscard]] static std::size_t class_index(std::size_t capacity) noexcept;
+  // When a size class was last used, and whether blocks of it may be cached (set as one is
+  // cached; cleared only under every shard's lock, by a look that finds none).
+  struct class_use {
+    std::atomic<std::uint32_t> generation{0};
+    std::atomic<bool> maybe_cached{false};
+  };
+
   [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
+  // Marks the class used in the current generation: two loads, and a store only the first time
+  // in a generation.
+  void note_use(std::size_t capacity) noexcept;
+  // Starts a new generation if the current one has lasted generation_length. Slow paths only.
+  void next_generation_if_due() noexcept;
   // release() of a block this cache handed out, its capacity known.
   void release_known(void* p, std::size_t capacity) noexcept;
+  // For a block the limit leaves no room for: caches it in `home` in place of cached blocks of
+  // classes not used lately, where giving those back makes room (see release()).
+  [[nodiscard]] bool cache_in_place_of_unused(void* p, std::size_t capacity, shard& home) noexcept;
   // Reserves room for `capacity` more cached bytes if the limit allows.
   [[nodiscard]] bool reserve_cache_room(std::size_t capacity) noexcept;
   void trim_to(std::size_t limit);
@@ -166,6 +201,12 @@ class pinned_cache {
   std::array<shard, shard_count> shards_;
   std::atomic<std::size_t> cached_{0};
   std::atomic<std::size_t> limit_;
+  // Read on every acquire and release; written once a generation: away from cached_, which
+  // every cached block's coming and going writes.
+  alignas(64) std::atomic<std::uint32_t> generation_{0};
+  std::atomic<std::int64_t> generation_began_;
+  const clock_function clock_;
+  std::array<class_use, class_count> uses_{};
 };
 
 /// is_pinned and describe_pointer over a given cache and host memory (the public functions pass the
