@@ -243,6 +243,7 @@ class counting_resource final : public detail::memory_resource {
     std::lock_guard lock(mutex_);
     live_[p] = bytes;
     ++allocations_;
+    allocated_bytes_ += bytes;
     return p;
   }
   void deallocate(void* p, std::size_t bytes) noexcept override {
@@ -266,6 +267,10 @@ class counting_resource final : public detail::memory_resource {
     std::lock_guard lock(mutex_);
     return allocations_;
   }
+  std::size_t allocated_bytes() {
+    std::lock_guard lock(mutex_);
+    return allocated_bytes_;
+  }
   int freed_while_owned() {
     std::lock_guard lock(mutex_);
     return freed_while_owned_;
@@ -280,6 +285,7 @@ class counting_resource final : public detail::memory_resource {
   std::mutex mutex_;
   std::map<void*, std::size_t> live_;
   int allocations_ = 0;
+  std::size_t allocated_bytes_ = 0;
   int freed_while_owned_ = 0;
   int bad_frees_ = 0;
 };
@@ -526,21 +532,28 @@ TEST(PinnedCacheTest, AFullCacheKeepsTheSizeInUseInPlaceOfSizesNotUsedLately) {
   }
   EXPECT_EQ(source.freed_while_owned(), 0);
 
-  // Nothing displaces blocks of its own size, nor makes way for a block larger than the limit.
+  // Sizes unused for long enough but too few to make room stay, and the block is given back; a
+  // block larger than the limit makes no way at all.
   detail::pinned_cache same(source, 512 * kib, &fake_clock);
-  std::vector<void*> blocks;
-  for (int i = 0; i < 3; ++i) blocks.push_back(same.acquire(256 * kib));
+  void* unused = same.acquire(64 * kib);
+  same.release(unused);
   let_a_generation_pass();
+  void* in_use = same.acquire(448 * kib);  // made: generation 1
   let_a_generation_pass();
-  for (void* p : blocks) same.release(p);
+  void* freed = same.acquire(256 * kib);  // made: generation 2
+  same.release(in_use);
+  ASSERT_EQ(same.stats().cached, 512 * kib);
+  same.release(freed);  // needs 256 KiB; the unused size has 64
+  EXPECT_FALSE(same.owns(freed));
+  EXPECT_TRUE(same.owns(unused));
   EXPECT_EQ(same.stats().cached, 512 * kib);
-  EXPECT_FALSE(same.owns(blocks[2]));
   void* huge = same.acquire(640 * kib);
   let_a_generation_pass();
   let_a_generation_pass();
   same.release(huge);
   EXPECT_EQ(same.stats().cached, 512 * kib);
   EXPECT_FALSE(same.owns(huge));
+  EXPECT_EQ(source.live_bytes(), cache.stats().cached + same.stats().cached);
   source.watch(nullptr);
   same.trim();
   cache.trim();
@@ -578,6 +591,80 @@ TEST(PinnedCacheTest, SizesThatTakeTurnsDisplaceNothing) {
   EXPECT_LT(aging, 8 * 50 / 2) << "the cache serves most blocks";
 }
 
+// A size whose blocks made way and that is back soon after (within twice the wait) doubles the
+// wait; a size back later does not; calm generations halve it again.
+TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) {
+  constexpr std::size_t kib = 1024;
+  counting_resource source;
+  detail::pinned_cache cache(source, 1024 * kib, &fake_clock);
+  // Each round is a generation: a block larger than the limit is made (a slow step, which ends
+  // the generation due), then `blocks` of `bytes` are taken and freed.
+  const auto round = [&](std::size_t bytes, int blocks) {
+    let_a_generation_pass();
+    cache.release(cache.acquire(2048 * kib));
+    std::vector<void*> held;
+    for (int i = 0; i < blocks; ++i) held.push_back(cache.acquire(bytes));
+    for (void* p : held) cache.release(p);
+  };
+  constexpr std::uint32_t first = detail::pinned_cache::first_unused_generations;
+  round(256 * kib, 4);  // the cache full of one size
+  EXPECT_EQ(cache.unused_generations(), first);
+  round(384 * kib, 2);
+  round(384 * kib, 2);  // two generations on: three of the first size make way
+  EXPECT_EQ(cache.stats().cached, 2 * 384 * kib + 256 * kib);
+  round(256 * kib, 4);  // back three generations after its use, within twice the wait
+  EXPECT_EQ(cache.unused_generations(), 2 * first);
+
+  // Another size makes way after four generations and is back after nine, more than twice the
+  // wait: the wait stays.
+  cache.trim();
+  round(128 * kib, 1);
+  for (int i = 0; i < 8; ++i) round(512 * kib, 2);
+  EXPECT_EQ(cache.stats().cached, 1024 * kib) << "the 128 KiB block made way for a 512 KiB one";
+  round(128 * kib, 1);
+  EXPECT_EQ(cache.unused_generations(), 2 * first);
+  // Calm generations halve it, down to the first wait.
+  for (std::uint32_t i = 0; i < detail::pinned_cache::calm_generations; ++i) round(0, 0);
+  EXPECT_EQ(cache.unused_generations(), first);
+  cache.trim();
+  EXPECT_EQ(source.live_bytes(), 0u);
+}
+
+// Two phases that take turns every three generations: many small blocks, then one block as
+// large as the cache. Without the doubling wait, each phase would make its blocks for two
+// generations before displacing the other's; with it, the cache settles into keeping one
+// phase's blocks, and page-locks about what a cache whose sizes never age does.
+TEST(PinnedCacheTest, PhasesThatTakeTurnsSettleIntoKeepingWhatIsCached) {
+  constexpr std::size_t kib = 1024;
+  const auto bytes_made = [&](bool generations_pass, std::uint32_t* wait) {
+    counting_resource source;
+    {
+      detail::pinned_cache cache(source, 1024 * kib, &fake_clock);
+      for (int phase = 0; phase < 20; ++phase)
+        for (int r = 0; r < 30; ++r) {
+          if (generations_pass && r % 10 == 0) let_a_generation_pass();
+          std::vector<void*> held;
+          if (phase % 2 == 0) {
+            for (int i = 0; i < 16; ++i) held.push_back(cache.acquire(64 * kib));
+          } else {
+            held.push_back(cache.acquire(1024 * kib));
+          }
+          for (void* p : held) cache.release(p);
+        }
+      if (wait != nullptr) *wait = cache.unused_generations();
+      cache.trim();
+    }
+    EXPECT_EQ(source.live_bytes(), 0u);
+    return source.allocated_bytes();
+  };
+  const std::size_t never_aging = bytes_made(false, nullptr);
+  std::uint32_t wait = 0;
+  const std::size_t aging = bytes_made(true, &wait);
+  EXPECT_GT(wait, detail::pinned_cache::first_unused_generations);
+  EXPECT_LE(aging, never_aging + never_aging / 4)
+      << "never ageing: " << never_aging / kib << " KiB made; ageing: " << aging / kib;
+}
+
 void expect_every_byte_accounted_for_under_many_threads(
     detail::pinned_cache::clock_function clock) {
   counting_resource source;
@@ -605,6 +692,11 @@ void expect_every_byte_accounted_for_under_many_threads(
             held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
           }
           if (i % 500 == 0 && t == 0) cache.trim();
+          // The limit lowered and raised again while blocks make way for others.
+          if (i % 700 == 0 && t == 1) {
+            cache.set_limit(limit / 2);
+            cache.set_limit(limit);
+          }
         }
         for (void* p : held) cache.release(p);
       });

@@ -292,13 +292,37 @@ void pinned_cache::note_use(std::size_t capacity) noexcept {
     use.generation.store(now, std::memory_order_relaxed);
 }
 
+void pinned_cache::note_miss(std::size_t capacity) noexcept {
+  class_use& use = uses_[class_index(capacity)];
+  if (!use.displaced.load(std::memory_order_relaxed) ||
+      !use.displaced.exchange(false, std::memory_order_acquire))
+    return;
+  const std::uint32_t now = generation_.load(std::memory_order_relaxed);
+  const auto away =
+      static_cast<std::int32_t>(now - use.used_before_displaced.load(std::memory_order_relaxed));
+  const std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
+  // Back (or made again, in a later generation) after twice the wait or more: the room it made
+  // served while it was away.
+  if (away >= static_cast<std::int32_t>(2 * wait)) return;
+  // Racing doublings may double once: a slower change, never a wrong one.
+  if (wait < most_unused_generations)
+    unused_generations_.store(wait * 2, std::memory_order_relaxed);
+  calm_since_.store(now, std::memory_order_relaxed);
+}
+
 void pinned_cache::next_generation_if_due() noexcept {
   const std::int64_t now = clock_();
   std::int64_t began = generation_began_.load(std::memory_order_relaxed);
   if (now - began < generation_length.count()) return;
   // One of the threads that find it due starts the next one.
-  if (generation_began_.compare_exchange_strong(began, now, std::memory_order_relaxed))
-    generation_.fetch_add(1, std::memory_order_relaxed);
+  if (!generation_began_.compare_exchange_strong(began, now, std::memory_order_relaxed)) return;
+  const std::uint32_t next = generation_.fetch_add(1, std::memory_order_relaxed) + 1;
+  const std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
+  if (wait > first_unused_generations &&
+      next - calm_since_.load(std::memory_order_relaxed) >= calm_generations) {
+    unused_generations_.store(wait / 2, std::memory_order_relaxed);
+    calm_since_.store(next, std::memory_order_relaxed);
+  }
 }
 
 void* pinned_cache::take_cached(std::size_t capacity) noexcept {
@@ -356,6 +380,7 @@ void* pinned_cache::acquire(std::size_t bytes) {
   void* p = take_cached(capacity);
   if (p == nullptr) {
     next_generation_if_due();
+    note_miss(capacity);
     p = source_.allocate(capacity);  // slow: no lock held
     try {
       registry_.add(p, capacity);
@@ -425,17 +450,27 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
   if (capacity > limit_.load(std::memory_order_relaxed)) return false;
   next_generation_if_due();
   const std::uint32_t now = generation_.load(std::memory_order_relaxed);
+  const std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
   const std::size_t mine = class_index(capacity);
   // Signed: a class marked by a thread that read the generation after this one did is in use.
-  const auto unused = [&](std::size_t i) {
-    return i != mine && static_cast<std::int32_t>(
-                            now - uses_[i].generation.load(std::memory_order_relaxed)) >= 2;
+  const auto unused_for = [&](std::size_t i) {
+    const auto age =
+        static_cast<std::int32_t>(now - uses_[i].generation.load(std::memory_order_relaxed));
+    return i == mine || age < 0 ? std::uint32_t{0} : static_cast<std::uint32_t>(age);
   };
-  // Unlocked: nothing to displace (the common case of a cache full of the sizes in use) costs
-  // no shard's lock.
+  // Unlocked: where nothing can make way (the common case of a cache full of the sizes in use),
+  // no shard's lock is taken.
+  const std::size_t needed = [&] {
+    const std::size_t cached = cached_.load(std::memory_order_relaxed);
+    const std::size_t limit = limit_.load(std::memory_order_relaxed);
+    return cached + capacity > limit ? cached + capacity - limit : std::size_t{0};
+  }();
+  if (no_room_generation_.load(std::memory_order_acquire) == now + 1 &&
+      needed > no_room_bytes_.load(std::memory_order_relaxed))
+    return false;
   bool any = false;
   for (std::size_t i = 0; i < class_count && !any; ++i)
-    any = uses_[i].maybe_cached.load(std::memory_order_relaxed) && unused(i);
+    any = uses_[i].maybe_cached.load(std::memory_order_relaxed) && unused_for(i) >= wait;
   if (!any) return false;
 
   std::vector<std::pair<void*, std::size_t>> taken;
@@ -446,26 +481,28 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     const std::size_t limit = limit_.load(std::memory_order_relaxed);
     const std::size_t cached = cached_.load(std::memory_order_relaxed);
     if (capacity > limit) return false;
-    // The classes cached, and of those not used lately, the bytes cached and how long ago
-    // they were used (read once: a use noted meanwhile must not reorder them mid-sort).
+    // Each class's age read once: a use noted meanwhile (on another thread, unlocked) must not
+    // make one class count as unused in one shard and in use in another, nor reorder the sort.
+    std::array<std::uint32_t, class_count> age{};
+    for (std::size_t i = 0; i < class_count; ++i) age[i] = unused_for(i);
     struct candidate {
       std::size_t size = 0;
       std::size_t bytes = 0;
       std::uint32_t age = 0;
     };
     std::array<bool, class_count> present{};
-    std::array<candidate, class_count> unused_classes{};
+    std::array<candidate, class_count> unused{};
     std::size_t room = 0, unused_blocks = 0, unused_count = 0;
     for (const shard& s : shards_)
       for (const auto& [size, blocks] : s.free) {
         if (blocks.empty()) continue;
         const std::size_t i = class_index(size);
         present[i] = true;
-        if (!unused(i)) continue;
-        candidate& c = unused_classes[i];
+        if (age[i] < wait) continue;
+        candidate& c = unused[i];
         if (c.bytes == 0) {
           c.size = size;
-          c.age = now - uses_[i].generation.load(std::memory_order_relaxed);
+          c.age = age[i];
           ++unused_count;
         }
         c.bytes += size * blocks.size();
@@ -473,8 +510,13 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
         unused_blocks += blocks.size();
       }
     for (std::size_t i = 0; i < class_count; ++i)
-      if (!present[i]) uses_[i].maybe_cached.store(false, std::memory_order_relaxed);
-    if (cached > limit - capacity + room) return false;  // giving them all back is not enough
+      if (!present[i] && uses_[i].maybe_cached.load(std::memory_order_relaxed))
+        uses_[i].maybe_cached.store(false, std::memory_order_relaxed);
+    if (cached > limit - capacity + room) {  // giving them all back is not enough
+      no_room_bytes_.store(room, std::memory_order_relaxed);
+      no_room_generation_.store(now + 1, std::memory_order_release);
+      return false;
+    }
     std::vector<candidate> order;
     try {
       taken.reserve(unused_blocks);
@@ -484,7 +526,7 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     } catch (const std::bad_alloc&) {
       return false;
     }
-    for (const candidate& c : unused_classes)
+    for (const candidate& c : unused)
       if (c.bytes != 0) order.push_back(c);
     // Used longest ago first; of those used as long ago, larger first (the fewest blocks given
     // back for the room made).
@@ -492,7 +534,11 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
       return a.age != b.age ? a.age > b.age : a.size > b.size;
     });
     const auto full = [&] { return cached_.load(std::memory_order_relaxed) > limit - capacity; };
-    for (const candidate& c : order)
+    for (const candidate& c : order) {
+      if (!full()) break;
+      class_use& use = uses_[class_index(c.size)];
+      use.used_before_displaced.store(now - c.age, std::memory_order_relaxed);
+      use.displaced.store(true, std::memory_order_release);
       for (shard& s : shards_) {
         const auto found = s.free.find(c.size);
         if (found == s.free.end()) continue;
@@ -504,6 +550,7 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
           cached_.fetch_sub(c.size, std::memory_order_relaxed);
         }
       }
+    }
     cached_.fetch_add(capacity, std::memory_order_relaxed);
     home.free[capacity].push_back(p);
     home.blocks.fetch_add(1, std::memory_order_relaxed);

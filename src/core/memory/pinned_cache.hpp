@@ -101,11 +101,19 @@ class pinned_cache {
   using clock_function = std::int64_t (*)() noexcept;
   /// The process's steady clock.
   [[nodiscard]] static std::int64_t steady_nanoseconds() noexcept;
-  /// The shortest span of one generation of use: a size class used (a block taken or freed) in
-  /// neither the current generation nor the one before it has not been used for at least this
-  /// long. A generation ends only at a slow step (a block made, or one freed into a full cache),
-  /// so a workload that page-locks nothing never ages its sizes.
+  /// The shortest span of one generation of use. A generation ends only at a slow step (a block
+  /// made, or one freed into a full cache), so a workload that page-locks nothing never ages its
+  /// sizes.
   static constexpr std::chrono::nanoseconds generation_length = std::chrono::seconds(1);
+  /// How many generations a size class must go unused (no block of it taken or freed) before its
+  /// cached blocks may make way for others, at first: it has then not been used for at least a
+  /// generation's length. Doubled (up to most_unused_generations) each time a size whose blocks
+  /// made way is asked for again within twice the wait, so that sizes that take turns over
+  /// longer spans settle into keeping what is cached; halved again after calm_generations with
+  /// no such return.
+  static constexpr std::uint32_t first_unused_generations = 2;
+  static constexpr std::uint32_t most_unused_generations = 64;
+  static constexpr std::uint32_t calm_generations = 32;
 
   pinned_cache(memory_resource& source, std::size_t cache_limit,
                clock_function clock = &steady_nanoseconds) noexcept;
@@ -118,12 +126,12 @@ class pinned_cache {
   /// @throw std::length_error beyond any machine's memory; std::bad_alloc.
   [[nodiscard]] void* acquire(std::size_t bytes);
   /// Takes back a block from `acquire`: cached while the cache has room; else cached in place of
-  /// cached blocks of sizes used in neither this generation nor the last (given back, those used
+  /// cached blocks of sizes unused for long enough (unused_generations(); given back, those used
   /// longest ago first) where that makes room; else given back to the source. A size in use
-  /// thus keeps its blocks however full of old sizes the cache was, while sizes that all take
-  /// turns (a cyclic workload larger than the cache) displace nothing. Pointers this cache did
-  /// not hand out are ignored: the result says which it was (one lookup answers both whether the
-  /// block is the cache's and its size class).
+  /// thus keeps its blocks however full of sizes no longer asked for the cache was, while sizes
+  /// each used in every generation (a cyclic workload larger than the cache) displace nothing.
+  /// Pointers this cache did not hand out are ignored: the result says which it was (one lookup
+  /// answers both whether the block is the cache's and its size class).
   bool release(void* p) noexcept;
   /// Takes back `p` as `release` does, or, where `p` lies inside a block rather than at its start,
   /// a result carved from a result slab there (result_slabs.hpp): one lookup for both. False if
@@ -145,6 +153,10 @@ class pinned_cache {
   /// Gives back every cached block.
   void trim();
   [[nodiscard]] pinned_stats stats() const noexcept;
+  /// How many generations a size must go unused before its blocks may make way, now.
+  [[nodiscard]] std::uint32_t unused_generations() const noexcept {
+    return unused_generations_.load(std::memory_order_relaxed);
+  }
   /// Blocks cached in the calling thread's own shard (for tests).
   [[nodiscard]] std::size_t blocks_cached_here() const noexcept {
     return shards_[thread_stripe(shard_count)].blocks.load(std::memory_order_relaxed);
@@ -173,18 +185,25 @@ class pinned_cache {
   // Size classes: every page up to 64 KiB, then four per power of two up to 2^63 bytes.
   static constexpr std::size_t class_count = (std::size_t{64} << 10) / host_page_bytes + 1 + 4 * 48;
   [[nodiscard]] static std::size_t class_index(std::size_t capacity) noexcept;
-  // When a size class was last used, and whether blocks of it may be cached (set as one is
-  // cached; cleared only under every shard's lock, by a look that finds none).
+  // When a size class was last used; whether blocks of it may be cached (set as one is cached;
+  // cleared only under every shard's lock, by a look that finds none); whether cached blocks of
+  // it made way for others since it last had to be made, and when it had last been used then.
   struct class_use {
     std::atomic<std::uint32_t> generation{0};
     std::atomic<bool> maybe_cached{false};
+    std::atomic<bool> displaced{false};
+    std::atomic<std::uint32_t> used_before_displaced{0};
   };
 
   [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
   // Marks the class used in the current generation: two loads, and a store only the first time
   // in a generation.
   void note_use(std::size_t capacity) noexcept;
-  // Starts a new generation if the current one has lasted generation_length. Slow paths only.
+  // A block of the class is made: if its blocks made way for others since it was last made,
+  // and it is back within twice the wait after the use before that, the wait doubles.
+  void note_miss(std::size_t capacity) noexcept;
+  // Starts a new generation if the current one has lasted generation_length, and halves the wait
+  // after calm_generations. Slow paths only.
   void next_generation_if_due() noexcept;
   // release() of a block this cache handed out, its capacity known.
   void release_known(void* p, std::size_t capacity) noexcept;
@@ -204,9 +223,17 @@ class pinned_cache {
   // Read on every acquire and release; written once a generation: away from cached_, which
   // every cached block's coming and going writes.
   alignas(64) std::atomic<std::uint32_t> generation_{0};
+  std::atomic<std::uint32_t> unused_generations_{first_unused_generations};
   std::atomic<std::int64_t> generation_began_;
+  std::atomic<std::uint32_t> calm_since_{0};  // the generation of the last return or halving
+  // The last look that found too few bytes of unused sizes to make room: its generation plus one
+  // (0: none) and those bytes. Within a generation no size becomes unused, so fewer than that
+  // can make room until it ends: releases that need more give their block back without a look.
+  std::atomic<std::uint32_t> no_room_generation_{0};
+  std::atomic<std::size_t> no_room_bytes_{0};
   const clock_function clock_;
-  std::array<class_use, class_count> uses_{};
+  // Written once per class a generation: on lines of their own, away from generation_.
+  alignas(64) std::array<class_use, class_count> uses_{};
 };
 
 /// is_pinned and describe_pointer over a given cache and host memory (the public functions pass the
