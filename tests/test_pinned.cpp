@@ -553,6 +553,17 @@ TEST(PinnedCacheTest, AFullCacheKeepsTheSizeInUseInPlaceOfSizesNotUsedLately) {
   same.release(huge);
   EXPECT_EQ(same.stats().cached, 512 * kib);
   EXPECT_FALSE(same.owns(huge));
+  // What that look found lasts only its generation: once the 448 KiB size has gone unused too,
+  // a freed 256 KiB block takes the place of both.
+  let_a_generation_pass();
+  same.release(same.acquire(2048 * kib));  // a slow step: generation 3
+  let_a_generation_pass();
+  void* later = same.acquire(256 * kib);  // made: generation 4
+  same.release(later);
+  EXPECT_TRUE(same.owns(later));
+  EXPECT_FALSE(same.owns(in_use));
+  EXPECT_FALSE(same.owns(unused));
+  EXPECT_EQ(same.stats().cached, 256 * kib);
   EXPECT_EQ(source.live_bytes(), cache.stats().cached + same.stats().cached);
   source.watch(nullptr);
   same.trim();
@@ -615,16 +626,20 @@ TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) 
   round(256 * kib, 4);  // back three generations after its use, within twice the wait
   EXPECT_EQ(cache.unused_generations(), 2 * first);
 
-  // Another size makes way after four generations and is back after nine, more than twice the
-  // wait: the wait stays.
+  // Another size makes way after four generations and is made again five after that, no sooner
+  // than the wait: the wait stays.
   cache.trim();
   round(128 * kib, 1);
   for (int i = 0; i < 8; ++i) round(512 * kib, 2);
   EXPECT_EQ(cache.stats().cached, 1024 * kib) << "the 128 KiB block made way for a 512 KiB one";
   round(128 * kib, 1);
   EXPECT_EQ(cache.unused_generations(), 2 * first);
-  // Calm generations halve it, down to the first wait.
-  for (std::uint32_t i = 0; i < detail::pinned_cache::calm_generations; ++i) round(0, 0);
+  // Calm is counted on the clock: a long spell with no slow step (no generation ends) halves it
+  // at the next one, down to the first wait.
+  for (std::uint32_t i = 0; i < 2 * detail::pinned_cache::calm_generations; ++i)
+    let_a_generation_pass();
+  EXPECT_EQ(cache.unused_generations(), 2 * first);
+  round(0, 0);
   EXPECT_EQ(cache.unused_generations(), first);
   cache.trim();
   EXPECT_EQ(source.live_bytes(), 0u);
@@ -663,6 +678,52 @@ TEST(PinnedCacheTest, PhasesThatTakeTurnsSettleIntoKeepingWhatIsCached) {
   EXPECT_GT(wait, detail::pinned_cache::first_unused_generations);
   EXPECT_LE(aging, never_aging + never_aging / 4)
       << "never ageing: " << never_aging / kib << " KiB made; ageing: " << aging / kib;
+}
+
+// Sizes used in turn, one a generation, more of them than the cache holds: displacing the one
+// used longest ago would displace the next one asked for, every time (a cache that forgets the
+// oldest first makes a block at every use). The sizes made again soon after they made way double
+// the wait until none makes way: the cache settles, perhaps on other sizes than a cache whose
+// sizes never age keeps (so not always on as good a set), and makes few blocks a cycle.
+TEST(PinnedCacheTest, SizesUsedInTurnSettleIntoKeepingWhatIsCached) {
+  constexpr std::size_t kib = 1024;
+  constexpr int cycles = 100, settled = 50;
+  const std::vector<std::size_t> all_sizes = {80, 96, 112, 128, 160, 192, 224, 256};
+  for (const std::size_t count : {std::size_t{5}, std::size_t{8}}) {
+    const std::vector<std::size_t> sizes(all_sizes.end() - static_cast<std::ptrdiff_t>(count),
+                                         all_sizes.end());
+    std::size_t total = 0;
+    for (std::size_t size : sizes) total += size * kib;
+    // Bytes made for the sizes over every cycle, and blocks made in the last `settled` cycles.
+    const auto made = [&](bool generations_pass) {
+      counting_resource source;
+      std::size_t bytes = 0;
+      int late_blocks = 0;
+      {
+        detail::pinned_cache cache(source, total - sizes.back() * kib, &fake_clock);
+        for (int cycle = 0; cycle < cycles; ++cycle)
+          for (std::size_t size : sizes) {
+            if (generations_pass) let_a_generation_pass();
+            cache.release(cache.acquire(4096 * kib));  // a slow step: the generation ends
+            const int before = source.allocations();
+            cache.release(cache.acquire(size * kib));
+            const int new_blocks = source.allocations() - before;
+            bytes += static_cast<std::size_t>(new_blocks) * size * kib;
+            if (cycle >= cycles - settled) late_blocks += new_blocks;
+          }
+        cache.trim();
+      }
+      EXPECT_EQ(source.live_bytes(), 0u);
+      return std::pair{bytes, late_blocks};
+    };
+    const auto [never_aging_bytes, never_aging_late] = made(false);
+    const auto [aging_bytes, aging_late] = made(true);
+    EXPECT_EQ(never_aging_late, settled) << count << " sizes: one made a cycle";
+    EXPECT_LE(aging_late, settled * static_cast<int>(count) / 2)
+        << count << " sizes: settled, not making every size";
+    EXPECT_LE(aging_bytes, never_aging_bytes + never_aging_bytes / 2)
+        << count << " sizes; never ageing: " << never_aging_bytes / kib << " KiB";
+  }
 }
 
 void expect_every_byte_accounted_for_under_many_threads(

@@ -259,7 +259,11 @@ std::int64_t pinned_cache::steady_nanoseconds() noexcept {
 
 pinned_cache::pinned_cache(memory_resource& source, std::size_t cache_limit,
                            clock_function clock) noexcept
-    : source_(source), limit_(cache_limit), generation_began_(clock()), clock_(clock) {}
+    : source_(source),
+      limit_(cache_limit),
+      generation_began_(clock()),
+      calm_since_(clock()),
+      clock_(clock) {}
 
 pinned_cache::~pinned_cache() {
   try {
@@ -298,16 +302,15 @@ void pinned_cache::note_miss(std::size_t capacity) noexcept {
       !use.displaced.exchange(false, std::memory_order_acquire))
     return;
   const std::uint32_t now = generation_.load(std::memory_order_relaxed);
-  const auto away =
-      static_cast<std::int32_t>(now - use.used_before_displaced.load(std::memory_order_relaxed));
+  const auto since =
+      static_cast<std::int32_t>(now - use.displaced_in.load(std::memory_order_relaxed));
+  std::lock_guard lock(wait_mutex_);
   const std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
-  // Back (or made again, in a later generation) after twice the wait or more: the room it made
-  // served while it was away.
-  if (away >= static_cast<std::int32_t>(2 * wait)) return;
-  // Racing doublings may double once: a slower change, never a wrong one.
+  // Made again a wait or more after it made way: the room it made served that long.
+  if (since >= static_cast<std::int32_t>(wait)) return;
   if (wait < most_unused_generations)
     unused_generations_.store(wait * 2, std::memory_order_relaxed);
-  calm_since_.store(now, std::memory_order_relaxed);
+  calm_since_ = clock_();
 }
 
 void pinned_cache::next_generation_if_due() noexcept {
@@ -316,13 +319,18 @@ void pinned_cache::next_generation_if_due() noexcept {
   if (now - began < generation_length.count()) return;
   // One of the threads that find it due starts the next one.
   if (!generation_began_.compare_exchange_strong(began, now, std::memory_order_relaxed)) return;
-  const std::uint32_t next = generation_.fetch_add(1, std::memory_order_relaxed) + 1;
-  const std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
-  if (wait > first_unused_generations &&
-      next - calm_since_.load(std::memory_order_relaxed) >= calm_generations) {
-    unused_generations_.store(wait / 2, std::memory_order_relaxed);
-    calm_since_.store(next, std::memory_order_relaxed);
-  }
+  generation_.fetch_add(1, std::memory_order_relaxed);
+  if (unused_generations_.load(std::memory_order_relaxed) == first_unused_generations) return;
+  // Calm is counted on the clock, not in generations, which pass only at slow steps: a wait
+  // doubled before a long spell of nothing but cached blocks taken is halved for it.
+  constexpr std::int64_t calm_span = calm_generations * generation_length.count();
+  std::lock_guard lock(wait_mutex_);
+  const std::int64_t spans = (now - calm_since_) / calm_span;
+  if (spans <= 0) return;
+  std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
+  for (std::int64_t i = 0; i < spans && wait > first_unused_generations; ++i) wait /= 2;
+  unused_generations_.store(std::max(wait, first_unused_generations), std::memory_order_relaxed);
+  calm_since_ += spans * calm_span;
 }
 
 void* pinned_cache::take_cached(std::size_t capacity) noexcept {
@@ -377,6 +385,9 @@ void* pinned_cache::acquire(std::size_t bytes) {
     throw std::length_error("gpupool::allocate_pinned: " + std::to_string(bytes) +
                             " bytes is more than any allocation can hold");
   const std::size_t capacity = size_class(bytes == 0 ? 1 : bytes);
+  // Marked before the take: a look for blocks to displace takes every shard's lock, so once the
+  // take has its shard's lock, no later look counts this size as unused.
+  note_use(capacity);
   void* p = take_cached(capacity);
   if (p == nullptr) {
     next_generation_if_due();
@@ -389,7 +400,6 @@ void* pinned_cache::acquire(std::size_t bytes) {
       throw;
     }
   }
-  note_use(capacity);
   shards_[thread_stripe(shard_count)].in_use.fetch_add(capacity, std::memory_order_relaxed);
   return p;
 }
@@ -465,8 +475,8 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     const std::size_t limit = limit_.load(std::memory_order_relaxed);
     return cached + capacity > limit ? cached + capacity - limit : std::size_t{0};
   }();
-  if (no_room_generation_.load(std::memory_order_acquire) == now + 1 &&
-      needed > no_room_bytes_.load(std::memory_order_relaxed))
+  const std::uint64_t no_room = no_room_.load(std::memory_order_relaxed);
+  if (no_room >> 32 == std::uint64_t{now} + 1 && needed > (no_room & 0xffffffffu) * host_page_bytes)
     return false;
   bool any = false;
   for (std::size_t i = 0; i < class_count && !any; ++i)
@@ -513,8 +523,9 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
       if (!present[i] && uses_[i].maybe_cached.load(std::memory_order_relaxed))
         uses_[i].maybe_cached.store(false, std::memory_order_relaxed);
     if (cached > limit - capacity + room) {  // giving them all back is not enough
-      no_room_bytes_.store(room, std::memory_order_relaxed);
-      no_room_generation_.store(now + 1, std::memory_order_release);
+      const std::uint64_t pages =
+          std::min<std::uint64_t>((room + host_page_bytes - 1) / host_page_bytes, 0xffffffffu);
+      no_room_.store((std::uint64_t{now + 1} << 32) | pages, std::memory_order_relaxed);
       return false;
     }
     std::vector<candidate> order;
@@ -537,7 +548,7 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     for (const candidate& c : order) {
       if (!full()) break;
       class_use& use = uses_[class_index(c.size)];
-      use.used_before_displaced.store(now - c.age, std::memory_order_relaxed);
+      use.displaced_in.store(now, std::memory_order_relaxed);
       use.displaced.store(true, std::memory_order_release);
       for (shard& s : shards_) {
         const auto found = s.free.find(c.size);

@@ -108,12 +108,12 @@ class pinned_cache {
   /// How many generations a size class must go unused (no block of it taken or freed) before its
   /// cached blocks may make way for others, at first: it has then not been used for at least a
   /// generation's length. Doubled (up to most_unused_generations) each time a size whose blocks
-  /// made way is asked for again within twice the wait, so that sizes that take turns over
-  /// longer spans settle into keeping what is cached; halved again after calm_generations with
-  /// no such return.
+  /// made way has to be made again sooner than that many generations after, so that sizes that
+  /// take turns settle into keeping what is cached; halved for each calm_generations times
+  /// generation_length that passes with no such return.
   static constexpr std::uint32_t first_unused_generations = 2;
   static constexpr std::uint32_t most_unused_generations = 64;
-  static constexpr std::uint32_t calm_generations = 32;
+  static constexpr std::uint32_t calm_generations = 256;
 
   pinned_cache(memory_resource& source, std::size_t cache_limit,
                clock_function clock = &steady_nanoseconds) noexcept;
@@ -192,18 +192,18 @@ class pinned_cache {
     std::atomic<std::uint32_t> generation{0};
     std::atomic<bool> maybe_cached{false};
     std::atomic<bool> displaced{false};
-    std::atomic<std::uint32_t> used_before_displaced{0};
+    std::atomic<std::uint32_t> displaced_in{0};
   };
 
   [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
   // Marks the class used in the current generation: two loads, and a store only the first time
   // in a generation.
   void note_use(std::size_t capacity) noexcept;
-  // A block of the class is made: if its blocks made way for others since it was last made,
-  // and it is back within twice the wait after the use before that, the wait doubles.
+  // A block of the class is made: if its blocks made way for others fewer generations ago than
+  // the wait, the wait doubles.
   void note_miss(std::size_t capacity) noexcept;
   // Starts a new generation if the current one has lasted generation_length, and halves the wait
-  // after calm_generations. Slow paths only.
+  // for each calm span since the last return. Slow paths only.
   void next_generation_if_due() noexcept;
   // release() of a block this cache handed out, its capacity known.
   void release_known(void* p, std::size_t capacity) noexcept;
@@ -225,12 +225,15 @@ class pinned_cache {
   alignas(64) std::atomic<std::uint32_t> generation_{0};
   std::atomic<std::uint32_t> unused_generations_{first_unused_generations};
   std::atomic<std::int64_t> generation_began_;
-  std::atomic<std::uint32_t> calm_since_{0};  // the generation of the last return or halving
-  // The last look that found too few bytes of unused sizes to make room: its generation plus one
-  // (0: none) and those bytes. Within a generation no size becomes unused, so fewer than that
-  // can make room until it ends: releases that need more give their block back without a look.
-  std::atomic<std::uint32_t> no_room_generation_{0};
-  std::atomic<std::size_t> no_room_bytes_{0};
+  // Serialises changes of the wait (rare: returns and halvings), and guards calm_since_, the
+  // clock at the last return or halving.
+  std::mutex wait_mutex_;
+  std::int64_t calm_since_;
+  // The last look that found too few bytes of unused sizes to make room, in one word: its
+  // generation plus one (0: none) above, those bytes in pages (rounded up) below. Within a
+  // generation no size becomes unused, so no more than that can make room until it ends:
+  // releases that need more give their block back without a look.
+  std::atomic<std::uint64_t> no_room_{0};
   const clock_function clock_;
   // Written once per class a generation: on lines of their own, away from generation_.
   alignas(64) std::array<class_use, class_count> uses_{};
