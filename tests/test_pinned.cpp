@@ -602,8 +602,9 @@ TEST(PinnedCacheTest, SizesThatTakeTurnsDisplaceNothing) {
   EXPECT_LT(aging, 8 * 50 / 2) << "the cache serves most blocks";
 }
 
-// A size whose blocks made way and that is back soon after (within twice the wait) doubles the
-// wait; a size back later does not; calm generations halve it again.
+// A size whose blocks made way and that has to be made again soon after (sooner than the wait)
+// doubles the wait; a size made again later does not; calm spans on the clock halve it again,
+// once each.
 TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) {
   constexpr std::size_t kib = 1024;
   counting_resource source;
@@ -623,7 +624,7 @@ TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) 
   round(384 * kib, 2);
   round(384 * kib, 2);  // two generations on: three of the first size make way
   EXPECT_EQ(cache.stats().cached, 2 * 384 * kib + 256 * kib);
-  round(256 * kib, 4);  // back three generations after its use, within twice the wait
+  round(256 * kib, 4);  // made again one generation after it made way, sooner than the wait
   EXPECT_EQ(cache.unused_generations(), 2 * first);
 
   // Another size makes way after four generations and is made again five after that, no sooner
@@ -634,13 +635,18 @@ TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) 
   EXPECT_EQ(cache.stats().cached, 1024 * kib) << "the 128 KiB block made way for a 512 KiB one";
   round(128 * kib, 1);
   EXPECT_EQ(cache.unused_generations(), 2 * first);
-  // Calm is counted on the clock: a long spell with no slow step (no generation ends) halves it
-  // at the next one, down to the first wait.
-  for (std::uint32_t i = 0; i < 2 * detail::pinned_cache::calm_generations; ++i)
+  // Doubled again: the 512 KiB size makes way for the 128 KiB one and is made again at once.
+  cache.trim();
+  for (int i = 0; i < 2; ++i) round(512 * kib, 2);
+  for (int i = 0; i < 4; ++i) round(640 * kib, 1);  // the 512 KiB blocks unused for four
+  round(512 * kib, 2);
+  ASSERT_EQ(cache.unused_generations(), 4 * first);
+  // Calm is counted on the clock, once per span: a span with no slow step (no generation ends)
+  // halves it once, at the next slow step.
+  for (std::uint32_t i = 0; i < detail::pinned_cache::calm_generations; ++i)
     let_a_generation_pass();
-  EXPECT_EQ(cache.unused_generations(), 2 * first);
   round(0, 0);
-  EXPECT_EQ(cache.unused_generations(), first);
+  EXPECT_EQ(cache.unused_generations(), 2 * first);
   cache.trim();
   EXPECT_EQ(source.live_bytes(), 0u);
 }
@@ -689,7 +695,11 @@ TEST(PinnedCacheTest, SizesUsedInTurnSettleIntoKeepingWhatIsCached) {
   constexpr std::size_t kib = 1024;
   constexpr int cycles = 100, settled = 50;
   const std::vector<std::size_t> all_sizes = {80, 96, 112, 128, 160, 192, 224, 256};
-  for (const std::size_t count : {std::size_t{5}, std::size_t{8}}) {
+  // Generations between one size's use and the next one's: 1, or 3 (sizes further apart, which
+  // come back later after they made way, but no later than they had been away before).
+  for (const auto& [count, gap] : {std::pair{std::size_t{5}, 1}, std::pair{std::size_t{8}, 1},
+                                   std::pair{std::size_t{4}, 3}, std::pair{std::size_t{8}, 3}}) {
+    SCOPED_TRACE(::testing::Message() << count << " sizes, " << gap << " generation(s) apart");
     const std::vector<std::size_t> sizes(all_sizes.end() - static_cast<std::ptrdiff_t>(count),
                                          all_sizes.end());
     std::size_t total = 0;
@@ -703,8 +713,10 @@ TEST(PinnedCacheTest, SizesUsedInTurnSettleIntoKeepingWhatIsCached) {
         detail::pinned_cache cache(source, total - sizes.back() * kib, &fake_clock);
         for (int cycle = 0; cycle < cycles; ++cycle)
           for (std::size_t size : sizes) {
-            if (generations_pass) let_a_generation_pass();
-            cache.release(cache.acquire(4096 * kib));  // a slow step: the generation ends
+            for (int g = 0; g < gap; ++g) {
+              if (generations_pass) let_a_generation_pass();
+              cache.release(cache.acquire(4096 * kib));  // a slow step: the generation ends
+            }
             const int before = source.allocations();
             cache.release(cache.acquire(size * kib));
             const int new_blocks = source.allocations() - before;
@@ -718,11 +730,11 @@ TEST(PinnedCacheTest, SizesUsedInTurnSettleIntoKeepingWhatIsCached) {
     };
     const auto [never_aging_bytes, never_aging_late] = made(false);
     const auto [aging_bytes, aging_late] = made(true);
-    EXPECT_EQ(never_aging_late, settled) << count << " sizes: one made a cycle";
+    EXPECT_EQ(never_aging_late, settled) << "one made a cycle";
     EXPECT_LE(aging_late, settled * static_cast<int>(count) / 2)
-        << count << " sizes: settled, not making every size";
+        << "settled, not making every size";
     EXPECT_LE(aging_bytes, never_aging_bytes + never_aging_bytes / 2)
-        << count << " sizes; never ageing: " << never_aging_bytes / kib << " KiB";
+        << "never ageing: " << never_aging_bytes / kib << " KiB; ageing: " << aging_bytes / kib;
   }
 }
 

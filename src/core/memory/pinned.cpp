@@ -304,10 +304,13 @@ void pinned_cache::note_miss(std::size_t capacity) noexcept {
   const std::uint32_t now = generation_.load(std::memory_order_relaxed);
   const auto since =
       static_cast<std::int32_t>(now - use.displaced_in.load(std::memory_order_relaxed));
+  const auto unused_before =
+      static_cast<std::int32_t>(use.unused_when_displaced.load(std::memory_order_relaxed));
   std::lock_guard lock(wait_mutex_);
   const std::uint32_t wait = unused_generations_.load(std::memory_order_relaxed);
-  // Made again a wait or more after it made way: the room it made served that long.
-  if (since >= static_cast<std::int32_t>(wait)) return;
+  // Made again a wait or more after it made way, and later than it had been away before: the
+  // room it made served that long, and the size was going out of use.
+  if (since >= static_cast<std::int32_t>(wait) && since > unused_before) return;
   if (wait < most_unused_generations)
     unused_generations_.store(wait * 2, std::memory_order_relaxed);
   calm_since_ = clock_();
@@ -539,16 +542,17 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     }
     for (const candidate& c : unused)
       if (c.bytes != 0) order.push_back(c);
-    // Used longest ago first; of those used as long ago, larger first (the fewest blocks given
-    // back for the room made).
+    // Used longest ago first; of those used as long ago, smaller first: no more cached bytes
+    // given back than the room needs, by more than one block of the last size touched.
     std::sort(order.begin(), order.end(), [](const candidate& a, const candidate& b) {
-      return a.age != b.age ? a.age > b.age : a.size > b.size;
+      return a.age != b.age ? a.age > b.age : a.size < b.size;
     });
     const auto full = [&] { return cached_.load(std::memory_order_relaxed) > limit - capacity; };
     for (const candidate& c : order) {
       if (!full()) break;
       class_use& use = uses_[class_index(c.size)];
       use.displaced_in.store(now, std::memory_order_relaxed);
+      use.unused_when_displaced.store(c.age, std::memory_order_relaxed);
       use.displaced.store(true, std::memory_order_release);
       for (shard& s : shards_) {
         const auto found = s.free.find(c.size);

@@ -108,9 +108,10 @@ class pinned_cache {
   /// How many generations a size class must go unused (no block of it taken or freed) before its
   /// cached blocks may make way for others, at first: it has then not been used for at least a
   /// generation's length. Doubled (up to most_unused_generations) each time a size whose blocks
-  /// made way has to be made again sooner than that many generations after, so that sizes that
-  /// take turns settle into keeping what is cached; halved for each calm_generations times
-  /// generation_length that passes with no such return.
+  /// made way has to be made again sooner after than that many generations, or than it had gone
+  /// unused before (it was still in use, only less often), so that sizes that take turns settle
+  /// into keeping what is cached; halved for each calm_generations times generation_length that
+  /// passes with no such return.
   static constexpr std::uint32_t first_unused_generations = 2;
   static constexpr std::uint32_t most_unused_generations = 64;
   static constexpr std::uint32_t calm_generations = 256;
@@ -187,12 +188,14 @@ class pinned_cache {
   [[nodiscard]] static std::size_t class_index(std::size_t capacity) noexcept;
   // When a size class was last used; whether blocks of it may be cached (set as one is cached;
   // cleared only under every shard's lock, by a look that finds none); whether cached blocks of
-  // it made way for others since it last had to be made, and when it had last been used then.
+  // it made way for others since it last had to be made, the generation they did and how many
+  // generations it had gone unused then.
   struct class_use {
     std::atomic<std::uint32_t> generation{0};
     std::atomic<bool> maybe_cached{false};
     std::atomic<bool> displaced{false};
     std::atomic<std::uint32_t> displaced_in{0};
+    std::atomic<std::uint32_t> unused_when_displaced{0};
   };
 
   [[nodiscard]] void* take_cached(std::size_t capacity) noexcept;
@@ -200,7 +203,7 @@ class pinned_cache {
   // in a generation.
   void note_use(std::size_t capacity) noexcept;
   // A block of the class is made: if its blocks made way for others fewer generations ago than
-  // the wait, the wait doubles.
+  // the wait, or than it had gone unused before they did, the wait doubles.
   void note_miss(std::size_t capacity) noexcept;
   // Starts a new generation if the current one has lasted generation_length, and halves the wait
   // for each calm span since the last return. Slow paths only.
