@@ -627,15 +627,17 @@ TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) 
   round(256 * kib, 4);  // made again one generation after it made way, sooner than the wait
   EXPECT_EQ(cache.unused_generations(), 2 * first);
 
-  // Another size makes way after four generations and is made again five after that, no sooner
-  // than the wait: the wait stays.
+  // Another size makes way after four generations unused and is made again five generations
+  // later: no sooner than the wait (four) and later than it had gone unused before (four), so
+  // the wait stays.
   cache.trim();
   round(128 * kib, 1);
   for (int i = 0; i < 8; ++i) round(512 * kib, 2);
   EXPECT_EQ(cache.stats().cached, 1024 * kib) << "the 128 KiB block made way for a 512 KiB one";
+  // (The wait is 4 here: the 512 KiB blocks of the rounds above are cached from the second on.)
   round(128 * kib, 1);
   EXPECT_EQ(cache.unused_generations(), 2 * first);
-  // Doubled again: the 512 KiB size makes way for the 128 KiB one and is made again at once.
+  // Doubled again: the 512 KiB size makes way for the 640 KiB one and is made again at once.
   cache.trim();
   for (int i = 0; i < 2; ++i) round(512 * kib, 2);
   for (int i = 0; i < 4; ++i) round(640 * kib, 1);  // the 512 KiB blocks unused for four
@@ -647,6 +649,42 @@ TEST(PinnedCacheTest, ASizeBackSoonAfterItMadeWayDoublesTheWaitAndCalmHalvesIt) 
     let_a_generation_pass();
   round(0, 0);
   EXPECT_EQ(cache.unused_generations(), 2 * first);
+  // Doubled again, to 8; then two spans at once halve it twice, to 2.
+  cache.trim();
+  for (int i = 0; i < 2; ++i) round(512 * kib, 2);
+  for (int i = 0; i < 4; ++i) round(640 * kib, 1);
+  round(512 * kib, 2);
+  ASSERT_EQ(cache.unused_generations(), 4 * first);
+  for (std::uint32_t i = 0; i < 2 * detail::pinned_cache::calm_generations; ++i)
+    let_a_generation_pass();
+  round(0, 0);
+  EXPECT_EQ(cache.unused_generations(), first);
+  cache.trim();
+  EXPECT_EQ(source.live_bytes(), 0u);
+}
+
+// Of sizes unused as long, the smaller make way first, one block at a time until the room is
+// made: a 128 KiB block takes the place of two 64 KiB ones, and a 768 KiB one, unused as long,
+// stays.
+TEST(PinnedCacheTest, OfSizesUnusedAsLongTheSmallerMakeWayFirst) {
+  constexpr std::size_t kib = 1024;
+  counting_resource source;
+  detail::pinned_cache cache(source, 1024 * kib, &fake_clock);
+  std::vector<void*> held;
+  for (int i = 0; i < 4; ++i) held.push_back(cache.acquire(64 * kib));
+  void* large = cache.acquire(768 * kib);
+  for (void* p : held) cache.release(p);
+  cache.release(large);
+  ASSERT_EQ(cache.stats().cached, 1024 * kib);
+  for (int i = 0; i < 2; ++i) {
+    let_a_generation_pass();
+    cache.release(cache.acquire(2048 * kib));  // a slow step: the generation ends
+  }
+  void* freed = cache.acquire(128 * kib);
+  cache.release(freed);
+  EXPECT_TRUE(cache.owns(freed));
+  EXPECT_EQ(cache.stats().cached, 768 * kib + 2 * 64 * kib + 128 * kib);
+  EXPECT_EQ(cache.capacity_at(large), 768 * kib) << "the larger size stays";
   cache.trim();
   EXPECT_EQ(source.live_bytes(), 0u);
 }

@@ -542,8 +542,9 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     }
     for (const candidate& c : unused)
       if (c.bytes != 0) order.push_back(c);
-    // Used longest ago first; of those used as long ago, smaller first: no more cached bytes
-    // given back than the room needs, by more than one block of the last size touched.
+    // Used longest ago first; of those used as long ago, smaller first (the larger cost the most
+    // to page-lock again). Taken one block at a time until the room is made, so at most one
+    // block beyond the room needed is given back.
     std::sort(order.begin(), order.end(), [](const candidate& a, const candidate& b) {
       return a.age != b.age ? a.age > b.age : a.size < b.size;
     });

@@ -108,8 +108,9 @@ class pinned_cache {
   /// How many generations a size class must go unused (no block of it taken or freed) before its
   /// cached blocks may make way for others, at first: it has then not been used for at least a
   /// generation's length. Doubled (up to most_unused_generations) each time a size whose blocks
-  /// made way has to be made again sooner after than that many generations, or than it had gone
-  /// unused before (it was still in use, only less often), so that sizes that take turns settle
+  /// made way has to be made again sooner after than that many generations, or no later than it
+  /// had gone unused before (it was still in use, only less often), so that sizes that take turns
+  /// settle
   /// into keeping what is cached; halved for each calm_generations times generation_length that
   /// passes with no such return.
   static constexpr std::uint32_t first_unused_generations = 2;
@@ -203,7 +204,7 @@ class pinned_cache {
   // in a generation.
   void note_use(std::size_t capacity) noexcept;
   // A block of the class is made: if its blocks made way for others fewer generations ago than
-  // the wait, or than it had gone unused before they did, the wait doubles.
+  // the wait, or no more than it had gone unused before they did, the wait doubles.
   void note_miss(std::size_t capacity) noexcept;
   // Starts a new generation if the current one has lasted generation_length, and halves the wait
   // for each calm span since the last return. Slow paths only.
