@@ -296,6 +296,19 @@ void pinned_cache::note_use(std::size_t capacity) noexcept {
     use.generation.store(now, std::memory_order_relaxed);
 }
 
+void pinned_cache::note_cached(std::size_t index) noexcept {
+  std::atomic<bool>& maybe_cached = uses_[index].maybe_cached;
+  if (!maybe_cached.load(std::memory_order_relaxed))
+    maybe_cached.store(true, std::memory_order_relaxed);
+}
+
+std::array<std::unique_lock<std::mutex>, pinned_cache::shard_count>
+pinned_cache::lock_every_shard() {
+  std::array<std::unique_lock<std::mutex>, shard_count> locks;
+  for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
+  return locks;
+}
+
 void pinned_cache::note_miss(std::size_t capacity) noexcept {
   class_use& use = uses_[class_index(capacity)];
   if (!use.displaced.load(std::memory_order_relaxed) ||
@@ -446,9 +459,7 @@ void pinned_cache::release_known(void* p, std::size_t capacity) noexcept {
       try {
         home.free[capacity].push_back(p);
         home.blocks.fetch_add(1, std::memory_order_relaxed);
-        std::atomic<bool>& maybe_cached = uses_[class_index(capacity)].maybe_cached;
-        if (!maybe_cached.load(std::memory_order_relaxed))
-          maybe_cached.store(true, std::memory_order_relaxed);
+        note_cached(class_index(capacity));
         return;
       } catch (const std::bad_alloc&) {
         cached_.fetch_sub(capacity, std::memory_order_relaxed);  // no room to note it: give it back
@@ -488,8 +499,7 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
 
   std::vector<std::pair<void*, std::size_t>> taken;
   {
-    std::array<std::unique_lock<std::mutex>, shard_count> locks;
-    for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
+    const auto locks = lock_every_shard();
     // Under every lock: nothing is cached or taken meanwhile, so cached_ stands still.
     const std::size_t limit = limit_.load(std::memory_order_relaxed);
     const std::size_t cached = cached_.load(std::memory_order_relaxed);
@@ -570,7 +580,7 @@ bool pinned_cache::cache_in_place_of_unused(void* p, std::size_t capacity, shard
     cached_.fetch_add(capacity, std::memory_order_relaxed);
     home.free[capacity].push_back(p);
     home.blocks.fetch_add(1, std::memory_order_relaxed);
-    uses_[mine].maybe_cached.store(true, std::memory_order_relaxed);
+    note_cached(mine);
   }
   for (auto [block, size] : taken) give_back(block, size);  // slow: no shard lock held
   return true;
@@ -586,8 +596,7 @@ void pinned_cache::give_back(void* p, std::size_t capacity) noexcept {
 void pinned_cache::trim_to(std::size_t limit) {
   std::vector<std::pair<void*, std::size_t>> taken;
   {
-    std::array<std::unique_lock<std::mutex>, shard_count> locks;
-    for (std::size_t i = 0; i < shard_count; ++i) locks[i] = std::unique_lock(shards_[i].mutex);
+    const auto locks = lock_every_shard();
     // Room for every cached block before any leaves its shard: running out of memory half-way
     // would lose the blocks already taken.
     std::size_t cached_blocks = 0;

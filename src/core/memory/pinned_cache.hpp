@@ -203,6 +203,12 @@ class pinned_cache {
   // Marks the class used in the current generation: two loads, and a store only the first time
   // in a generation.
   void note_use(std::size_t capacity) noexcept;
+  // A block of the class (by index) is cached: its blocks may now make way. Under the shard's
+  // lock that caches it.
+  void note_cached(std::size_t index) noexcept;
+  // Every shard's lock, taken in index order (the one order that every taker of more than one
+  // shard's lock keeps, or backs off from, as take_cached does).
+  [[nodiscard]] std::array<std::unique_lock<std::mutex>, shard_count> lock_every_shard();
   // A block of the class is made: if its blocks made way for others fewer generations ago than
   // the wait, or no more than it had gone unused before they did, the wait doubles.
   void note_miss(std::size_t capacity) noexcept;
