@@ -49,6 +49,22 @@ install_python() {
   }
 }
 
+# await_builds LOG...: waits for every background job of this shell (builds started with `&`,
+# one LOG each, in the order started); non-zero if any failed, after the end of each failed one's
+# LOG (install_python prints its own).
+await_builds() {
+  local pid failed=0 logs=("$@") i=0
+  for pid in $(jobs -p); do
+    if ! wait "$pid"; then
+      failed=1
+      echo "FAIL: the build logging to ${logs[$i]:-?}"
+      tail -40 "${logs[$i]:-/dev/null}"
+    fi
+    i=$((i + 1))
+  done
+  return $failed
+}
+
 # install_staged_wheels DIR LOG [NOTE]: where dask and distributed do not import, installs the
 # wheels scripts/stage-wheels put in .deps/wheels (a machine without package access) into DIR and
 # puts DIR on PYTHONPATH (pip's output in LOG; what it did also appended to the file NOTE).
