@@ -250,6 +250,7 @@ class counting_resource final : public detail::memory_resource {
     {
       std::lock_guard lock(mutex_);
       if (watched_ != nullptr && watched_->owns(p)) ++freed_while_owned_;
+      if (releasing != nullptr && p != releasing) ++freed_for_another_;
       auto it = live_.find(p);
       if (it == live_.end() || it->second != bytes) ++bad_frees_;
       if (it != live_.end()) live_.erase(it);
@@ -279,6 +280,13 @@ class counting_resource final : public detail::memory_resource {
     std::lock_guard lock(mutex_);
     return bad_frees_;
   }
+  // Blocks given back while this thread's `releasing` block was being freed into the cache:
+  // blocks that made way for it (set `releasing` around a release to count them).
+  int freed_for_another() {
+    std::lock_guard lock(mutex_);
+    return freed_for_another_;
+  }
+  static thread_local const void* releasing;
 
  private:
   const detail::pinned_cache* watched_;
@@ -288,7 +296,9 @@ class counting_resource final : public detail::memory_resource {
   std::size_t allocated_bytes_ = 0;
   int freed_while_owned_ = 0;
   int bad_frees_ = 0;
+  int freed_for_another_ = 0;
 };
+thread_local const void* counting_resource::releasing = nullptr;
 
 class counting_host_memory final : public detail::host_memory {
  public:
@@ -776,8 +786,9 @@ TEST(PinnedCacheTest, SizesUsedInTurnSettleIntoKeepingWhatIsCached) {
   }
 }
 
-void expect_every_byte_accounted_for_under_many_threads(
-    detail::pinned_cache::clock_function clock) {
+// `sizes_age`: the clock moves fast enough that freed blocks must have made others make way.
+void expect_every_byte_accounted_for_under_many_threads(detail::pinned_cache::clock_function clock,
+                                                        bool sizes_age) {
   counting_resource source;
   constexpr std::size_t limit = std::size_t{2} << 20;
   {
@@ -799,7 +810,9 @@ void expect_every_byte_accounted_for_under_many_threads(
             held.push_back(cache.acquire(std::size_t{4096} << (random() % 8)));
           } else if (!held.empty()) {
             const std::size_t k = random() % held.size();
+            counting_resource::releasing = held[k];
             cache.release(held[k]);
+            counting_resource::releasing = nullptr;
             held.erase(held.begin() + static_cast<std::ptrdiff_t>(k));
           }
           if (i % 500 == 0 && t == 0) cache.trim();
@@ -819,6 +832,9 @@ void expect_every_byte_accounted_for_under_many_threads(
     EXPECT_EQ(s.in_use, 0u);
     EXPECT_LE(s.cached, limit);
     EXPECT_EQ(source.live_bytes(), s.cached) << "cached bytes and the source's live bytes differ";
+    if (sizes_age) {
+      EXPECT_GT(source.freed_for_another(), 0) << "no block made way for another";
+    }
     cache.trim();
     EXPECT_EQ(cache.stats().cached, 0u);
     EXPECT_EQ(source.live_bytes(), 0u);
@@ -829,13 +845,14 @@ void expect_every_byte_accounted_for_under_many_threads(
 }
 
 TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreads) {
-  expect_every_byte_accounted_for_under_many_threads(&detail::pinned_cache::steady_nanoseconds);
+  expect_every_byte_accounted_for_under_many_threads(&detail::pinned_cache::steady_nanoseconds,
+                                                     /*sizes_age=*/false);
 }
 
 // The same with sizes ageing as fast as they can, so that freed blocks displace others while
 // other threads take and free them.
 TEST(PinnedCacheTest, EveryByteIsAccountedForUnderManyThreadsWhileSizesAge) {
-  expect_every_byte_accounted_for_under_many_threads(&racing_clock);
+  expect_every_byte_accounted_for_under_many_threads(&racing_clock, /*sizes_age=*/true);
 }
 
 // Results freed on one thread and made again on many (a caller dropping a map's results, lanes
