@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <initializer_list>
 #include <stdexcept>
 #include <string>
@@ -76,67 +77,55 @@ std::vector<T> parse_list(const std::string& text) {
   return out;
 }
 
-// One option of a benchmark's command line: `flag` becomes argv[i], and the value after it is
-// returned (i moves past it). For -h or --help, prints `usage` and exits 0; throws
-// std::invalid_argument for a flag not in `known` or one with no value after it.
-inline std::string take_option(int argc, char** argv, int& i, const char* usage,
-                               std::initializer_list<std::string_view> known, std::string& flag) {
-  flag = argv[i];
-  if (flag == "-h" || flag == "--help") {
-    std::fputs(usage, stdout);
-    std::exit(0);
-  }
-  if (std::find(known.begin(), known.end(), flag) == known.end())
-    throw std::invalid_argument("is not an option");
-  if (i + 1 >= argc) throw std::invalid_argument("needs a value");
-  return argv[++i];
-}
+// One option of a benchmark's command line: its flag and what its value sets.
+struct option {
+  std::string_view flag;
+  std::function<void(const std::string& value)> set;
+};
 
-// Says which option was wrong and why, and exits with status 2.
-[[noreturn]] inline void refuse_option(const std::string& flag, const std::exception& e) {
-  std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());
-  std::exit(2);
-}
-
-// The options of gpupool_bench_compare and gpupool_baseline_pipeline (see take_option).
-inline options parse(int argc, char** argv, const char* usage) {
-  options o;
+// Reads every "--flag value" of the command line into what `known` sets. For -h or --help,
+// prints `usage` and exits 0; for a flag not in `known`, one with no value after it, or a value
+// its setter refuses (std::invalid_argument), says which flag and why and exits 2.
+inline void read_options(int argc, char** argv, const char* usage,
+                         std::initializer_list<option> known) {
   std::string flag;
   try {
     for (int i = 1; i < argc; ++i) {
-      const std::string value = take_option(
-          argc, argv, i, usage,
-          {"--workload", "--chunks", "--size", "--fmas", "--repeat", "--min-repeat", "--seconds",
-           "--backend", "--lanes-list", "--chunk-list", "--threads-list", "--host-lanes-list"},
-          flag);
-      if (flag == "--workload")
-        o.workload = value;
-      else if (flag == "--chunks")
-        o.chunks = to_number<std::size_t>(value);
-      else if (flag == "--size")
-        o.size = to_number<std::size_t>(value);
-      else if (flag == "--fmas")
-        o.fmas = to_number<int>(value);
-      else if (flag == "--repeat")
-        o.repeat = to_number<int>(value);
-      else if (flag == "--min-repeat")
-        o.min_repeat = to_number<int>(value);
-      else if (flag == "--seconds")
-        o.seconds = to_number<double>(value);
-      else if (flag == "--backend")
-        o.backend = value;
-      else if (flag == "--lanes-list")
-        o.lanes_list = parse_list<int>(value);
-      else if (flag == "--chunk-list")
-        o.chunk_list = parse_list<std::size_t>(value);
-      else if (flag == "--threads-list")
-        o.threads_list = parse_list<int>(value);
-      else if (flag == "--host-lanes-list")
-        o.host_lanes_list = parse_list<int>(value);
+      flag = argv[i];
+      if (flag == "-h" || flag == "--help") {
+        std::fputs(usage, stdout);
+        std::exit(0);
+      }
+      const auto it =
+          std::find_if(known.begin(), known.end(), [&](const option& o) { return o.flag == flag; });
+      if (it == known.end()) throw std::invalid_argument("is not an option");
+      if (i + 1 >= argc) throw std::invalid_argument("needs a value");
+      it->set(argv[++i]);
     }
   } catch (const std::exception& e) {
-    refuse_option(flag, e);
+    std::fprintf(stderr, "%s: %s (--help lists the options)\n", flag.c_str(), e.what());
+    std::exit(2);
   }
+}
+
+// The options of gpupool_bench_compare and gpupool_baseline_pipeline (see read_options).
+inline options parse(int argc, char** argv, const char* usage) {
+  options o;
+  read_options(
+      argc, argv, usage,
+      {{"--workload", [&](const std::string& v) { o.workload = v; }},
+       {"--chunks", [&](const std::string& v) { o.chunks = to_number<std::size_t>(v); }},
+       {"--size", [&](const std::string& v) { o.size = to_number<std::size_t>(v); }},
+       {"--fmas", [&](const std::string& v) { o.fmas = to_number<int>(v); }},
+       {"--repeat", [&](const std::string& v) { o.repeat = to_number<int>(v); }},
+       {"--min-repeat", [&](const std::string& v) { o.min_repeat = to_number<int>(v); }},
+       {"--seconds", [&](const std::string& v) { o.seconds = to_number<double>(v); }},
+       {"--backend", [&](const std::string& v) { o.backend = v; }},
+       {"--lanes-list", [&](const std::string& v) { o.lanes_list = parse_list<int>(v); }},
+       {"--chunk-list", [&](const std::string& v) { o.chunk_list = parse_list<std::size_t>(v); }},
+       {"--threads-list", [&](const std::string& v) { o.threads_list = parse_list<int>(v); }},
+       {"--host-lanes-list",
+        [&](const std::string& v) { o.host_lanes_list = parse_list<int>(v); }}});
   if (o.chunks == 0 || o.size == 0 || o.fmas < 1 || o.repeat < 1 || o.min_repeat < 1 ||
       !(o.seconds > 0)) {
     std::fprintf(stderr, "chunks, size, FMAs, repeats and seconds must be positive\n");

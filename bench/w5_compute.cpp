@@ -41,31 +41,17 @@ constexpr char usage[] =
     "results checked against the CPU, then the median of --repeat runs of each.\n"
     "Defaults: 2000 chunks x 16384, 2048 FMAs, 10 runs, the executor's lanes and backend.\n";
 
-// The options (compare::take_option says how -h, --help and mistakes are met).
+// The options (compare::read_options says how -h, --help and mistakes are met).
 settings parse(int argc, char** argv) {
   settings s;
-  std::string flag;
-  try {
-    for (int i = 1; i < argc; ++i) {
-      const std::string value = compare::take_option(
-          argc, argv, i, usage,
-          {"--chunks", "--size", "--fmas", "--repeat", "--lanes", "--backend"}, flag);
-      if (flag == "--chunks")
-        s.chunks = compare::to_number<std::size_t>(value);
-      else if (flag == "--size")
-        s.size = compare::to_number<std::size_t>(value);
-      else if (flag == "--fmas")
-        s.fmas = compare::to_number<int>(value);
-      else if (flag == "--repeat")
-        s.repeat = compare::to_number<int>(value);
-      else if (flag == "--lanes")
-        s.lanes = compare::to_number<int>(value);
-      else if (flag == "--backend")
-        s.backend = value;
-    }
-  } catch (const std::exception& e) {
-    compare::refuse_option(flag, e);
-  }
+  compare::read_options(
+      argc, argv, usage,
+      {{"--chunks", [&](const std::string& v) { s.chunks = compare::to_number<std::size_t>(v); }},
+       {"--size", [&](const std::string& v) { s.size = compare::to_number<std::size_t>(v); }},
+       {"--fmas", [&](const std::string& v) { s.fmas = compare::to_number<int>(v); }},
+       {"--repeat", [&](const std::string& v) { s.repeat = compare::to_number<int>(v); }},
+       {"--lanes", [&](const std::string& v) { s.lanes = compare::to_number<int>(v); }},
+       {"--backend", [&](const std::string& v) { s.backend = v; }}});
   if (s.chunks == 0 || s.size == 0 || s.fmas < 1 || s.repeat < 1 || s.lanes < 0) {
     std::fprintf(stderr, "sizes, FMAs and repeats must be positive, lanes not negative\n");
     std::exit(2);
