@@ -49,18 +49,17 @@ install_python() {
   }
 }
 
-# await_builds LOG...: waits for every background job of this shell (builds started with `&`,
-# one LOG each, in the order started); non-zero if any failed, after the end of each failed one's
-# LOG (install_python prints its own).
+# await_builds PID LOG [PID LOG...]: waits for each build started in the background (`&`, its
+# process PID, its output in LOG); non-zero if any failed, after the end of each failed one's LOG.
 await_builds() {
-  local pid failed=0 logs=("$@") i=0
-  for pid in $(jobs -p); do
-    if ! wait "$pid"; then
+  local failed=0
+  while [ $# -ge 2 ]; do
+    if ! wait "$1"; then
       failed=1
-      echo "FAIL: the build logging to ${logs[$i]:-?}"
-      tail -40 "${logs[$i]:-/dev/null}"
+      echo "FAIL: the build logging to $2"
+      tail -40 "$2"
     fi
-    i=$((i + 1))
+    shift 2
   done
   return $failed
 }

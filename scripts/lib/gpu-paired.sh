@@ -146,10 +146,12 @@ if [ $python = 0 ]; then
   [[ " ${workload_list[*]} " == *" W5 "* ]] && targets+=(gpupool_bench_w5)
   # Both at once: each build's serial steps (configure checks, the longest nvcc files, the link)
   # overlap the other's parallel ones, which saves device time.
+  waits=()
   for build in build-base build-paired; do
     cmake --build "$build" -j "$jobs" --target "${targets[@]}" >"$OUT/$build.log" 2>&1 &
+    waits+=("$!" "$OUT/$build.log")
   done
-  await_builds "$OUT/build-base.log" "$OUT/build-paired.log" || exit 1
+  await_builds "${waits[@]}" || exit 1
 
   # w5_line BUILD: W5 from that build as the demo's JSON would give it ({"median_ms": ...}),
   # from gpupool_bench_w5's map_on_device line; the bench exits non-zero on a wrong result.
@@ -215,8 +217,9 @@ this_site=$(mktemp -d /tmp/gpupool-this.XXXXXX) || exit 1
 trap 'rm -rf "$base_site" "$this_site"; pack_out paired.json paired-python.json' EXIT
 # Both at once, as the C++ builds above.
 (cd .baseline && install_python "$base_site" "$OUT/pip-base.log") &
+base_pid=$!
 install_python "$this_site" "$OUT/pip-this.log" &
-await_builds "$OUT/pip-base.log" "$OUT/pip-this.log" || exit 1
+await_builds "$base_pid" "$OUT/pip-base.log" "$!" "$OUT/pip-this.log" || exit 1
 # Each build's runs must import that build's package, not one installed elsewhere.
 for site in "$base_site" "$this_site"; do
   imported=$(PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH} python3 -c \
